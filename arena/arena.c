@@ -1,0 +1,142 @@
+// arena/arena.c — planned memory: measure, allocate once, carve.
+//
+// The same carving code runs twice: first on a measuring arena (base == NULL), which only
+// adds up sizes and alignments, then on a real arena allocated with exactly that total.
+// So the plan and the carve cannot drift apart, and arena_done() asserts they agree.
+//
+// Every allocation of the process goes through arena_sys_alloc / arena_map_file and is
+// counted. After the `ready` line the counter is frozen: arena_freeze() makes any later
+// allocation abort, and a test reads arena_stats to prove nothing was allocated.
+
+typedef struct {
+    const char *name;   // what it holds, for the plan printout and errors
+    uint8_t *base;      // NULL while measuring
+    size_t cap;         // bytes (0 while measuring)
+    size_t used;        // bytes carved so far (including alignment gaps)
+} arena;
+
+static struct {
+    uint64_t allocs;    // successful system allocations (malloc/mmap) since start
+    uint64_t bytes;     // their total size
+    int frozen;         // set by arena_freeze(): any further allocation is a bug
+} arena_stats;
+
+static void arena_freeze(void) { arena_stats.frozen = 1; }
+
+// One system allocation, zeroed, page aligned. Returns NULL when the system refuses
+// (the caller turns that into a clear "does not fit" message).
+static void *arena_sys_alloc(size_t bytes, const char *what) {
+    MOET_ASSERT(!arena_stats.frozen, "allocation of %zu bytes for %s after ready", bytes, what);
+    if (bytes == 0) bytes = 1;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    arena_stats.allocs++;
+    arena_stats.bytes += bytes;
+    return p;
+}
+
+static void arena_sys_free(void *p, size_t bytes) {
+    if (p) munmap(p, bytes ? bytes : 1);
+}
+
+static arena arena_measure(const char *name) {
+    arena a = {name, NULL, 0, 0};
+    return a;
+}
+
+// Allocates a real arena of `cap` bytes (from a measuring pass). Returns -1 on refusal.
+static int arena_init(arena *a, const char *name, size_t cap, moet_err *e) {
+    a->name = name;
+    a->used = 0;
+    a->cap = cap;
+    a->base = arena_sys_alloc(cap, name);
+    if (!a->base) return err_set(e, "cannot allocate %zu bytes for the %s arena", cap, name);
+#ifdef MOET_POISON
+    memset(a->base, 0xff, cap);   // 0xffffffff is a NaN: a read before a write shows up
+#endif
+    return 0;
+}
+
+static void arena_release(arena *a) {
+    if (a->base) arena_sys_free(a->base, a->cap);
+    a->base = NULL;
+    a->cap = a->used = 0;
+}
+
+// Carves `bytes` aligned to `align` (a power of two). On a measuring arena it returns NULL
+// and only counts. On a real arena running past the plan is a bug, not an input error.
+static void *arena_take(arena *a, size_t bytes, size_t align, const char *what) {
+    MOET_ASSERT(align && (align & (align - 1)) == 0, "alignment %zu of %s", align, what);
+    size_t off = (a->used + align - 1) & ~(align - 1);
+    MOET_ASSERT(off >= a->used && bytes <= SIZE_MAX - off, "size overflow carving %s", what);
+    a->used = off + bytes;
+    if (!a->base) return NULL;
+    MOET_ASSERT(a->used <= a->cap, "arena %s: %s needs %zu bytes past the plan of %zu",
+                a->name, what, a->used - a->cap, a->cap);
+    return a->base + off;
+}
+
+// The carve of a real arena must use exactly the measured plan.
+static void arena_done(const arena *a) {
+    MOET_ASSERT(!a->base || a->used == a->cap, "arena %s carved %zu of %zu planned bytes",
+                a->name, a->used, a->cap);
+}
+
+// ---- read-only file mappings (checkpoint shards); counted like allocations
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+} arena_map;
+
+static int arena_map_file(arena_map *m, const char *path, moet_err *e) {
+    MOET_ASSERT(!arena_stats.frozen, "mapping %s after ready", path);
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(e, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(e, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return err_set(e, "%s: empty file", path);
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return err_set(e, "%s: cannot map: %s", path, strerror(errno));
+    arena_stats.allocs++;
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return 0;
+}
+
+static void arena_unmap(arena_map *m) {
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+// Reads a whole small file (config.json …) into a fresh allocation of its size + 1 (NUL).
+// The caller owns it (arena_sys_free(p, size + 1)). Boot only.
+static char *arena_read_small(const char *path, size_t max, size_t *size, moet_err *e) {
+    arena_map m;
+    if (arena_map_file(&m, path, e) != 0) return NULL;
+    if (m.size > max) {
+        arena_unmap(&m);
+        err_set(e, "%s: %zu bytes, more than the limit of %zu", path, m.size, max);
+        return NULL;
+    }
+    char *p = arena_sys_alloc(m.size + 1, path);
+    if (!p) {
+        arena_unmap(&m);
+        err_set(e, "%s: out of memory", path);
+        return NULL;
+    }
+    memcpy(p, m.data, m.size);
+    p[m.size] = 0;
+    *size = m.size;
+    arena_unmap(&m);
+    return p;
+}

@@ -1,0 +1,36 @@
+// arena/limits.h — every fixed limit and size of moet, in one place.
+//
+// A limit here is a promise checked at the boundary where untrusted input enters
+// (a file, a request line, a flag); code past that boundary may rely on it.
+#ifndef MOET_LIMITS_H
+#define MOET_LIMITS_H
+
+// ---- model geometry (checked when config.json is read) -------------------------------
+#define MOET_MAX_LAYERS        256      // num_hidden_layers
+#define MOET_MAX_EXPERTS       1024     // num_experts per layer
+#define MOET_MAX_TOPK          64       // num_experts_per_tok
+#define MOET_MAX_HIDDEN        16384    // hidden_size
+#define MOET_MAX_HEAD_DIM      512      // head_dim, linear_{key,value}_head_dim
+#define MOET_MAX_HEADS         256      // attention / GDN head counts
+#define MOET_MAX_CONV_KERNEL   8        // linear_conv_kernel_dim
+#define MOET_MAX_VOCAB         (1 << 20)
+
+// ---- files ---------------------------------------------------------------------------
+#define MOET_MAX_PATH          4096
+#define MOET_MAX_SHARDS        256      // *.safetensors files of one checkpoint
+#define MOET_MAX_TENSORS       (1 << 20)// tensors of one checkpoint (the real one has ~70k)
+#define MOET_MAX_NAME          512      // bytes of a tensor name
+#define MOET_MAX_DIMS          8        // rank of a tensor
+#define MOET_ST_MAX_HEADER     100000000ull // safetensors header bytes (the reference loader's limit)
+#define MOET_MAX_CONFIG_BYTES  (16u << 20)  // config.json, hf_quant_config.json, index.json
+
+// ---- JSON ----------------------------------------------------------------------------
+#define MOET_JSON_MAX_DEPTH    128      // nesting of arrays/objects
+
+// ---- CLI run -------------------------------------------------------------------------
+#define MOET_MAX_RUN_TOKENS    65536    // prompt + generated tokens of `moet run`
+
+_Static_assert(MOET_MAX_HEAD_DIM % 2 == 0, "rotary pairs need an even head dim");
+_Static_assert(MOET_MAX_TOPK <= MOET_MAX_EXPERTS, "top-k cannot exceed the experts");
+
+#endif

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# build.sh — the recipe.
+#   ./build.sh          build ./moet (one translation unit: moet.c)
+#   ./build.sh test     build ./moet, then build and run every tests/test_*.c; the last line is
+#                       "N passed, M failed" over all of them; exit status 0 only when M = 0
+#   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
+#                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
+set -euo pipefail
+cd "$(dirname "$0")"
+
+CC=${CC:-cc}
+# -std=c11: the language; _GNU_SOURCE (in moet.c) only for O_DIRECT, mmap flags, pthread naming
+# -O2: the reference forward runs real matrix work even on the CPU
+# -Wall -Wextra -Werror: warnings are bugs
+# -Wno-unused-function: modules are libraries inside one file; a function the CLI does not
+#                       call yet (but the tests do) is not an error
+CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-function -Wshadow -Wvla ${CFLAGS_EXTRA:-}"
+# the only libraries: libcrypto (SHA-256), libdl (libcuda at run time), pthreads, libm
+LIBS="-lcrypto -ldl -lpthread -lm"
+
+build_moet() {
+    $CC $CFLAGS -o moet moet.c $LIBS
+}
+
+build_tests() {
+    mkdir -p build
+    local pids=() t
+    for t in tests/test_*.c; do
+        # MOET_TEST: moet.c without main(); MOET_POISON: fresh arenas filled with NaN bytes
+        $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$(basename "$t" .c)" "$t" $LIBS &
+        pids+=($!)
+        if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    done
+    local rc=0 p
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+
+run_tests() {
+    local passed=0 failed=0 t out line
+    for t in build/test_*; do
+        [ -x "$t" ] || continue
+        echo "== $t" >&2
+        set +e
+        out=$("$t" 2>&1)
+        local rc=$?
+        set -e
+        printf '%s\n' "$out" >&2
+        line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1 || true)
+        if [ -z "$line" ]; then
+            echo "$t: no result line (exit $rc): counted as 1 failure" >&2
+            failed=$((failed + 1))
+            continue
+        fi
+        local p f
+        p=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1/')
+        f=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\2/')
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "$t: exit $rc" >&2; fi
+        passed=$((passed + p))
+        failed=$((failed + f))
+    done
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
+
+build_fuzz() {
+    mkdir -p build
+    local t
+    for t in tests/fuzz_*.c; do
+        [ -e "$t" ] || continue
+        clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+            -DMOET_TEST -o "build/$(basename "$t" .c)" "$t" $LIBS
+    done
+}
+
+run_fuzz() {
+    local t name
+    for t in build/fuzz_*; do
+        [ -x "$t" ] || continue
+        name=$(basename "$t")
+        mkdir -p "build/corpus/$name"
+        seeds="tests/fuzz_seeds/${name#fuzz_}"
+        echo "== $name for ${FUZZ_SECONDS:-60}s" >&2
+        if [ -d "$seeds" ]; then
+            "$t" -max_total_time="${FUZZ_SECONDS:-60}" "build/corpus/$name" "$seeds"
+        else
+            "$t" -max_total_time="${FUZZ_SECONDS:-60}" "build/corpus/$name"
+        fi
+    done
+}
+
+case "${1:-}" in
+    "") build_moet ;;
+    test) build_moet && build_tests && run_tests ;;
+    fuzz) build_fuzz && run_fuzz ;;
+    *) echo "usage: ./build.sh [test|fuzz]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,30 @@
+// tests/check.h — the test harness: CHECK counts, a failure prints where and why.
+// Each test program ends by printing "N passed, M failed" (build.sh adds them up).
+#ifndef MOET_CHECK_H
+#define MOET_CHECK_H
+
+static int check_passed, check_failed;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) check_passed++;                                               \
+        else {                                                                  \
+            check_failed++;                                                     \
+            fprintf(stderr, "FAIL %s:%d: %s:", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, " " __VA_ARGS__);                                    \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+static int check_report(const char *name) {
+    printf("%s: %d passed, %d failed\n", name, check_passed, check_failed);
+    return check_failed ? 1 : 0;
+}
+
+// Where the shared fixtures live (../shared next to the project), overridable.
+static const char *check_shared(void) {
+    const char *s = getenv("MOET_SHARED");
+    return s ? s : "../shared";
+}
+
+#endif
