@@ -36,6 +36,27 @@
 #include "format/json.c"
 
 // ==========================================================================================
+// engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)
+// ==========================================================================================
+//
+// A backend holds max_seqs sequence slots, each an independent token history of at most
+// max_len tokens (KV pages / recurrent state live behind it). step() runs one batched
+// forward: row i appends ids[off[i] .. off[i+1]) to slot slots[i] (a prefill chunk or one
+// decode token; each slot appears at most once per step, off[0] = 0, every row non-empty)
+// and writes the logits after that row's last token to logits[i * n_vocab ..] // [n, V] f32.
+// Row results must not depend on the other rows of the step (batch invariance).
+typedef struct {
+    void *self;
+    int n_vocab;      // logits per row
+    int max_seqs;     // sequence slots
+    int max_len;      // tokens per sequence (context limit)
+    void (*reset)(void *self, int slot);   // slot becomes an empty sequence (position 0, zeroed state)
+    // One batched step: for i in [0,n): append tokens ids[off[i] .. off[i+1]) to sequence slot slots[i]
+    // and write the logits after its last appended token to logits[i * n_vocab ..]. Returns 0, or -1 with e set.
+    int (*step)(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, moet_err *e);
+} engine_backend;
+
+// ==========================================================================================
 // command line
 // ==========================================================================================
 
