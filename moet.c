@@ -34,6 +34,8 @@
 #include "arena/arena.c"
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
+// defines: st_set, st_open, st_find (safetensors shards: mmap + validation)
+#include "format/safetensors.c"
 
 // ==========================================================================================
 // engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)

@@ -52,7 +52,14 @@ static int err_wrap(moet_err *e, const char *fmt, ...) {
         vsnprintf(pre, sizeof pre, fmt, ap);
         va_end(ap);
         memcpy(old, e->msg, sizeof old);
-        snprintf(e->msg, sizeof e->msg, "%s: %s", pre, old);
+        old[sizeof old - 1] = 0;
+        size_t pl = strlen(pre), ol = strlen(old), cap = sizeof e->msg - 1;
+        if (pl > cap - 2) pl = cap - 2;
+        memcpy(e->msg, pre, pl);
+        memcpy(e->msg + pl, ": ", 2);
+        if (ol > cap - pl - 2) ol = cap - pl - 2;
+        memcpy(e->msg + pl + 2, old, ol);
+        e->msg[pl + 2 + ol] = 0;
     }
     return -1;
 }

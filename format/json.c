@@ -396,6 +396,18 @@ static const js_node *js_first(const js_node *n) {
     return (n && (n->type == JS_ARR || n->type == JS_OBJ) && n->len) ? n + 1 : NULL;
 }
 
+// The sibling after n inside `container`, or NULL at its end. Loops over an array:
+//   for (const js_node *x = js_first(arr); x; x = js_after(d, arr, x))
+static const js_node *js_after(const js_doc *d, const js_node *container, const js_node *n) {
+    return n->next < container->next ? &d->nodes[n->next] : NULL;
+}
+
+// Object members: a key node is a leaf, so its value is the node right after it.
+//   for (const js_node *k = js_first(obj); k; k = js_member_next(d, obj, k)) { const js_node *v = k + 1; }
+static const js_node *js_member_next(const js_doc *d, const js_node *obj, const js_node *key) {
+    return js_after(d, obj, key + 1);
+}
+
 static int js_str_is(const js_node *n, const char *s) {
     size_t k = strlen(s);
     return n && n->type == JS_STR && n->len == k && memcmp(n->str, s, k) == 0;
@@ -404,12 +416,8 @@ static int js_str_is(const js_node *n, const char *s) {
 // Member `key` of object `obj`, or NULL (absent, or obj is not an object). First wins.
 static const js_node *js_get(const js_doc *d, const js_node *obj, const char *key) {
     if (!obj || obj->type != JS_OBJ) return NULL;
-    const js_node *k = js_first(obj);
-    for (uint32_t i = 0; i < obj->len; i++) {
-        const js_node *v = js_next(d, k);
-        if (js_str_is(k, key)) return v;
-        if (i + 1 < obj->len) k = js_next(d, v);
-    }
+    for (const js_node *k = js_first(obj); k; k = js_member_next(d, obj, k))
+        if (js_str_is(k, key)) return k + 1;
     return NULL;
 }
 
