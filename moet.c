@@ -36,6 +36,8 @@
 #include "format/json.c"
 // defines: st_set, st_open, st_find (safetensors shards: mmap + validation)
 #include "format/safetensors.c"
+// defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode)
+#include "format/checkpoint.c"
 
 // ==========================================================================================
 // engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)

@@ -1,0 +1,712 @@
+// format/checkpoint.c — a qwen3_5_moe checkpoint: config, quantization map, every weight.
+//
+// Three on-disk flavours are accepted (CHECKPOINT.md, MODEL.md §2):
+//   1. BF16 (or F16/F32) with fused 3-D routed experts: mlp.experts.gate_up_proj [E, 2I, H]
+//      (gate rows first) and mlp.experts.down_proj [E, H, I];
+//   2. per-expert 2-D experts: mlp.experts.{e}.{gate,up,down}_proj.weight;
+//   3. ModelOpt MIXED_PRECISION: per module, the algorithm named in hf_quant_config.json
+//      `quantized_layers` (a prefix entry like "…mlp.experts" covers "…mlp.experts.7.up_proj"):
+//        FP8          weight F8_E4M3 [N, K] × weight_scale F32 scalar
+//        W4A16_NVFP4  weight U8 [N, K/2] (two e2m1 per byte, low nibble = even k)
+//                     × weight_scale F8_E4M3 [N, K/16] × weight_scale_2 F32 scalar
+//      input_scale is ignored (weight-only); unlisted modules are BF16.
+// Names may be prefixed `model.language_model.` (the VL checkpoints) or `model.`; `mtp.*` and
+// `model.visual.*` are not read. Weights stay in the mapping in their stored precision: a ck_mat
+// describes one matrix and ck_row_f32 / ck_row_f64 decode one row of it exactly.
+
+// ---- element decoders --------------------------------------------------------------------
+
+static float ck_e4m3_lut[256];   // OCP float8_e4m3fn: no infinities, 0x7f/0xff are NaN
+static const double ck_e2m1_lut[16] = {0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6};
+
+static double ck_e4m3(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1 + m / 8.0, e - 7);
+    return s ? -v : v;
+}
+
+static void ck_init_tables(void) {
+    for (int b = 0; b < 256; b++) ck_e4m3_lut[b] = (float)ck_e4m3((uint8_t)b);
+}
+
+static float ck_bf16(const uint8_t *p) {
+    uint32_t u = (uint32_t)p[0] << 16 | (uint32_t)p[1] << 24;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float ck_f16(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+
+static float ck_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+// ---- config ------------------------------------------------------------------------------
+
+typedef struct {
+    char model_type[64];
+    int hidden;                 // H
+    int n_layers;               // L
+    int vocab;                  // V (embedding / lm_head rows)
+    int n_heads, n_kv_heads;    // gated attention: query heads, KV heads (GQA)
+    int head_dim;               // per head; q_proj has 2 · n_heads · head_dim rows (query | gate)
+    int rot_dim;                // rotary dims per head = head_dim · partial_rotary_factor
+    double rope_theta;
+    int lk_heads, lv_heads;     // Gated DeltaNet key / value heads
+    int lk_dim, lv_dim;         // their head dims
+    int conv_k;                 // causal conv kernel width
+    int n_experts, topk;        // E routed experts, top-K per token
+    int inter, shared_inter;    // I routed expert width, shared expert width
+    double eps;                 // rms_norm_eps
+    int tie_embeddings;
+    int max_pos;                // max_position_embeddings
+    uint8_t full_attn[MOET_MAX_LAYERS];  // 1 = gated full attention, 0 = Gated DeltaNet
+    int n_full, n_gdn;
+    // derived
+    int key_dim, value_dim, conv_dim;    // GDN: lk_heads·lk_dim, lv_heads·lv_dim, 2·key_dim + value_dim
+} ck_config;
+
+static int ck_int_field(const js_doc *d, const js_node *obj, const char *key, int64_t def, int64_t lo, int64_t hi,
+                        int *out, const char *path, moet_err *e) {
+    const js_node *n = js_get(d, obj, key);
+    int64_t v = def;
+    if (n && n->type != JS_NULL) {
+        if (js_int(n, &v)) return err_set(e, "%s: %s must be an integer, found %s", path, key, js_type_name(n));
+    }
+    if (v < lo || v > hi) return err_set(e, "%s: %s = %" PRId64 " is outside [%" PRId64 ", %" PRId64 "]", path, key, v, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int ck_num_field(const js_doc *d, const js_node *obj, const char *key, double def, double *out,
+                        const char *path, moet_err *e) {
+    const js_node *n = js_get(d, obj, key);
+    *out = def;
+    if (n && n->type != JS_NULL && js_num(n, out)) return err_set(e, "%s: %s must be a number, found %s", path, key, js_type_name(n));
+    return 0;
+}
+
+// Reads the text config (config.json's text_config, or the file itself when flat). Defaults
+// are those of transformers' Qwen3_5MoeTextConfig.
+static int ck_config_parse(ck_config *c, const js_doc *d, const char *path, moet_err *e) {
+    memset(c, 0, sizeof *c);
+    const js_node *root = js_root(d);
+    if (!root || root->type != JS_OBJ) return err_set(e, "%s: not a JSON object", path);
+    const js_node *tc = js_get(d, root, "text_config");
+    if (tc && tc->type != JS_OBJ) return err_set(e, "%s: text_config is not an object", path);
+    const js_node *mt = js_get(d, root, "model_type");
+    const js_node *tmt = tc ? js_get(d, tc, "model_type") : NULL;
+    int ok = js_str_is(mt, "qwen3_5_moe") || js_str_is(mt, "qwen3_5_moe_text") || js_str_is(tmt, "qwen3_5_moe_text");
+    if (!ok) {
+        const js_node *shown = mt ? mt : tmt;
+        return err_set(e, "%s: model_type %s%s%s is not qwen3_5_moe (only Qwen3.5/3.6 MoE models are supported)", path,
+                       shown && shown->type == JS_STR ? "'" : "", shown && shown->type == JS_STR ? shown->str : "absent",
+                       shown && shown->type == JS_STR ? "'" : "");
+    }
+    snprintf(c->model_type, sizeof c->model_type, "qwen3_5_moe");
+    const js_node *t = tc ? tc : root;
+    const int64_t BIG = 1 << 30;
+    if (ck_int_field(d, t, "hidden_size", 2048, 16, MOET_MAX_HIDDEN, &c->hidden, path, e) ||
+        ck_int_field(d, t, "num_hidden_layers", 40, 1, MOET_MAX_LAYERS, &c->n_layers, path, e) ||
+        ck_int_field(d, t, "vocab_size", 248320, 1, MOET_MAX_VOCAB, &c->vocab, path, e) ||
+        ck_int_field(d, t, "num_attention_heads", 16, 1, MOET_MAX_HEADS, &c->n_heads, path, e) ||
+        ck_int_field(d, t, "num_key_value_heads", 2, 1, MOET_MAX_HEADS, &c->n_kv_heads, path, e) ||
+        ck_int_field(d, t, "linear_num_key_heads", 16, 1, MOET_MAX_HEADS, &c->lk_heads, path, e) ||
+        ck_int_field(d, t, "linear_num_value_heads", 32, 1, MOET_MAX_HEADS, &c->lv_heads, path, e) ||
+        ck_int_field(d, t, "linear_key_head_dim", 128, 1, MOET_MAX_HEAD_DIM, &c->lk_dim, path, e) ||
+        ck_int_field(d, t, "linear_value_head_dim", 128, 1, MOET_MAX_HEAD_DIM, &c->lv_dim, path, e) ||
+        ck_int_field(d, t, "linear_conv_kernel_dim", 4, 1, MOET_MAX_CONV_KERNEL, &c->conv_k, path, e) ||
+        ck_int_field(d, t, "num_experts", 256, 1, MOET_MAX_EXPERTS, &c->n_experts, path, e) ||
+        ck_int_field(d, t, "num_experts_per_tok", 8, 1, MOET_MAX_TOPK, &c->topk, path, e) ||
+        ck_int_field(d, t, "moe_intermediate_size", 512, 1, BIG, &c->inter, path, e) ||
+        ck_int_field(d, t, "shared_expert_intermediate_size", 512, 1, BIG, &c->shared_inter, path, e) ||
+        ck_int_field(d, t, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_pos, path, e))
+        return -1;
+    if (ck_int_field(d, t, "head_dim", c->hidden / c->n_heads, 2, MOET_MAX_HEAD_DIM, &c->head_dim, path, e)) return -1;
+    if (ck_num_field(d, t, "rms_norm_eps", 1e-6, &c->eps, path, e)) return -1;
+    if (!(c->eps > 0 && c->eps < 1)) return err_set(e, "%s: rms_norm_eps = %g is not in (0, 1)", path, c->eps);
+    const js_node *tie = js_get(d, t, "tie_word_embeddings");
+    if (!tie) tie = js_get(d, root, "tie_word_embeddings");
+    c->tie_embeddings = tie && tie->type == JS_TRUE;
+    const js_node *gate = js_get(d, t, "attn_output_gate");
+    if (gate && gate->type == JS_FALSE)
+        return err_set(e, "%s: attn_output_gate = false is not supported (qwen3_5_moe attention is gated)", path);
+    // rotary: rope_parameters (transformers 5) or the flat fields (older configs)
+    const js_node *rp = js_get(d, t, "rope_parameters");
+    if (!rp || rp->type != JS_OBJ) rp = js_get(d, t, "rope_scaling");
+    if (rp && rp->type != JS_OBJ) rp = NULL;
+    double prf, theta;
+    if (ck_num_field(d, t, "partial_rotary_factor", 0.25, &prf, path, e)) return -1;
+    if (rp && js_get(d, rp, "partial_rotary_factor") && ck_num_field(d, rp, "partial_rotary_factor", prf, &prf, path, e)) return -1;
+    if (ck_num_field(d, t, "rope_theta", 10000.0, &theta, path, e)) return -1;
+    if (rp && js_get(d, rp, "rope_theta") && ck_num_field(d, rp, "rope_theta", theta, &theta, path, e)) return -1;
+    if (rp) {
+        const js_node *rt = js_get(d, rp, "rope_type");
+        if (!rt) rt = js_get(d, rp, "type");
+        if (rt && !js_str_is(rt, "default"))
+            return err_set(e, "%s: rope_type '%s' is not supported (only the default rotary embedding)", path,
+                           rt->type == JS_STR ? rt->str : js_type_name(rt));
+    }
+    c->rope_theta = theta;
+    c->rot_dim = (int)(c->head_dim * prf);
+    if (!(prf > 0 && prf <= 1) || c->rot_dim < 2 || c->rot_dim % 2)
+        return err_set(e, "%s: partial_rotary_factor %g gives %d rotary dims of head_dim %d (need an even count >= 2)",
+                       path, prf, c->rot_dim, c->head_dim);
+    // layer kinds
+    const js_node *lt = js_get(d, t, "layer_types");
+    if (lt && lt->type != JS_NULL) {
+        if (lt->type != JS_ARR || (int)lt->len != c->n_layers)
+            return err_set(e, "%s: layer_types must be an array of %d strings", path, c->n_layers);
+        int i = 0;
+        for (const js_node *x = js_first(lt); x; x = js_after(d, lt, x), i++) {
+            if (js_str_is(x, "full_attention")) c->full_attn[i] = 1;
+            else if (js_str_is(x, "linear_attention")) c->full_attn[i] = 0;
+            else return err_set(e, "%s: layer_types[%d] is %s%s%s, expected \"linear_attention\" or \"full_attention\"", path, i,
+                                x->type == JS_STR ? "\"" : "", x->type == JS_STR ? x->str : js_type_name(x), x->type == JS_STR ? "\"" : "");
+        }
+    } else {
+        int interval;
+        if (ck_int_field(d, t, "full_attention_interval", 4, 1, MOET_MAX_LAYERS, &interval, path, e)) return -1;
+        for (int i = 0; i < c->n_layers; i++) c->full_attn[i] = (i + 1) % interval == 0;
+    }
+    for (int i = 0; i < c->n_layers; i++) c->n_full += c->full_attn[i];
+    c->n_gdn = c->n_layers - c->n_full;
+    // shape rules the math relies on
+    if (c->n_heads % c->n_kv_heads)
+        return err_set(e, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->n_heads, c->n_kv_heads);
+    if (c->lv_heads % c->lk_heads)
+        return err_set(e, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", path, c->lv_heads, c->lk_heads);
+    if (c->topk > c->n_experts)
+        return err_set(e, "%s: num_experts_per_tok %d exceeds num_experts %d", path, c->topk, c->n_experts);
+    c->key_dim = c->lk_heads * c->lk_dim;
+    c->value_dim = c->lv_heads * c->lv_dim;
+    c->conv_dim = 2 * c->key_dim + c->value_dim;
+    return 0;
+}
+
+static int ck_config_read(ck_config *c, const char *path, moet_err *e) {
+    size_t len;
+    char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
+    if (!text) return -1;
+    js_doc d;
+    int rc = js_load_doc(&d, text, len, path, e);
+    arena_sys_free(text, len + 1);
+    if (rc) return -1;
+    rc = ck_config_parse(c, &d, path, e);
+    js_free_doc(&d);
+    return rc;
+}
+
+// ---- matrices ----------------------------------------------------------------------------
+
+enum { CK_W_BF16, CK_W_F16, CK_W_F32, CK_W_FP8, CK_W_NVFP4, CK_W_PLANES };
+
+typedef struct {
+    uint8_t kind;            // CK_W_*
+    int rows, cols;          // logical [rows, cols] = [out_features, in_features]
+    const uint8_t *w;        // BF16/F16/F32/FP8: row r at w + r·row_bytes; NVFP4: packed [rows, cols/2];
+                             // PLANES: 2-bit codes in fragment-major order (PLANES.md §3)
+    size_t row_bytes;
+    const uint8_t *scale;    // NVFP4: e4m3 [rows, cols/16]; PLANES: e8m0 [rows/16, cols/32, 16]
+    float s;                 // FP8: weight_scale; NVFP4: weight_scale_2
+} ck_mat;
+
+// Code c of a 2-bit plane means level {-4, -1, +1, +4}[c] × 2^(scale byte − 127).
+static const float ck_plane_level[4] = {-4.f, -1.f, 1.f, 4.f};
+
+// One row of a fragment-major 2-bit matrix [N, K] (PLANES.md §3), exact, into out32[K] or out64[K].
+static void ck_plane_row(const ck_mat *m, int n, float *out32, double *out64) {
+    int K = m->cols, KB = K / 64, nb = n / 16, tile = (n % 16) / 8, g = n % 8;
+    for (int kb = 0; kb < KB; kb++)
+        for (int t = 0; t < 4; t++) {
+            const uint8_t *frag = m->w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8 + tile * 4;
+            for (int k32 = 0; k32 < 2; k32++)
+                for (int half = 0; half < 2; half++) {
+                    uint8_t byte = frag[k32 * 2 + half];
+                    int k0 = kb * 64 + k32 * 32 + half * 16 + t * 4;
+                    uint8_t sb = m->scale[(((size_t)nb * (K / 32)) + k0 / 32) * 16 + n % 16];
+                    float sc = ldexpf(1.f, (int)sb - 127);   // a power of two: products are exact
+                    for (int j = 0; j < 4; j++) {
+                        float v = ck_plane_level[(byte >> (2 * j)) & 3] * sc;
+                        if (out32) out32[k0 + j] = v;
+                        else out64[k0 + j] = v;
+                    }
+                }
+        }
+}
+
+// Row r of m as float32, exactly the value the stored format encodes (rounded to f32 once).
+static void ck_row_f32(const ck_mat *m, int r, float *out) {
+    const uint8_t *p = m->w + (size_t)r * m->row_bytes;
+    int K = m->cols;
+    switch (m->kind) {
+    case CK_W_BF16: for (int k = 0; k < K; k++) out[k] = ck_bf16(p + 2 * k); break;
+    case CK_W_F16: for (int k = 0; k < K; k++) out[k] = ck_f16(p + 2 * k); break;
+    case CK_W_F32: memcpy(out, p, (size_t)K * 4); break;
+    // e4m3 × f32 scale: the f32 product is correctly rounded, as the exact product cast to f32
+    case CK_W_FP8: for (int k = 0; k < K; k++) out[k] = ck_e4m3_lut[p[k]] * m->s; break;
+    case CK_W_NVFP4: {
+        const uint8_t *sc = m->scale + (size_t)r * (K / 16);
+        for (int b = 0; b < K / 16; b++) {
+            double s = (double)ck_e4m3_lut[sc[b]] * (double)m->s;  // exact in f64; one rounding below
+            for (int j = 0; j < 8; j++) {
+                uint8_t byte = p[b * 8 + j];
+                out[b * 16 + 2 * j] = (float)(ck_e2m1_lut[byte & 15] * s);
+                out[b * 16 + 2 * j + 1] = (float)(ck_e2m1_lut[byte >> 4] * s);
+            }
+        }
+        break;
+    }
+    case CK_W_PLANES: ck_plane_row(m, r, out, NULL); break;
+    default: moet_die("matrix kind %d", m->kind);
+    }
+}
+
+// Row r of m in float64, exact (every stored format is exactly representable in f64).
+static void ck_row_f64(const ck_mat *m, int r, double *out) {
+    const uint8_t *p = m->w + (size_t)r * m->row_bytes;
+    int K = m->cols;
+    switch (m->kind) {
+    case CK_W_FP8: for (int k = 0; k < K; k++) out[k] = (double)ck_e4m3_lut[p[k]] * (double)m->s; break;
+    case CK_W_NVFP4: {
+        const uint8_t *sc = m->scale + (size_t)r * (K / 16);
+        for (int b = 0; b < K / 16; b++) {
+            double s = (double)ck_e4m3_lut[sc[b]] * (double)m->s;
+            for (int j = 0; j < 8; j++) {
+                uint8_t byte = p[b * 8 + j];
+                out[b * 16 + 2 * j] = ck_e2m1_lut[byte & 15] * s;
+                out[b * 16 + 2 * j + 1] = ck_e2m1_lut[byte >> 4] * s;
+            }
+        }
+        break;
+    }
+    case CK_W_BF16: for (int k = 0; k < K; k++) out[k] = ck_bf16(p + 2 * k); break;
+    case CK_W_F16: for (int k = 0; k < K; k++) out[k] = ck_f16(p + 2 * k); break;
+    case CK_W_F32: for (int k = 0; k < K; k++) out[k] = ck_f32(p + 4 * k); break;
+    case CK_W_PLANES: ck_plane_row(m, r, NULL, out); break;
+    default: moet_die("matrix kind %d", m->kind);
+    }
+}
+
+// One element of a vector-like tensor (norm weights, A_log, dt_bias …): m is [1, n].
+static float ck_at(const ck_mat *m, int r, int k) {
+    const uint8_t *p = m->w + (size_t)r * m->row_bytes;
+    switch (m->kind) {
+    case CK_W_BF16: return ck_bf16(p + 2 * k);
+    case CK_W_F16: return ck_f16(p + 2 * k);
+    case CK_W_F32: return ck_f32(p + 4 * k);
+    default: moet_die("ck_at on a quantized matrix");
+    }
+}
+
+// ---- the model's weights -----------------------------------------------------------------
+
+typedef struct {
+    ck_mat in_norm, post_norm;       // [1, H] zero-centred: scale (1 + w)
+    // gated full attention (cfg.full_attn[l])
+    ck_mat q;                        // [2·nh·hd, H]: per head h rows h·2hd + [0, hd) query, + [hd, 2hd) gate
+    ck_mat k, v;                     // [kvh·hd, H]
+    ck_mat o;                        // [H, nh·hd]
+    ck_mat q_norm, k_norm;           // [1, hd] zero-centred, shared by all heads
+    // Gated DeltaNet (otherwise)
+    ck_mat qkv;                      // [conv_dim, H]: q [key_dim] | k [key_dim] | v [value_dim]
+    ck_mat z;                        // [value_dim, H] output gate
+    ck_mat b, a;                     // [lv_heads, H] beta / decay pre-activations
+    ck_mat conv;                     // [conv_dim, conv_k] depthwise causal conv (stored [conv_dim, 1, conv_k])
+    ck_mat A_log, dt_bias;           // [1, lv_heads]
+    ck_mat gnorm;                    // [1, lv_dim] gated RMSNorm, plain scale w
+    ck_mat out;                      // [H, value_dim]
+    // mixture of experts
+    ck_mat router;                   // [E, H]
+    ck_mat *gate, *up, *down;        // [E] each: [I, H], [I, H], [H, I]
+    ck_mat sh_gate, sh_up;           // [SI, H]
+    ck_mat sh_down;                  // [H, SI]
+    ck_mat sh_gate_w;                // [1, H] sigmoid gate of the shared expert
+} ck_layer;
+
+typedef struct {
+    ck_config cfg;
+    st_set st;
+    char dir[MOET_MAX_PATH];
+    char prefix[32];                 // "model.language_model." or "model."
+    char expert_format[16];          // how the routed experts are stored: "nvfp4", "fp8" or "bf16"
+    ck_mat embed;                    // [V, H]
+    ck_mat final_norm;               // [1, H] zero-centred
+    ck_mat lm_head;                  // [V, H]
+    ck_layer *layers;                // [L]
+    uint8_t *mem;                    // layers + expert matrices, one allocation
+    size_t mem_bytes;
+} ck_model;
+
+enum { CK_Q_NONE, CK_Q_FP8, CK_Q_NVFP4 };
+
+typedef struct {
+    js_doc doc;
+    const js_node *layers;           // quantized_layers object, or NULL (an unquantized checkpoint)
+    char source[MOET_MAX_PATH];      // where it came from, for messages
+} ck_quant;
+
+// "model.language_model.layers.3.x" and "model.layers.3.x" name the same module.
+static const char *ck_canon(const char *name) {
+    static const char *pre[] = {"model.language_model.", "language_model.model.", "language_model.", "model."};
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
+        size_t k = strlen(pre[i]);
+        if (!strncmp(name, pre[i], k)) return name + k;
+    }
+    return name;
+}
+
+// The algorithm of `module` (a checkpoint name without ".weight"): an exact entry of
+// quantized_layers, else the longest entry that is a dotted prefix of it; absent = BF16.
+static int ck_quant_algo(const ck_quant *q, const char *module, moet_err *e) {
+    if (!q->layers) return CK_Q_NONE;
+    const char *m = ck_canon(module);
+    size_t best_len = 0;
+    const js_node *best = NULL, *best_key = NULL;
+    for (const js_node *k = js_first(q->layers); k; k = js_member_next(&q->doc, q->layers, k)) {
+        const char *c = ck_canon(k->str);
+        size_t n = strlen(c);
+        if (!strncmp(m, c, n) && (m[n] == 0 || m[n] == '.') && n >= best_len) {
+            best_len = n;
+            best = k + 1;
+            best_key = k;
+        }
+    }
+    if (!best) return CK_Q_NONE;
+    const js_node *algo = js_get(&q->doc, best, "quant_algo");
+    if (js_str_is(algo, "FP8")) return CK_Q_FP8;
+    if (js_str_is(algo, "W4A16_NVFP4")) {
+        const js_node *gs = js_get(&q->doc, best, "group_size");
+        int64_t g = 16;
+        if (gs && (js_int(gs, &g) || g != 16))
+            return err_set(e, "%s: module '%s' has W4A16_NVFP4 group_size %s, only 16 is supported", q->source, best_key->str,
+                           gs->type == JS_NUM ? "other than 16" : js_type_name(gs));
+        return CK_Q_NVFP4;
+    }
+    return err_set(e, "%s: module '%s' has unsupported quant_algo %s%s%s (supported: FP8, W4A16_NVFP4)", q->source, best_key->str,
+                   algo && algo->type == JS_STR ? "'" : "", algo && algo->type == JS_STR ? algo->str : js_type_name(algo),
+                   algo && algo->type == JS_STR ? "'" : "");
+}
+
+static void ck_quant_free(ck_quant *q) { js_free_doc(&q->doc); q->layers = NULL; }
+
+// hf_quant_config.json when present, else config.json's quantization_config, else none.
+static int ck_quant_read(ck_quant *q, const char *dir, moet_err *e) {
+    memset(q, 0, sizeof *q);
+    char path[MOET_MAX_PATH];
+    const js_node *qc = NULL;
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    int from_hf = access(path, F_OK) == 0;
+    if (!from_hf) snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(q->source, sizeof q->source, "%s", path);
+    size_t len;
+    char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
+    if (!text) return -1;
+    int rc = js_load_doc(&q->doc, text, len, path, e);
+    arena_sys_free(text, len + 1);
+    if (rc) return -1;
+    const js_node *root = js_root(&q->doc);
+    qc = from_hf ? js_get(&q->doc, root, "quantization") : js_get(&q->doc, root, "quantization_config");
+    if (!qc || qc->type == JS_NULL) {
+        if (from_hf) { ck_quant_free(q); return err_set(e, "%s: no \"quantization\" object", path); }
+        ck_quant_free(q);  // an unquantized checkpoint
+        return 0;
+    }
+    if (qc->type != JS_OBJ) { ck_quant_free(q); return err_set(e, "%s: the quantization entry is not an object", path); }
+    const js_node *method = js_get(&q->doc, qc, "quant_method");
+    if (!from_hf && method && !js_str_is(method, "modelopt")) {
+        ck_quant_free(q);
+        return err_set(e, "%s: quantization_config.quant_method %s%s%s is not supported (ModelOpt checkpoints only)", path,
+                       method->type == JS_STR ? "'" : "", method->type == JS_STR ? method->str : js_type_name(method),
+                       method->type == JS_STR ? "'" : "");
+    }
+    const js_node *algo = js_get(&q->doc, qc, "quant_algo");
+    if (!js_str_is(algo, "MIXED_PRECISION")) {
+        err_set(e, "%s: quant_algo %s%s%s is not supported (MIXED_PRECISION with per-module FP8 / W4A16_NVFP4 expected)", path,
+                algo && algo->type == JS_STR ? "'" : "", algo && algo->type == JS_STR ? algo->str : js_type_name(algo),
+                algo && algo->type == JS_STR ? "'" : "");
+        ck_quant_free(q);
+        return -1;
+    }
+    q->layers = js_get(&q->doc, qc, "quantized_layers");
+    if (!q->layers || q->layers->type != JS_OBJ) {
+        ck_quant_free(q);
+        return err_set(e, "%s: MIXED_PRECISION without a quantized_layers object", path);
+    }
+    return 0;
+}
+
+static const char *ck_algo_name(int algo) { return algo == CK_Q_FP8 ? "FP8" : algo == CK_Q_NVFP4 ? "W4A16_NVFP4" : "unquantized"; }
+
+// The tensor `name` with one of the allowed dtypes (a bit mask of 1 << ST_*) and exactly `shape`.
+static const st_tensor *ck_tensor(const ck_model *m, const char *name, unsigned dtypes, int ndim, const int64_t *shape,
+                                  const char *why, moet_err *e) {
+    const st_tensor *t = st_find(&m->st, name);
+    char want[160], got[160], dts[96] = "";
+    st_shape_str(shape, ndim, want, sizeof want);
+    for (int d = 0; d < ST_N_DTYPES; d++)
+        if (dtypes & (1u << d)) snprintf(dts + strlen(dts), sizeof dts - strlen(dts), "%s%s", *dts ? "/" : "", st_dtypes[d].name);
+    if (!t) {
+        err_set(e, "%s: missing tensor '%s' (expected %s %s%s%s)", m->dir, name, dts, want, why ? ", " : "", why ? why : "");
+        return NULL;
+    }
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (!(dtypes & (1u << t->dtype)) || !same) {
+        err_set(e, "%s: tensor '%s': expected %s %s, found %s %s%s%s", m->dir, name, dts, want, st_dtypes[t->dtype].name,
+                st_shape_str(t->shape, t->ndim, got, sizeof got), why ? " (" : "", why ? why : "");
+        if (why && e) snprintf(e->msg + strlen(e->msg), sizeof e->msg - strlen(e->msg), ")");
+        return NULL;
+    }
+    return t;
+}
+
+#define CK_DT_FLOAT ((1u << ST_BF16) | (1u << ST_F16) | (1u << ST_F32))
+
+static void ck_float_mat(ck_mat *out, const st_tensor *t, int rows, int cols) {
+    out->kind = t->dtype == ST_BF16 ? CK_W_BF16 : t->dtype == ST_F16 ? CK_W_F16 : CK_W_F32;
+    out->rows = rows;
+    out->cols = cols;
+    out->w = t->data;
+    out->row_bytes = (size_t)cols * st_dtypes[t->dtype].bytes;
+}
+
+// A scalar F32 scale tensor (shape [] or [1]).
+static int ck_scalar(const ck_model *m, const char *name, float *out, moet_err *e) {
+    const st_tensor *t = st_find(&m->st, name);
+    if (!t) return err_set(e, "%s: missing tensor '%s' (expected an F32 scalar)", m->dir, name);
+    if (t->dtype != ST_F32 || t->numel != 1) {
+        char got[160];
+        return err_set(e, "%s: tensor '%s': expected an F32 scalar, found %s %s", m->dir, name, st_dtypes[t->dtype].name,
+                       st_shape_str(t->shape, t->ndim, got, sizeof got));
+    }
+    *out = ck_f32(t->data);
+    if (!isfinite(*out) || *out <= 0) return err_set(e, "%s: tensor '%s' = %g is not a positive finite scale", m->dir, name, *out);
+    return 0;
+}
+
+// A linear layer [rows, cols] stored as its module's algorithm says. `module` is the full
+// checkpoint name without ".weight".
+static int ck_linear(const ck_model *m, const ck_quant *q, const char *module, int rows, int cols, ck_mat *out, moet_err *e) {
+    char name[MOET_MAX_NAME + 32], why[MOET_MAX_NAME + 64];
+    int algo = ck_quant_algo(q, module, e);
+    if (algo < 0) return -1;
+    snprintf(why, sizeof why, "module %s is %s", module, ck_algo_name(algo));
+    snprintf(name, sizeof name, "%s.weight", module);
+    memset(out, 0, sizeof *out);
+    out->rows = rows;
+    out->cols = cols;
+    if (algo == CK_Q_NONE) {
+        int64_t shape[2] = {rows, cols};
+        const st_tensor *t = ck_tensor(m, name, CK_DT_FLOAT, 2, shape, NULL, e);
+        if (!t) return -1;
+        ck_float_mat(out, t, rows, cols);
+        return 0;
+    }
+    if (algo == CK_Q_FP8) {
+        int64_t shape[2] = {rows, cols};
+        const st_tensor *t = ck_tensor(m, name, 1u << ST_F8_E4M3, 2, shape, why, e);
+        if (!t) return -1;
+        snprintf(name, sizeof name, "%s.weight_scale", module);
+        if (ck_scalar(m, name, &out->s, e)) return -1;
+        out->kind = CK_W_FP8;
+        out->w = t->data;
+        out->row_bytes = (size_t)cols;
+        return 0;
+    }
+    if (cols % 16) return err_set(e, "%s: module %s is W4A16_NVFP4 but its input width %d is not a multiple of 16", m->dir, module, cols);
+    int64_t shape[2] = {rows, cols / 2}, sshape[2] = {rows, cols / 16};
+    const st_tensor *t = ck_tensor(m, name, 1u << ST_U8, 2, shape, why, e);
+    if (!t) return -1;
+    snprintf(name, sizeof name, "%s.weight_scale", module);
+    const st_tensor *sc = ck_tensor(m, name, 1u << ST_F8_E4M3, 2, sshape, why, e);
+    if (!sc) return -1;
+    snprintf(name, sizeof name, "%s.weight_scale_2", module);
+    if (ck_scalar(m, name, &out->s, e)) return -1;
+    out->kind = CK_W_NVFP4;
+    out->w = t->data;
+    out->row_bytes = (size_t)cols / 2;
+    out->scale = sc->data;
+    return 0;
+}
+
+// A float vector [n] (norm weights, A_log, dt_bias) as a [1, n] matrix.
+static int ck_vector(const ck_model *m, const char *name, int n, ck_mat *out, moet_err *e) {
+    int64_t shape[1] = {n};
+    const st_tensor *t = ck_tensor(m, name, CK_DT_FLOAT, 1, shape, NULL, e);
+    if (!t) return -1;
+    ck_float_mat(out, t, 1, n);
+    return 0;
+}
+
+// Routed experts of layer l: fused 3-D tensors, or one module per expert.
+static int ck_experts(ck_model *m, const ck_quant *q, int l, ck_layer *L, moet_err *e) {
+    const ck_config *c = &m->cfg;
+    int E = c->n_experts, I = c->inter, H = c->hidden;
+    char name[MOET_MAX_NAME + 64];
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
+    if (st_find(&m->st, name)) {
+        int64_t gs[3] = {E, 2 * I, H}, ds[3] = {E, H, I};
+        const st_tensor *gu = ck_tensor(m, name, CK_DT_FLOAT, 3, gs, "fused routed experts", e);
+        if (!gu) return -1;
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, l);
+        const st_tensor *dn = ck_tensor(m, name, CK_DT_FLOAT, 3, ds, "fused routed experts", e);
+        if (!dn) return -1;
+        size_t esz = (size_t)st_dtypes[gu->dtype].bytes, dsz = (size_t)st_dtypes[dn->dtype].bytes;
+        for (int x = 0; x < E; x++) {
+            st_tensor sub = *gu;
+            ck_float_mat(&L->gate[x], &sub, I, H);
+            L->gate[x].w = gu->data + (size_t)x * 2 * I * H * esz;
+            L->up[x] = L->gate[x];
+            L->up[x].w = L->gate[x].w + (size_t)I * H * esz;
+            sub = *dn;
+            ck_float_mat(&L->down[x], &sub, H, I);
+            L->down[x].w = dn->data + (size_t)x * H * I * dsz;
+        }
+        snprintf(m->expert_format, sizeof m->expert_format, "bf16");
+        return 0;
+    }
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.0.gate_proj.weight", m->prefix, l);
+    if (!st_find(&m->st, name))
+        return err_set(e, "%s: layer %d has no routed experts: neither %slayers.%d.mlp.experts.gate_up_proj nor %s", m->dir, l,
+                       m->prefix, l, name);
+    for (int x = 0; x < E; x++) {
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.gate_proj", m->prefix, l, x);
+        if (ck_linear(m, q, name, I, H, &L->gate[x], e)) return -1;
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.up_proj", m->prefix, l, x);
+        if (ck_linear(m, q, name, I, H, &L->up[x], e)) return -1;
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.down_proj", m->prefix, l, x);
+        if (ck_linear(m, q, name, H, I, &L->down[x], e)) return -1;
+    }
+    int kind = L->gate[0].kind;
+    snprintf(m->expert_format, sizeof m->expert_format, "%s", kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_FP8 ? "fp8" : "bf16");
+    return 0;
+}
+
+static int ck_layer_load(ck_model *m, const ck_quant *q, int l, moet_err *e) {
+    const ck_config *c = &m->cfg;
+    ck_layer *L = &m->layers[l];
+    int H = c->hidden;
+    char p[MOET_MAX_NAME], n[MOET_MAX_NAME + 64];
+    snprintf(p, sizeof p, "%slayers.%d.", m->prefix, l);
+#define CK_NAME(s) (snprintf(n, sizeof n, "%s%s", p, s), n)
+    if (ck_vector(m, CK_NAME("input_layernorm.weight"), H, &L->in_norm, e) ||
+        ck_vector(m, CK_NAME("post_attention_layernorm.weight"), H, &L->post_norm, e))
+        return -1;
+    if (c->full_attn[l]) {
+        int qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+        if (ck_linear(m, q, CK_NAME("self_attn.q_proj"), 2 * qd, H, &L->q, e) ||
+            ck_linear(m, q, CK_NAME("self_attn.k_proj"), kd, H, &L->k, e) ||
+            ck_linear(m, q, CK_NAME("self_attn.v_proj"), kd, H, &L->v, e) ||
+            ck_linear(m, q, CK_NAME("self_attn.o_proj"), H, qd, &L->o, e) ||
+            ck_vector(m, CK_NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, e) ||
+            ck_vector(m, CK_NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, e))
+            return -1;
+    } else {
+        if (ck_linear(m, q, CK_NAME("linear_attn.in_proj_qkv"), c->conv_dim, H, &L->qkv, e) ||
+            ck_linear(m, q, CK_NAME("linear_attn.in_proj_z"), c->value_dim, H, &L->z, e) ||
+            ck_linear(m, q, CK_NAME("linear_attn.in_proj_b"), c->lv_heads, H, &L->b, e) ||
+            ck_linear(m, q, CK_NAME("linear_attn.in_proj_a"), c->lv_heads, H, &L->a, e) ||
+            ck_linear(m, q, CK_NAME("linear_attn.out_proj"), H, c->value_dim, &L->out, e) ||
+            ck_vector(m, CK_NAME("linear_attn.A_log"), c->lv_heads, &L->A_log, e) ||
+            ck_vector(m, CK_NAME("linear_attn.dt_bias"), c->lv_heads, &L->dt_bias, e) ||
+            ck_vector(m, CK_NAME("linear_attn.norm.weight"), c->lv_dim, &L->gnorm, e))
+            return -1;
+        int64_t cs[3] = {c->conv_dim, 1, c->conv_k};
+        const st_tensor *t = ck_tensor(m, CK_NAME("linear_attn.conv1d.weight"), CK_DT_FLOAT, 3, cs, NULL, e);
+        if (!t) return -1;
+        ck_float_mat(&L->conv, t, c->conv_dim, c->conv_k);
+    }
+    if (ck_linear(m, q, CK_NAME("mlp.gate"), c->n_experts, H, &L->router, e) ||
+        ck_linear(m, q, CK_NAME("mlp.shared_expert.gate_proj"), c->shared_inter, H, &L->sh_gate, e) ||
+        ck_linear(m, q, CK_NAME("mlp.shared_expert.up_proj"), c->shared_inter, H, &L->sh_up, e) ||
+        ck_linear(m, q, CK_NAME("mlp.shared_expert.down_proj"), H, c->shared_inter, &L->sh_down, e) ||
+        ck_linear(m, q, CK_NAME("mlp.shared_expert_gate"), 1, H, &L->sh_gate_w, e))
+        return -1;
+#undef CK_NAME
+    return ck_experts(m, q, l, L, e);
+}
+
+static void ck_close(ck_model *m) {
+    st_close(&m->st);
+    if (m->mem) arena_sys_free(m->mem, m->mem_bytes);
+    m->mem = NULL;
+    m->layers = NULL;
+}
+
+// Opens the checkpoint in dir: config, quantization map, every shard, every weight checked by
+// name, dtype and shape. On error nothing stays open.
+static int ck_open(ck_model *m, const char *dir, moet_err *e) {
+    memset(m, 0, sizeof *m);
+    ck_init_tables();
+    if (strlen(dir) >= sizeof m->dir - 64) return err_set(e, "%s: path too long", dir);
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    char path[MOET_MAX_PATH];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (ck_config_read(&m->cfg, path, e)) return -1;
+    const ck_config *c = &m->cfg;
+    ck_quant q;
+    if (ck_quant_read(&q, dir, e)) return -1;
+    int rc = -1;
+    if (st_open(&m->st, dir, e)) goto out;
+    if (st_find(&m->st, "model.language_model.embed_tokens.weight")) snprintf(m->prefix, sizeof m->prefix, "model.language_model.");
+    else if (st_find(&m->st, "model.embed_tokens.weight")) snprintf(m->prefix, sizeof m->prefix, "model.");
+    else {
+        err_set(e, "%s: no embedding: neither model.language_model.embed_tokens.weight nor model.embed_tokens.weight", dir);
+        goto out;
+    }
+    // one allocation: layers [L] | expert matrices [L][3][E]
+    size_t lb = (size_t)c->n_layers * sizeof(ck_layer), xb = (size_t)c->n_layers * 3 * c->n_experts * sizeof(ck_mat);
+    m->mem_bytes = lb + xb;
+    m->mem = arena_sys_alloc(m->mem_bytes, "checkpoint tables");
+    if (!m->mem) { err_set(e, "%s: out of memory for the weight tables", dir); goto out; }
+    m->layers = (ck_layer *)m->mem;
+    ck_mat *xm = (ck_mat *)(m->mem + lb);
+    char name[MOET_MAX_NAME];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->prefix);
+    int64_t es[2] = {c->vocab, c->hidden};
+    const st_tensor *emb = ck_tensor(m, name, CK_DT_FLOAT, 2, es, NULL, e);
+    if (!emb) goto out;
+    ck_float_mat(&m->embed, emb, c->vocab, c->hidden);
+    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+    if (ck_vector(m, name, c->hidden, &m->final_norm, e)) goto out;
+    if (c->tie_embeddings) m->lm_head = m->embed;
+    else if (ck_linear(m, &q, "lm_head", c->vocab, c->hidden, &m->lm_head, e)) goto out;
+    for (int l = 0; l < c->n_layers; l++) {
+        ck_layer *L = &m->layers[l];
+        L->gate = xm + (size_t)(3 * l + 0) * c->n_experts;
+        L->up = xm + (size_t)(3 * l + 1) * c->n_experts;
+        L->down = xm + (size_t)(3 * l + 2) * c->n_experts;
+        if (ck_layer_load(m, &q, l, e)) goto out;
+    }
+    rc = 0;
+out:
+    ck_quant_free(&q);
+    if (rc) ck_close(m);
+    return rc;
+}
+
+// Routed expert x of layer l in float64, exactly as stored: w13 [2I, H] (gate_proj rows, then
+// up_proj rows) and w2 [H, I]. This is the quantizer's input (PLANES.md §2 step 1).
+static void ck_expert_f64(const ck_model *m, int l, int x, double *w13, double *w2) {
+    const ck_config *c = &m->cfg;
+    const ck_layer *L = &m->layers[l];
+    int I = c->inter, H = c->hidden;
+    for (int r = 0; r < I; r++) {
+        ck_row_f64(&L->gate[x], r, w13 + (size_t)r * H);
+        ck_row_f64(&L->up[x], r, w13 + (size_t)(I + r) * H);
+    }
+    for (int r = 0; r < H; r++) ck_row_f64(&L->down[x], r, w2 + (size_t)r * I);
+}
