@@ -5,6 +5,9 @@
 #                       "N passed, M failed" over all of them; exit status 0 only when M = 0
 #   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
+#   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
+#                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,
+#                       or $UCD_DIR); the header is committed, so normal builds and CI need no package
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -89,9 +92,18 @@ run_fuzz() {
     done
 }
 
+# the generator is a separate host program, not part of moet.c; its output is deterministic
+gen_unicode() {
+    mkdir -p build
+    $CC -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -o build/gen_unicode format/gen_unicode.c
+    build/gen_unicode "${UCD_DIR:-/usr/share/unicode}" > build/unicode_tables.h
+    mv build/unicode_tables.h format/unicode_tables.h
+}
+
 case "${1:-}" in
     "") build_moet ;;
     test) build_moet && build_tests && run_tests ;;
     fuzz) build_fuzz && run_fuzz ;;
-    *) echo "usage: ./build.sh [test|fuzz]" >&2; exit 2 ;;
+    unicode) gen_unicode ;;
+    *) echo "usage: ./build.sh [test|fuzz|unicode]" >&2; exit 2 ;;
 esac
