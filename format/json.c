@@ -46,6 +46,8 @@ typedef struct {
     int measuring;       // count only, write nothing
     uint32_t nodes;      // nodes produced so far
     size_t strs;         // string bytes produced so far
+    js_node scratch;     // measuring: the node written to and discarded (per parser, so
+                         // parsers on several threads share nothing)
 } js_parser;
 
 static int js_fail(js_parser *p, const char *what) {
@@ -66,9 +68,8 @@ static js_node *js_new(js_parser *p, int type, uint32_t *index) {
     if (p->nodes == UINT32_MAX) return NULL;
     *index = p->nodes++;
     if (p->measuring) {
-        static js_node scratch;
-        memset(&scratch, 0, sizeof scratch);
-        return &scratch;
+        memset(&p->scratch, 0, sizeof p->scratch);
+        return &p->scratch;
     }
     MOET_ASSERT(*index < p->d->cap_nodes, "JSON node capacity %u below the measured count", p->d->cap_nodes);
     js_node *n = &p->d->nodes[*index];
@@ -199,7 +200,9 @@ static int js_string(js_parser *p, js_node *n) {
     return 0;
 }
 
-static int js_number(js_parser *p, js_node *n) {
+// noinline: its 1 KiB literal buffer must not land in the frame of the recursive js_value
+// (inlined, nesting to MOET_JSON_MAX_DEPTH would cost ~140 KiB of stack).
+__attribute__((noinline)) static int js_number(js_parser *p, js_node *n) {
     size_t start = p->pos;
     const uint8_t *s = p->s;
     int is_int = 1;
@@ -338,7 +341,7 @@ static int js_run(js_parser *p) {
 
 // Validates `text` and reports the exact capacity js_parse needs. Errors go to d->err.
 static int js_measure(js_doc *d, const char *text, size_t len, uint32_t *nodes, size_t *str_bytes) {
-    js_parser p = {(const uint8_t *)text, len, 0, d, 1, 0, 0};
+    js_parser p = {.s = (const uint8_t *)text, .len = len, .d = d, .measuring = 1};
     d->err[0] = 0;
     d->err_off = 0;
     if (js_run(&p)) return -1;
@@ -349,7 +352,7 @@ static int js_measure(js_doc *d, const char *text, size_t len, uint32_t *nodes, 
 
 // Parses into d->nodes / d->strs (capacities from js_measure). Errors go to d->err.
 static int js_parse(js_doc *d, const char *text, size_t len) {
-    js_parser p = {(const uint8_t *)text, len, 0, d, 0, 0, 0};
+    js_parser p = {.s = (const uint8_t *)text, .len = len, .d = d};
     d->err[0] = 0;
     d->err_off = 0;
     d->n_nodes = 0;
@@ -530,11 +533,14 @@ static void js_w_strn(js_writer *w, const char *s, size_t n) {
 
 static void js_w_str(js_writer *w, const char *s) { js_w_strn(w, s, strlen(s)); }
 
-static void js_w_key(js_writer *w, const char *k) {
-    js_w_str(w, k);
+// A key of n bytes (may hold NULs, as a key read with \u0000 does).
+static void js_w_keyn(js_writer *w, const char *k, size_t n) {
+    js_w_strn(w, k, n);
     js_w_bytes(w, ":", 1);
     w->after_key = 1;
 }
+
+static void js_w_key(js_writer *w, const char *k) { js_w_keyn(w, k, strlen(k)); }
 
 static void js_w_int(js_writer *w, int64_t v) {
     char b[32];

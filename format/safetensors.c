@@ -153,8 +153,12 @@ static int st_shard_scan(const st_set *s, int shard, js_doc *doc, st_tensor *out
             if (size_mul(numel, (size_t)dim, &numel)) { err_set(e, "%s: tensor '%s': element count overflows", path, k->str); goto done; }
         }
         int64_t b0, b1;
-        if (js_int(js_at(doc, of, 0), &b0) || js_int(js_at(doc, of, 1), &b1) || b0 < 0 || b1 < b0) {
-            err_set(e, "%s: tensor '%s': data_offsets must be integers 0 <= begin <= end", path, k->str);
+        if (js_int(js_at(doc, of, 0), &b0) || js_int(js_at(doc, of, 1), &b1) || b0 < 0) {
+            err_set(e, "%s: tensor '%s': data_offsets must be two integers 0 <= begin <= end", path, k->str);
+            goto done;
+        }
+        if (b1 < b0) {
+            err_set(e, "%s: tensor '%s': data_offsets end %" PRId64 " is before begin %" PRId64, path, k->str, b1, b0);
             goto done;
         }
         size_t nbytes;
@@ -190,7 +194,7 @@ static int st_shard_scan(const st_set *s, int shard, js_doc *doc, st_tensor *out
         *name_bytes += k->len + 1;
         i++;
     }
-    qsort(spans, n, sizeof *spans, st_span_cmp);
+    if (n) qsort(spans, n, sizeof *spans, st_span_cmp);   // spans is NULL when n = 0
     size_t at = 0;
     for (uint32_t j = 0; j < n; j++) {
         if (spans[j].begin != at) {
@@ -247,6 +251,9 @@ static int st_list_shards(st_set *s, const char *dir, js_doc *index, moet_err *e
         for (const js_node *k = js_first(wm); k; k = js_member_next(index, wm, k)) {
             const js_node *v = k + 1;
             if (v->type != JS_STR) return err_set(e, "%s: weight_map entry '%s' is not a file name", path, k->str);
+            // a NUL (from \u0000) would silently cut the name short in every C string use below
+            if (memchr(k->str, 0, k->len) || memchr(v->str, 0, v->len))
+                return err_set(e, "%s: weight_map entry '%s' contains a NUL byte", path, k->str);
             if (st_add_shard(s, dir, v->str, e)) return err_wrap(e, "%s", path);
         }
         return 0;
@@ -292,14 +299,18 @@ static int st_open(st_set *s, const char *dir, moet_err *e) {
     size_t name_bytes = 0;
     for (int i = 0; i < s->n_shards; i++) {
         const char *path = s->shard_path[i];
-        if (arena_map_file(&s->maps[i], path, e)) goto out;
+        if (arena_map_file(&s->maps[i], path, e)) {
+            if (index.n_nodes) err_wrap(e, "shard named by %s/model.safetensors.index.json", dir);
+            goto out;
+        }
         const arena_map *m = &s->maps[i];
         if (m->size < 8) { err_set(e, "%s: %zu bytes, too short for a safetensors header", path, m->size); goto out; }
         uint64_t hdr = 0;
         for (int b = 7; b >= 0; b--) hdr = hdr << 8 | m->data[b];
         if (hdr > MOET_ST_MAX_HEADER) { err_set(e, "%s: header length %" PRIu64 " exceeds the limit of %llu bytes", path, hdr, MOET_ST_MAX_HEADER); goto out; }
         if (hdr > m->size - 8) { err_set(e, "%s: header length %" PRIu64 " is past the end of the %zu-byte file (truncated?)", path, hdr, m->size); goto out; }
-        if (hdr < 2 || m->data[8] != '{') { err_set(e, "%s: header does not start with '{'", path); goto out; }
+        if (hdr < 2) { err_set(e, "%s: header length %" PRIu64 " is too short for a JSON object", path, hdr); goto out; }
+        if (m->data[8] != '{') { err_set(e, "%s: header does not start with '{' (found byte 0x%02x)", path, m->data[8]); goto out; }
         if (js_load_doc(&docs[i], (const char *)m->data + 8, (size_t)hdr, path, e)) goto out;
         if (st_shard_scan(s, i, &docs[i], NULL, &total, &name_bytes, NULL, e)) goto out;
         if (total > MOET_MAX_TENSORS) { err_set(e, "%s: more than %d tensors in the checkpoint", dir, MOET_MAX_TENSORS); goto out; }
