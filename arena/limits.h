@@ -30,6 +30,10 @@
 // ---- CLI run -------------------------------------------------------------------------
 #define MOET_MAX_RUN_TOKENS    65536    // prompt + generated tokens of `moet run`
 
+// ---- expert plane file (MOET2PF1) ---------------------------------------------------------
+#define MOET_PF_MAX_INTER      65536    // moe_intermediate_size a plane file holds (slot < 4 GiB)
+#define MOET_PF_MAX_THREADS    256      // quantizing / hashing threads of build-planes, verify
+
 _Static_assert(MOET_MAX_HEAD_DIM % 2 == 0, "rotary pairs need an even head dim");
 _Static_assert(MOET_MAX_TOPK <= MOET_MAX_EXPERTS, "top-k cannot exceed the experts");
 
