@@ -27,6 +27,9 @@
 // ---- JSON ----------------------------------------------------------------------------
 #define MOET_JSON_MAX_DEPTH    128      // nesting of arrays/objects
 
+// ---- CPU reference engine -----------------------------------------------------------
+#define MOET_MAX_THREADS       256      // workers of the reference matrix products
+
 // ---- CLI run -------------------------------------------------------------------------
 #define MOET_MAX_RUN_TOKENS    65536    // prompt + generated tokens of `moet run`
 

@@ -238,6 +238,13 @@ static int st_name_cmp(const void *a, const void *b) { return strcmp(*(const cha
 // The shard list: from the index's weight_map when present, else every *.safetensors file.
 static int st_list_shards(st_set *s, const char *dir, js_doc *index, moet_err *e) {
     char path[MOET_MAX_PATH];
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) {   // a single .safetensors file
+        if (strlen(dir) >= MOET_MAX_PATH) return err_set(e, "%s: path too long", dir);
+        snprintf(s->shard_path[0], MOET_MAX_PATH, "%s", dir);
+        s->n_shards = 1;
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) == 0) {
         size_t len;
@@ -287,7 +294,8 @@ static void st_close(st_set *s) {
     memset(s, 0, sizeof *s);
 }
 
-// Opens every shard of the checkpoint in `dir`. On error everything is released.
+// Opens every shard of the checkpoint in `dir` (or the one file `dir` names). On error
+// everything is released.
 static int st_open(st_set *s, const char *dir, moet_err *e) {
     memset(s, 0, sizeof *s);
     js_doc index = {0};
@@ -365,5 +373,78 @@ out:
     for (int i = 0; i < s->n_shards; i++) js_free_doc(&docs[i]);
     js_free_doc(&index);
     if (rc) st_close(s);
+    return rc;
+}
+
+// ---- writing -----------------------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    int dtype;                    // ST_*
+    int ndim;
+    int64_t shape[MOET_MAX_DIMS];
+    const void *data;             // numel × dtype size bytes, little-endian
+} st_out;
+
+// Writes tensors to `path` as one safetensors file (header padded with spaces to a multiple of
+// 8, tensors in the given order, tiling the data buffer). Writes a temporary file and renames
+// it, so `path` is never half-written.
+static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
+    size_t cap = 256;
+    for (int i = 0; i < n; i++) cap += strlen(t[i].name) * 6 + 64 + 24 * (size_t)t[i].ndim;
+    char *hdr = arena_sys_alloc(cap, "safetensors header");
+    if (!hdr) return err_set(e, "%s: out of memory for the header", path);
+    js_writer w;
+    js_w_init(&w, hdr, cap);
+    js_w_obj(&w);
+    js_w_key(&w, "__metadata__");
+    js_w_obj(&w);
+    js_w_key(&w, "format");
+    js_w_str(&w, "pt");
+    js_w_end_obj(&w);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        size_t numel = 1, bytes;
+        for (int d = 0; d < t[i].ndim; d++) numel *= (size_t)t[i].shape[d];
+        bytes = numel * (size_t)st_dtypes[t[i].dtype].bytes;
+        js_w_key(&w, t[i].name);
+        js_w_obj(&w);
+        js_w_key(&w, "dtype");
+        js_w_str(&w, st_dtypes[t[i].dtype].name);
+        js_w_key(&w, "shape");
+        js_w_arr(&w);
+        for (int d = 0; d < t[i].ndim; d++) js_w_int(&w, t[i].shape[d]);
+        js_w_end_arr(&w);
+        js_w_key(&w, "data_offsets");
+        js_w_arr(&w);
+        js_w_int(&w, (int64_t)at);
+        js_w_int(&w, (int64_t)(at + bytes));
+        js_w_end_arr(&w);
+        js_w_end_obj(&w);
+        at += bytes;
+    }
+    js_w_end_obj(&w);
+    while (!w.overflow && w.len % 8) js_w_bytes(&w, " ", 1);
+    MOET_ASSERT(!w.overflow, "safetensors header plan too small");
+    char tmp[MOET_MAX_PATH + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int rc = -1;
+    if (!f) { err_set(e, "%s: cannot create: %s", tmp, strerror(errno)); goto out; }
+    uint8_t len8[8];
+    for (int b = 0; b < 8; b++) len8[b] = (uint8_t)((uint64_t)w.len >> (8 * b));
+    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, w.len, f) == w.len;
+    for (int i = 0; ok && i < n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < t[i].ndim; d++) numel *= (size_t)t[i].shape[d];
+        size_t bytes = numel * (size_t)st_dtypes[t[i].dtype].bytes;
+        ok = fwrite(t[i].data, 1, bytes, f) == bytes;
+    }
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) { err_set(e, "%s: write failed: %s", tmp, strerror(errno)); unlink(tmp); goto out; }
+    if (rename(tmp, path) != 0) { err_set(e, "%s: cannot rename into place: %s", path, strerror(errno)); unlink(tmp); goto out; }
+    rc = 0;
+out:
+    arena_sys_free(hdr, cap);
     return rc;
 }

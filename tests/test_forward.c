@@ -1,0 +1,165 @@
+// tests/test_forward.c — the reference forward pass against transformers' float32 goldens.
+//
+// Fixtures (made by transformers 5.17 in float32 eager mode, see tests/fixtures/*/README.txt):
+//   tiny  : H 128, 4 layers (1 attention), GQA 4, 16 experts top-4, shared width = routed width
+//   check : H 192, 8 layers (2 attention), GQA 3, GDN key dim 32 ≠ value dim 48, 8 experts top-2,
+//           shared width 128 ≠ routed 64, a 150-token prompt; bf16_split = per-expert 2-D experts
+// Both variants bf16 (the stored bf16 values) and nvfp4 (NVFP4/FP8 dequantized exactly) must
+// match every hidden state, the prefill logits, the greedy tokens and the decode logits.
+#ifndef MOET_TEST
+#define MOET_TEST
+#endif
+#include "../moet.c"
+#include "check.h"
+
+// Error normalised by the golden's spread: max |a − b| / std(b). Both sides compute in float32
+// from the same weight values; they differ only in summation order and in transformers'
+// chunked (WY) form of the GDN prefill versus our recurrence, which is an exact reformulation
+// up to rounding. Those differences measure 5e-6..2.5e-5 of the scale here (growing with depth
+// and prompt length); a wrong equation shows up at 1e-2 or more. The acceptance bound for unseen
+// models is 1e-3; we hold ourselves to 1e-4.
+#define FWD_TOL 1e-4
+
+static double nerr(const float *a, const float *b, size_t n) {
+    double mean = 0, var = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    double sd = sqrt(var / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= mx)) mx = d;   // NaN propagates as a failure
+    }
+    return mx / (sd > 0 ? sd : 1);
+}
+
+static const st_tensor *gold(const st_set *g, const char *name) {
+    const st_tensor *t = st_find(g, name);
+    CHECK(t != NULL, "golden tensor %s missing", name);
+    return t;
+}
+
+static void run_variant(const char *fix, const char *model_sub, const char *tag, int router) {
+    char dir[512], gpath[512], name[128];
+    moet_err e = {{0}};
+    snprintf(dir, sizeof dir, "%s/%s", fix, model_sub);
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", fix);
+    st_set g;
+    ck_model m;
+    if (st_open(&g, gpath, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); st_close(&g); return; }
+    const ck_config *c = &m.cfg;
+    int H = c->hidden, V = c->vocab, L = c->n_layers, Kt = c->topk;
+    const st_tensor *pid = gold(&g, "prompt_ids");
+    snprintf(name, sizeof name, "%s.greedy_ids", tag);
+    const st_tensor *gid = gold(&g, name);
+    if (!pid || !gid) goto out_ck;
+    int T = (int)pid->numel, N = (int)gid->numel;
+    const int32_t *ids = (const int32_t *)pid->data, *gids = (const int32_t *)gid->data;
+    ref_engine r;
+    if (ref_init(&r, &m, 2, T + N, T, 1, &e)) { CHECK(0, "%s", e.msg); goto out_ck; }
+    float *logits = malloc(sizeof(float) * (size_t)T * V), *hid[MOET_MAX_LAYERS + 1];
+    int32_t *rid[MOET_MAX_LAYERS];
+    float *rw[MOET_MAX_LAYERS];
+    for (int i = 0; i <= L; i++) hid[i] = malloc(sizeof(float) * (size_t)T * H);
+    for (int i = 0; i < L; i++) { rid[i] = malloc(sizeof(int32_t) * (size_t)T * Kt); rw[i] = malloc(sizeof(float) * (size_t)T * Kt); }
+    r.trace_ids = rid;
+    r.trace_w = rw;
+    int slot = 0, off[2] = {0, T};
+    CHECK(ref_forward(&r, 1, &slot, ids, off, logits, 1, hid, &e) == 0, "%s", e.msg);
+    r.trace_ids = NULL;
+    r.trace_w = NULL;
+    for (int i = 0; i <= L; i++) {
+        snprintf(name, sizeof name, "%s.hidden.%d", tag, i);
+        const st_tensor *h = gold(&g, name);
+        if (!h) continue;
+        double err = nerr(hid[i], (const float *)h->data, h->numel);
+        CHECK(err < FWD_TOL, "%s %s: normalised error %.3g", fix, name, err);
+    }
+    snprintf(name, sizeof name, "%s.prefill_logits", tag);
+    const st_tensor *pl = gold(&g, name);
+    double perr = pl ? nerr(logits, (const float *)pl->data, pl->numel) : 1;
+    CHECK(perr < FWD_TOL, "%s %s: normalised error %.3g", fix, name, perr);
+    if (router) {
+        // router choices: the same experts in the same order (by weight), weights to f32 rounding
+        int bad = 0;
+        double werr = 0;
+        for (int l = 0; l < L; l++) {
+            snprintf(name, sizeof name, "%s.router_ids.%d", tag, l);
+            const st_tensor *ri = gold(&g, name);
+            snprintf(name, sizeof name, "%s.router_weights.%d", tag, l);
+            const st_tensor *rwt = gold(&g, name);
+            if (!ri || !rwt) continue;
+            for (size_t i = 0; i < ri->numel; i++) {
+                bad += rid[l][i] != ((const int32_t *)ri->data)[i];
+                double d = fabs(rw[l][i] - ((const float *)rwt->data)[i]);
+                if (d > werr) werr = d;
+            }
+        }
+        CHECK(bad == 0, "%s: %d router choices differ", fix, bad);
+        CHECK(werr < 1e-5, "%s: router weight error %.3g (weights are O(0.1-1); f32 rounding is 1e-7)", fix, werr);
+    }
+    // greedy decode from the cache, one token at a time
+    snprintf(name, sizeof name, "%s.decode_logits", tag);
+    const st_tensor *dl = gold(&g, name);
+    int next = moet_argmax(logits + (size_t)(T - 1) * V, V), same = 1;
+    double derr = 0;
+    float *dlog = malloc(sizeof(float) * V);
+    for (int s = 0; s < N && dl; s++) {
+        same &= next == gids[s];
+        int o1[2] = {0, 1};
+        int32_t tok = gids[s];   // feed the golden token, so one divergence does not cascade
+        CHECK(ref_forward(&r, 1, &slot, &tok, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
+        double de = nerr(dlog, (const float *)dl->data + (size_t)s * V, V);
+        if (de > derr) derr = de;
+        next = moet_argmax(dlog, V);
+    }
+    CHECK(same, "%s %s: greedy tokens differ", fix, tag);
+    CHECK(derr < FWD_TOL, "%s %s decode logits: normalised error %.3g", fix, tag, derr);
+    printf("%s/%s: prefill %.2g, decode %.2g (normalised max error)\n", fix, model_sub, perr, derr);
+
+    // decode-vs-prefill: the prompt fed one token at a time (slot 1) gives the prefill logits,
+    // bit for bit: every op is computed per token in the same order either way.
+    ref_reset(&r, 1);
+    int exact = 1;
+    for (int t = 0; t < T; t++) {
+        int s1 = 1, o1[2] = {0, 1};
+        CHECK(ref_forward(&r, 1, &s1, ids + t, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
+        exact &= !memcmp(dlog, logits + (size_t)t * V, sizeof(float) * V);
+    }
+    CHECK(exact, "%s: token-by-token logits differ from the prefill logits", fix);
+    // batch invariance: two sequences in one step (a chunk of slot 0 beside a chunk of slot 1)
+    // give each the logits it gets alone
+    ref_reset(&r, 0);
+    ref_reset(&r, 1);
+    {
+        int k = T / 3, slots2[2] = {0, 1}, o2[3] = {0, k, k + (T - k)};
+        int32_t both[2 * MOET_MAX_RUN_TOKENS / 64];
+        if (T <= (int)(sizeof both / sizeof both[0])) {
+            memcpy(both, ids, sizeof(int32_t) * k);          // slot 0: the first k tokens
+            memcpy(both + k, ids, sizeof(int32_t) * (T - k)); // slot 1: the first T−k tokens
+            float two[2 * 4096];
+            if (V <= 4096) {
+                CHECK(ref_forward(&r, 2, slots2, both, o2, two, 0, NULL, &e) == 0, "%s", e.msg);
+                CHECK(!memcmp(two, logits + (size_t)(k - 1) * V, sizeof(float) * V), "%s: batched row 0 differs", fix);
+                CHECK(!memcmp(two + V, logits + (size_t)(T - k - 1) * V, sizeof(float) * V), "%s: batched row 1 differs", fix);
+            }
+        }
+    }
+    free(dlog);
+    for (int i = 0; i <= L; i++) free(hid[i]);
+    for (int i = 0; i < L; i++) { free(rid[i]); free(rw[i]); }
+    free(logits);
+    ref_free(&r);
+out_ck:
+    ck_close(&m);
+    st_close(&g);
+}
+
+int main(void) {
+    run_variant("tests/fixtures/tiny", "bf16", "bf16", 1);
+    run_variant("tests/fixtures/tiny", "nvfp4", "nvfp4", 0);
+    run_variant("tests/fixtures/check", "bf16_split", "bf16", 1);
+    run_variant("tests/fixtures/check", "nvfp4", "nvfp4", 0);
+    return check_report("test_forward");
+}
