@@ -548,7 +548,10 @@ static void js_w_int(js_writer *w, int64_t v) {
     js_w_bytes(w, b, (size_t)snprintf(b, sizeof b, "%" PRId64, v));
 }
 
-// Shortest text that reads back as the same double; non-finite values are written as null.
+// Shortest text that reads back as the same double: the fewest significant digits (the first
+// of %.1g … %.17g that reads back; %.17g always does), the exponent without '+' or leading
+// zeros ("1e21", "1e-7"), and a positive exponent spelled out as zeros when that is no longer
+// ("100", not "1e2"). Non-finite values are written as null.
 static void js_w_num(js_writer *w, double v) {
     char b[40];
     js_w_sep(w);
@@ -556,6 +559,27 @@ static void js_w_num(js_writer *w, double v) {
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(b, sizeof b, "%.*g", prec, v);
         if (strtod(b, NULL) == v) break;
+    }
+    char *x = strchr(b, 'e');
+    if (x) {
+        char *to = x + 1, *from = x + 1;
+        if (*from == '-') *to++ = *from++;
+        else if (*from == '+') from++;
+        while (*from == '0' && from[1]) from++;
+        memmove(to, from, strlen(from) + 1);
+        // exponent X >= 0: the same digits padded with zeros to X + 1 (%g chose this form
+        // because there are at most X of them), when that text is no longer
+        int exp10 = atoi(x + 1), neg = b[0] == '-';
+        if (exp10 >= 0 && (size_t)(neg + exp10 + 1) <= strlen(b)) {
+            char plain[sizeof b];
+            size_t n = 0;
+            if (neg) plain[n++] = '-';
+            for (const char *c = b + neg; c < x; c++)
+                if (*c != '.') plain[n++] = *c;
+            while (n < (size_t)(neg + exp10 + 1)) plain[n++] = '0';
+            plain[n] = 0;
+            memcpy(b, plain, n + 1);
+        }
     }
     js_w_bytes(w, b, strlen(b));
 }
