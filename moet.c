@@ -38,6 +38,11 @@
 #include "format/safetensors.c"
 // defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode)
 #include "format/checkpoint.c"
+// defines: pf_plan, pf_quant_expert, pf_build, pf_open, pf_read_slot, pf_verify_slots,
+//          pf_dequant_slot (MOET2PF1 2-bit expert plane file: layout, quantizer, writer, reader)
+#include "format/planes.c"
+// defines: pf_open_for_model, pf_expert_mats, cmd_build_planes, cmd_verify, cmd_info
+#include "format/planes_cmd.c"
 
 // ==========================================================================================
 // engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)
@@ -721,7 +726,10 @@ done:
 static void moet_usage(FILE *f) {
     fputs("usage: moet <command> [options]\n"
           "commands:\n"
-          "  run       reference forward pass of a model over token ids (see README)\n",
+          "  run       reference forward pass of a model over token ids (see README)\n"
+          "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
+          "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
+          "  info      print the header of a plane file as JSON\n",
           f);
 }
 
@@ -732,6 +740,9 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "run")) return cmd_run(argc, argv);
+    if (!strcmp(argv[1], "build-planes")) return cmd_build_planes(argc, argv);
+    if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
+    if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
     fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
     moet_usage(stderr);
     return 2;
