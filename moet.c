@@ -589,8 +589,9 @@ static int moet_argmax(const float *x, int n) {
 }
 
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "cpu";
+    const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "cpu", *planes = NULL;
     int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512;
+    pf_serve_opts popt = {0, 0, 0, 0};   // --no-verify, --strict-revision
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -603,6 +604,9 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--backend") && more) backend = argv[++i];
         else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--chunk") && more) chunk = atoi(argv[++i]);
+        else if (!strcmp(a, "--planes") && more) planes = argv[++i];
+        else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
+        else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;
         else {
             fprintf(stderr, "moet run: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -641,6 +645,12 @@ static int cmd_run(int argc, char **argv) {
     ck_model m;
     if (ck_open(&m, model, &e)) {
         fprintf(stderr, "moet run: %s\n", e.msg);
+        return 1;
+    }
+    pf_attached pa = {0};   // routed experts from the plane file (--planes)
+    if (planes && pf_attach_planes(&m, planes, &popt, &pa, &e)) {
+        fprintf(stderr, "moet run: %s\n", e.msg);
+        ck_close(&m);
         return 1;
     }
     const ck_config *c = &m.cfg;
@@ -719,6 +729,7 @@ fail:
 done:
     arena_release(&mem);
     ref_free(&r);
+    pf_detach(&pa);
     ck_close(&m);
     return rc;
 }

@@ -1028,10 +1028,10 @@ out:
     return rc;
 }
 
-// Reads the slot of (model layer, expert) into buf. With O_DIRECT available, buf page-aligned and
-// cap ≥ slot_stride it reads the whole padded slot straight from disk; otherwise slot_bytes
+// Reads the slot of (model layer, expert) into buf. With cap ≥ slot_stride it reads the whole
+// padded slot (straight from disk with O_DIRECT when buf is page-aligned), otherwise slot_bytes
 // through the page cache. With sha (a per-thread context) the slot bytes are checked against the
-// table entry. 0, or -1 naming the slot.
+// table entry, and the padding is checked zero when it was read. 0, or -1 naming the slot.
 static int pf_read_slot(pf_file *f, uint32_t layer, uint32_t expert, void *buf, size_t cap, pf_sha *sha, moet_err *e) {
     const pf_layout *L = &f->h.L;
     int64_t i = pf_slot_index(L, layer, expert);
@@ -1039,8 +1039,8 @@ static int pf_read_slot(pf_file *f, uint32_t layer, uint32_t expert, void *buf, 
                               layer, expert, L->g.first_layer, L->g.first_layer + L->g.n_layers - 1, L->g.n_experts);
     if (cap < L->slot_bytes) return err_set(e, "%s: slot buffer of %zu bytes, a slot needs %" PRIu64, f->path, cap, L->slot_bytes);
     uint64_t off = pf_slot_offset(L, (uint64_t)i);
-    int direct = f->fd_direct >= 0 && ((uintptr_t)buf % PF_PAGE) == 0 && cap >= L->slot_stride;
-    if (pf_pread_full(direct ? f->fd_direct : f->fd, buf, direct ? L->slot_stride : L->slot_bytes, off))
+    int whole = cap >= L->slot_stride, direct = whole && f->fd_direct >= 0 && ((uintptr_t)buf % PF_PAGE) == 0;
+    if (pf_pread_full(direct ? f->fd_direct : f->fd, buf, whole ? L->slot_stride : L->slot_bytes, off))
         return err_set(e, "%s: slot (layer %u, expert %u) at offset %" PRIu64 ": read failed: %s", f->path, layer, expert, off,
                        errno ? strerror(errno) : "unexpected end of file");
     if (sha) {
@@ -1053,6 +1053,10 @@ static int pf_read_slot(pf_file *f, uint32_t layer, uint32_t expert, void *buf, 
             return err_set(e, "%s: slot (layer %u, expert %u): SHA-256 mismatch: the table says %s, the slot hashes to %s",
                            f->path, layer, expert, a, b);
         }
+        const uint8_t *p = buf;
+        for (uint64_t k = L->slot_bytes; whole && k < L->slot_stride; k++)
+            if (p[k]) return err_set(e, "%s: slot (layer %u, expert %u): padding byte at slot offset %" PRIu64 " is not zero",
+                                     f->path, layer, expert, k);
     }
     return 0;
 }

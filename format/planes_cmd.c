@@ -111,6 +111,54 @@ static void pf_expert_mats(const pf_layout *L, const uint8_t *slot /* [slot_byte
     down->scale = slot + L->sec_off[PF_W2_SCALES];
 }
 
+// Routed experts of a model served from a plane file by the CPU reference: every slot read once
+// into host memory (page-aligned, O_DIRECT when the filesystem allows), each checked against
+// its table hash unless no_verify, and the model's gate/up/down matrices pointed at them.
+typedef struct {
+    uint8_t *slots;      // [n_slots · slot_stride]
+    size_t bytes;
+} pf_attached;
+
+static void pf_detach(pf_attached *a) {
+    if (a->slots) arena_sys_free(a->slots, a->bytes);
+    a->slots = NULL;
+    a->bytes = 0;
+}
+
+static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *o, pf_attached *a, moet_err *e) {
+    memset(a, 0, sizeof *a);
+    pf_serve_opts open_opts = *o;
+    open_opts.no_verify = 1;   // hashed below while the slots are read, one pass over the file
+    pf_file f;
+    if (pf_open_for_model(&f, path, &m->cfg, m->dir, &open_opts, e)) return -1;
+    const pf_layout *L = &f.h.L;
+    pf_sha sha = {0};
+    int rc = -1;
+    a->bytes = (size_t)(L->n_slots * L->slot_stride);
+    a->slots = arena_sys_alloc(a->bytes, "plane slots");
+    if (!a->slots) { err_set(e, "%s: cannot allocate %zu bytes for the expert slots", path, a->bytes); goto out; }
+    if (!o->no_verify && pf_sha_init(&sha, e)) goto out;
+    for (uint32_t l = 0; l < L->g.n_layers; l++)
+        for (uint32_t x = 0; x < L->g.n_experts; x++) {
+            uint8_t *slot = a->slots + ((size_t)l * L->g.n_experts + x) * L->slot_stride;
+            uint32_t layer = L->g.first_layer + l;
+            if (pf_read_slot(&f, layer, x, slot, L->slot_stride, o->no_verify ? NULL : &sha, e)) goto out;
+        }
+    // only a complete, verified set replaces the checkpoint's experts
+    for (uint32_t l = 0; l < L->g.n_layers; l++)
+        for (uint32_t x = 0; x < L->g.n_experts; x++) {
+            ck_layer *cl = &m->layers[L->g.first_layer + l];
+            pf_expert_mats(L, a->slots + ((size_t)l * L->g.n_experts + x) * L->slot_stride, &cl->gate[x], &cl->up[x], &cl->down[x]);
+        }
+    snprintf(m->expert_format, sizeof m->expert_format, "planes");
+    rc = 0;
+out:
+    pf_sha_free(&sha);
+    pf_close(&f);
+    if (rc) pf_detach(a);
+    return rc;
+}
+
 // ---- command line: cmd_*(argc, argv) get main's arguments (argv[1] is the command) ----------
 
 static int pf_arg_threads(const char *s, int *out) {

@@ -802,6 +802,110 @@ static void test_commands(const char *path) {
     unlink(out);
 }
 
+
+// ---- moet run --planes: the routed experts from the plane file reproduce the planes goldens ----
+
+// max |a - b| / std(b): both sides compute in float32 from the same weight values (the 2-bit
+// levels times powers of two are exact in f32); they differ in summation order and in
+// transformers' chunked GDN prefill, 5e-6..2.5e-5 of the scale on these fixtures (test_forward
+// holds the bf16/nvfp4 variants to the same bound). A wrong slot shows up at 1e-2 or more.
+#define PLANES_TOL 1e-4
+
+static double nerr(const float *a, const float *b, size_t n) {
+    double mean = 0, var = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    double sd = sqrt(var / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= mx)) mx = d;
+    }
+    return mx / (sd > 0 ? sd : 1);
+}
+
+static void test_run_planes(const char *fix) {
+    char model[160], gpath[160], planes[96], out[96], ids_path[96];
+    snprintf(model, sizeof model, "%s/nvfp4", fix);
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", fix);
+    tpath(planes, sizeof planes, "run.planes");
+    tpath(out, sizeof out, "run.safetensors");
+    tpath(ids_path, sizeof ids_path, "ids.txt");
+    moet_err e = {{0}};
+    st_set g;
+    if (st_open(&g, gpath, &e)) { CHECK(0, "%s", e.msg); return; }
+    const st_tensor *pid = st_find(&g, "prompt_ids"), *gid = st_find(&g, "planes.greedy_ids"),
+                    *pl = st_find(&g, "planes.prefill_logits"), *dl = st_find(&g, "planes.decode_logits"),
+                    *slots = st_find(&g, "planes.slots");
+    CHECK(pid && gid && pl && dl && slots, "%s: planes goldens present", fix);
+    if (!pid || !gid || !pl || !dl || !slots) { st_close(&g); return; }
+    // build the plane file with the command, and check its slots against the golden
+    char *argv_b[] = {"moet", "build-planes", "--model", model, "--out", planes, "--threads", "2"};
+    CHECK(CAPTURE(cmd_build_planes, argv_b) == 0, "%s: build-planes: %s", fix, cap_err);
+    pf_file f;
+    if (pf_open(&f, planes, &e)) { CHECK(0, "%s", e.msg); st_close(&g); return; }
+    const pf_layout *L = &f.h.L;
+    CHECK(slots->bytes == L->n_slots * L->slot_bytes, "%s: golden slots size", fix);
+    uint8_t *buf = arena_sys_alloc(L->slot_stride, "t");
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < L->n_slots && slots->bytes == L->n_slots * L->slot_bytes; i++) {
+        pf_entry x = pf_entry_expected(L, i);
+        CHECK(pf_read_slot(&f, x.layer, x.expert, buf, L->slot_stride, NULL, &e) == 0, "%s", e.msg);
+        bad += memcmp(buf, slots->data + i * L->slot_bytes, L->slot_bytes) != 0;
+    }
+    CHECK(bad == 0, "%s: %" PRIu64 " slots differ from planes.slots", fix, bad);
+    arena_sys_free(buf, L->slot_stride);
+    pf_layout layout = *L;
+    L = &layout;
+    pf_close(&f);
+    // the prompt as an ids file
+    int T = (int)pid->numel, N = (int)gid->numel;
+    const int32_t *ids = (const int32_t *)pid->data;
+    FILE *fp = fopen(ids_path, "w");
+    for (int t = 0; t < T; t++) fprintf(fp, t ? ",%d" : "%d", ids[t]);
+    fclose(fp);
+    char nstr[16];
+    snprintf(nstr, sizeof nstr, "%d", N);
+    char *argv_r[] = {"moet", "run", "--model", model, "--planes", planes, "--ids-file", ids_path, "--greedy", nstr, "--out", out};
+    CHECK(CAPTURE(cmd_run, argv_r) == 0, "%s: run --planes: %s", fix, cap_err);
+    st_set r;
+    if (st_open(&r, out, &e) == 0) {
+        const st_tensor *rp = st_find(&r, "prefill_logits"), *rg = st_find(&r, "greedy_ids"), *rd = st_find(&r, "decode_logits");
+        CHECK(rp && rg && rd && rp->numel == pl->numel && rg->numel == gid->numel && rd->numel == dl->numel, "%s: run outputs", fix);
+        if (rp && rg && rd && rp->numel == pl->numel && rg->numel == gid->numel && rd->numel == dl->numel) {
+            double pe = nerr((const float *)rp->data, (const float *)pl->data, pl->numel);
+            double de = nerr((const float *)rd->data, (const float *)dl->data, dl->numel);
+            CHECK(pe < PLANES_TOL, "%s: planes prefill logits: normalised error %.3g", fix, pe);
+            CHECK(!memcmp(rg->data, gid->data, gid->bytes), "%s: planes greedy ids", fix);
+            CHECK(de < PLANES_TOL, "%s: planes decode logits: normalised error %.3g", fix, de);
+            printf("%s/planes: prefill %.2g, decode %.2g (normalised max error)\n", fix, pe, de);
+        }
+        st_close(&r);
+    } else CHECK(0, "%s", e.msg);
+    // a corrupted slot refuses to run; --no-verify skips the hashing (and so runs)
+    arena_map mm;
+    if (arena_map_file(&mm, planes, &e) == 0) {
+        uint8_t *copy = arena_sys_alloc(mm.size, "t");
+        memcpy(copy, mm.data, mm.size);
+        size_t sz = mm.size, stride = L->slot_stride;   // L: still the layout read above
+        arena_unmap(&mm);
+        copy[sz - stride + 100] ^= 1;   // a byte of the last slot
+        write_variant(planes, copy, sz);
+        CHECK(CAPTURE(cmd_run, argv_r) == 1 && strstr(cap_err, "SHA-256 mismatch"), "%s: corrupted slot refused: %s", fix, cap_err);
+        char *argv_nv[] = {"moet", "run", "--model", model, "--planes", planes, "--ids", "1,2,3", "--no-verify"};
+        CHECK(CAPTURE(cmd_run, argv_nv) == 0, "%s: --no-verify runs: %s", fix, cap_err);
+        copy[sz - stride + 100] ^= 1;
+        copy[sz - 5] = 0x5a;            // the last slot's padding
+        write_variant(planes, copy, sz);
+        CHECK(CAPTURE(cmd_run, argv_r) == 1 && strstr(cap_err, "padding"), "%s: non-zero padding refused: %s", fix, cap_err);
+        arena_sys_free(copy, sz);
+    }
+    unlink(planes);
+    unlink(out);
+    unlink(ids_path);
+    st_close(&g);
+}
+
 int main(void) {
     snprintf(tdir, sizeof tdir, "/tmp/moet_test_planes.XXXXXX");
     MOET_ASSERT(mkdtemp(tdir), "mkdtemp");
@@ -819,6 +923,8 @@ int main(void) {
     test_corruption(planes);
     test_build_failures();
     test_commands(planes);
+    test_run_planes(FIX);
+    test_run_planes("tests/fixtures/check");
 
     unlink(planes);
     rmdir(tdir);
