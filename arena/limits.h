@@ -37,6 +37,20 @@
 #define MOET_PF_MAX_INTER      65536    // moe_intermediate_size a plane file holds (slot < 4 GiB)
 #define MOET_PF_MAX_THREADS    256      // quantizing / hashing threads of build-planes, verify
 
+// ---- moet serve: the request line protocol ----------------------------------------------
+#define MOET_MAX_LINE          (2u << 20) // bytes of one request line (longer: skipped, one error)
+#define MOET_MAX_LINE_VALUES   (1u << 20) // JSON values in one request line
+#define MOET_MAX_ID            256      // bytes of a request id / custom_id
+#define MOET_MAX_STOP          16       // stop strings of one request
+#define MOET_MAX_STOP_BYTES    256      // bytes of one stop string
+#define MOET_MAX_STOP_IDS      16       // stop_token_ids of one request (besides the model's eos)
+#define MOET_MAX_EOS_IDS       8        // eos_token_id entries of generation_config.json
+#define MOET_MAX_LOGPROBS      20       // top_logprobs per position (OpenAI's limit)
+#define MOET_MAX_SEQS          4096     // --max-num-seqs
+#define MOET_MAX_QUEUE         65536    // --max-queue (requests read and waiting for a slot)
+#define MOET_TEXT_PER_TOKEN    8        // planned output text bytes per token (past it: "length")
+#define MOET_OUT_BUFFER        (64u << 10) // stdout buffer; a line longer than it is written in pieces
+
 _Static_assert(MOET_MAX_HEAD_DIM % 2 == 0, "rotary pairs need an even head dim");
 _Static_assert(MOET_MAX_TOPK <= MOET_MAX_EXPERTS, "top-k cannot exceed the experts");
 

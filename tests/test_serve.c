@@ -1,0 +1,576 @@
+// tests/test_serve.c — the scheduler and the line protocol, in process, over files.
+//
+// The backend here is a small deterministic stand-in (defined below, for these tests only):
+// the logits of a sequence are a hash of its whole token history, so results depend only on
+// the sequence itself — never on batching or prefill chunking — and any scheduler mistake
+// (a token fed twice, to the wrong slot, a slot not reset) changes the output. The codec is
+// byte-level: ids 0..255 are bytes, then a few added tokens. End-to-end tests with the real
+// model and tokenizer are in test_serve_e2e.c.
+#include "../moet.c"
+#include "../format/chat.c"
+#include "../format/sampler.c"
+#include "../format/protocol.c"
+#include "../format/serve.c"
+#include "check.h"
+
+// ---- the stand-in backend ------------------------------------------------------------------
+
+enum { TB_V = 300, TB_EOT = 256, TB_IM_START = 257, TB_IM_END = 258, TB_THINK = 259, TB_THINK_END = 260 };
+
+typedef struct {
+    int max_seqs, max_len;
+    uint64_t hash[64];
+    int pos[64];
+    long steps, rows, tokens;
+    int max_rows_seen;
+} tb_state;
+
+static uint64_t tb_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 29);
+}
+
+static void tb_reset(void *self, int slot) {
+    tb_state *t = self;
+    t->hash[slot] = 1469598103934665603ull;
+    t->pos[slot] = 0;
+}
+
+// Logits favour lowercase letters and spaces; "</think>" is likely after 6 tokens, <|im_end|>
+// after about 12, so answers have reasoning, content and an end.
+static int tb_step(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, moet_err *e) {
+    tb_state *t = self;
+    t->steps++;
+    t->rows += n;
+    t->tokens += off[n];
+    if (n > t->max_rows_seen) t->max_rows_seen = n;
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        for (int j = 0; j < i; j++)
+            if (slots[j] == s) return err_set(e, "slot %d twice in a step", s);
+        if (off[i + 1] <= off[i]) return err_set(e, "empty row");
+        for (int k = off[i]; k < off[i + 1]; k++) {
+            if (ids[k] < 0 || ids[k] >= TB_V) return err_set(e, "token %d out of range", ids[k]);
+            t->hash[s] = tb_mix(t->hash[s], (uint64_t)ids[k]);
+        }
+        t->pos[s] += off[i + 1] - off[i];
+        if (t->pos[s] > t->max_len) return err_set(e, "slot %d past max_len", s);
+        float *row = logits + (size_t)i * TB_V;
+        for (int v = 0; v < TB_V; v++) {
+            uint64_t h = tb_mix(t->hash[s], (uint64_t)v * 7919);
+            float x = (float)(h >> 40) / (float)(1 << 24) * 4.0f - 6.0f;   // [-6, -2)
+            if ((v >= 'a' && v <= 'z') || v == ' ') x += 5.0f;
+            if (v == TB_THINK_END) x += (t->pos[s] % 7 == 6) ? 12.0f : -20.0f;
+            if (v == TB_IM_END) x += (h % 12 == 0) ? 12.0f : -5.0f;
+            if (v > TB_THINK_END) x = -30.0f;
+            row[v] = x;
+        }
+    }
+    return 0;
+}
+
+// ---- the byte codec ------------------------------------------------------------------------
+
+static const char *const tb_added[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+
+static int tb_encode(void *self, const char *text, size_t n, int32_t *ids, int cap, int *n_ids, moet_err *e) {
+    (void)self;
+    int k = 0;
+    for (size_t i = 0; i < n;) {
+        int id = -1;
+        size_t len = 1;
+        for (int a = 0; a < 5; a++) {
+            size_t L = strlen(tb_added[a]);
+            if (L <= n - i && !memcmp(text + i, tb_added[a], L)) { id = TB_EOT + a; len = L; break; }
+        }
+        if (id < 0) id = (uint8_t)text[i];
+        if (k == cap) return err_set(e, "more than %d tokens", cap);
+        ids[k++] = id;
+        i += len;
+    }
+    *n_ids = k;
+    return 0;
+}
+
+static void tb_piece(void *self, int32_t id, int skip_special, const char **s, size_t *n) {
+    (void)self;
+    static char bytes[256];
+    static int init;
+    if (!init) { for (int i = 0; i < 256; i++) bytes[i] = (char)i; init = 1; }
+    if (id < 256) { *s = bytes + id; *n = 1; return; }
+    if (id <= TB_THINK_END) {
+        int special = id <= TB_IM_END;
+        if (special && skip_special) { *s = ""; *n = 0; return; }
+        *s = tb_added[id - TB_EOT];
+        *n = strlen(*s);
+        return;
+    }
+    *s = "";
+    *n = 0;
+}
+
+// ---- running the server over files ---------------------------------------------------------
+
+static tb_state tb;
+static char out_text[8 << 20];
+
+// Runs a server with the given sizes over `input`; fills out_text with everything written.
+static int run_server(const char *input, int seqs, int batch_tokens, int queue, int max_len, serve_ctx *keep) {
+    static serve_ctx S;
+    memset(&tb, 0, sizeof tb);
+    tb.max_seqs = 64;
+    tb.max_len = max_len;
+    engine_backend be = {&tb, TB_V, 64, max_len, tb_reset, tb_step};
+    serve_codec codec = {NULL, tb_encode, tb_piece};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42};
+    moet_err e = {{0}};
+    if (serve_init(&S, &cfg, be, codec, &e) != 0) {
+        fprintf(stderr, "serve_init: %s\n", e.msg);
+        return -1;
+    }
+    char in_path[] = "/tmp/moet_test_in_XXXXXX", out_path[] = "/tmp/moet_test_out_XXXXXX";
+    int fi = mkstemp(in_path), fo = mkstemp(out_path);
+    MOET_ASSERT(fi >= 0 && fo >= 0, "temp files");
+    size_t len = strlen(input);
+    MOET_ASSERT(write(fi, input, len) == (ssize_t)len, "write input");
+    lseek(fi, 0, SEEK_SET);
+    uint64_t allocs = arena_stats.allocs;
+    arena_freeze();   // the server must not allocate after its ready line
+    int rc = serve_run(&S, fi, fo);
+    arena_stats.frozen = 0;
+    CHECK(arena_stats.allocs == allocs, "the server allocated %" PRIu64 " times after ready", arena_stats.allocs - allocs);
+    lseek(fo, 0, SEEK_SET);
+    ssize_t got = read(fo, out_text, sizeof out_text - 1);
+    out_text[got > 0 ? got : 0] = 0;
+    close(fi);
+    close(fo);
+    unlink(in_path);
+    unlink(out_path);
+    if (keep) *keep = S;
+    else serve_free(&S);
+    return rc;
+}
+
+// ---- reading the answers ---------------------------------------------------------------------
+
+#define MAX_ANS 20000
+static char *ans_line[MAX_ANS];
+static int n_ans;
+static js_doc ans_doc[MAX_ANS];
+static js_node node_pool[4 << 20];
+static char str_pool[16 << 20];
+
+// Splits out_text into lines and parses each (every line must be JSON).
+static void parse_answers(void) {
+    n_ans = 0;
+    size_t nodes_used = 0, strs_used = 0;
+    for (char *p = out_text; *p;) {
+        char *nl = strchr(p, '\n');
+        CHECK(nl != NULL, "output ends without a newline");
+        if (!nl) break;
+        *nl = 0;
+        MOET_ASSERT(n_ans < MAX_ANS, "too many answers");
+        js_doc *d = &ans_doc[n_ans];
+        memset(d, 0, sizeof *d);
+        uint32_t nn;
+        size_t ns;
+        int ok = js_measure(d, p, (size_t)(nl - p), &nn, &ns) == 0;
+        CHECK(ok, "answer line is not JSON: %s: %.200s", d->err, p);
+        if (ok) {
+            MOET_ASSERT(nodes_used + nn <= sizeof node_pool / sizeof node_pool[0] && strs_used + ns + 1 <= sizeof str_pool, "pool");
+            d->nodes = node_pool + nodes_used;
+            d->cap_nodes = nn;
+            d->strs = str_pool + strs_used;
+            d->cap_strs = ns + 1;
+            nodes_used += nn;
+            strs_used += ns + 1;
+            MOET_ASSERT(js_parse(d, p, (size_t)(nl - p)) == 0, "reparse");
+        }
+        ans_line[n_ans++] = p;
+        p = nl + 1;
+    }
+}
+
+static const js_node *path(int i, const char *a, const char *b, const char *c, const char *d4) {
+    const js_doc *d = &ans_doc[i];
+    const js_node *n = js_root(d);
+    const char *keys[4] = {a, b, c, d4};
+    for (int k = 0; k < 4 && keys[k] && n; k++) {
+        if (!strcmp(keys[k], "0")) n = js_at(d, n, 0);
+        else n = js_get(d, n, keys[k]);
+    }
+    return n;
+}
+
+static int is_str(const js_node *n, const char *s) { return js_str_is(n, s); }
+
+static int find_answer(const char *id, const char *object) {
+    for (int i = 0; i < n_ans; i++)
+        if (is_str(path(i, "id", 0, 0, 0), id) && (!object || is_str(path(i, "object", 0, 0, 0), object))) return i;
+    return -1;
+}
+
+static int count_answers(const char *id) {
+    int c = 0;
+    for (int i = 0; i < n_ans; i++)
+        if (is_str(path(i, "id", 0, 0, 0), id)) c++;
+    return c;
+}
+
+// The content (and reasoning) of a finished chat answer, copied out.
+static void chat_fields(int i, char *content, char *reasoning) {
+    const js_node *m = path(i, "choices", "0", "message", 0);
+    const js_node *c = js_get(&ans_doc[i], m, "content"), *r = js_get(&ans_doc[i], m, "reasoning_content");
+    snprintf(content, 4096, "%s", c && c->type == JS_STR ? c->str : "<none>");
+    snprintf(reasoning, 4096, "%s", r && r->type == JS_STR ? r->str : "<none>");
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+static char input[4 << 20];
+
+static void test_mixed_lines(void) {
+    // good and bad lines mixed: exactly one answer per line, ids matched
+    const char *lines[] = {
+        "{\"id\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":8,\"seed\":1}",
+        "not json",
+        "[1,2,3]",
+        "",
+        "{\"id\":\"b\",\"messages\":[]}",
+        "{\"id\":\"c\",\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}",
+        "{\"id\":\"d\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-1}",
+        "{\"id\":\"e\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}",
+        "{\"id\":\"f\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}",
+        "{\"id\":\"g\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}",
+        "{\"custom_id\":\"h\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}",
+        "{\"id\":\"i\",\"prompt\":\"abc\",\"max_tokens\":4,\"temperature\":0}",
+        "{\"id\":\"j\",\"input_ids\":[97,98,99],\"max_tokens\":4,\"temperature\":0}",
+        "{\"id\":\"k\",\"messages\":\"hi\"}",
+        "{\"id\":7,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"id\":\"l\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}",
+        "{\"id\":\"m\",\"input_ids\":[1,2,999]}",
+        "{\"id\":\"n\",\"prompt\":\"" /* a prompt longer than the context of 512 */,
+        "{\"custom_id\":\"o\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"max_tokens\":6}}",
+        "{\"custom_id\":\"p\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"xyz\",\"max_tokens\":3}}",
+        "{\"op\":\"stats\"}",
+        "{\"op\":\"cancel\",\"id\":\"nobody\"}",
+        "{\"op\":\"reboot\"}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"no id\"}],\"max_tokens\":3}",
+        "{\"id\":\"q\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}",
+        "{\"id\":\"r\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}",
+    };
+    int n = (int)(sizeof lines / sizeof lines[0]);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        at += (size_t)snprintf(input + at, sizeof input - at, "%s", lines[i]);
+        if (strstr(lines[i], "\"id\":\"n\"")) {
+            for (int k = 0; k < 600; k++) input[at++] = 'z';
+            at += (size_t)snprintf(input + at, sizeof input - at, "\"}");
+        }
+        input[at++] = '\n';
+    }
+    // invalid UTF-8, and a \r\n line
+    at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"u\",\"prompt\":\"\xff\xfe\"}\n");
+    at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"crlf\",\"prompt\":\"ab\",\"max_tokens\":2}\r\n");
+    input[at] = 0;
+    int rc = run_server(input, 4, 16, 4, 512, NULL);
+    CHECK(rc == 0, "serve_run returned %d", rc);
+    parse_answers();
+    CHECK(is_str(path(0, "object", 0, 0, 0), "ready"), "first line is the ready line: %s", ans_line[0]);
+    CHECK(n_ans == 1 + n + 2, "%d answers for %d lines (+ ready)", n_ans - 1, n + 2);
+    struct { const char *id, *code; } errs[] = {
+        {"b", "invalid_value"}, {"c", "invalid_request"}, {"d", "invalid_value"}, {"e", "invalid_value"},
+        {"f", "invalid_value"}, {"g", "unsupported_value"}, {"k", "invalid_type"}, {"l", "invalid_type"},
+        {"m", "invalid_value"}, {"n", "context_length_exceeded"}, {"nobody", "not_found"}, {"q", "invalid_type"},
+        {"r", "invalid_value"},
+    };
+    for (size_t k = 0; k < sizeof errs / sizeof errs[0]; k++) {
+        int i = find_answer(errs[k].id, NULL);
+        CHECK(i >= 0 && is_str(path(i, "error", "code", 0, 0), errs[k].code), "id %s: expected error %s: %s", errs[k].id,
+              errs[k].code, i >= 0 ? ans_line[i] : "(no answer)");
+        CHECK(count_answers(errs[k].id) == 1, "id %s answered %d times", errs[k].id, count_answers(errs[k].id));
+    }
+    // lines without a usable id: id null
+    int nulls = 0, json_errs = 0;
+    for (int i = 0; i < n_ans; i++) {
+        const js_node *id = path(i, "id", 0, 0, 0);
+        if (id && id->type == JS_NULL) nulls++;
+        const js_node *code = path(i, "error", "code", 0, 0);
+        if (is_str(code, "invalid_json")) json_errs++;
+    }
+    CHECK(nulls == 6, "6 answers with id null (not json, array, empty, id 7, unknown op, bad UTF-8), got %d", nulls);
+    CHECK(json_errs == 2, "2 invalid_json answers (not json, empty line), got %d", json_errs);
+    // the good ones
+    int a = find_answer("a", "chat.completion");
+    CHECK(a >= 0 && is_str(path(a, "choices", "0", "message", "role"), "assistant"), "a answered");
+    CHECK(a >= 0 && path(a, "usage", "completion_tokens", 0, 0)->i64 <= 8, "max_tokens 8 kept");
+    int i_ = find_answer("i", "text_completion"), j_ = find_answer("j", "text_completion");
+    CHECK(i_ >= 0 && j_ >= 0, "raw prompt and input_ids answered");
+    // "abc" encodes to 97 98 99 here, so the two greedy completions are the same text
+    CHECK(i_ >= 0 && j_ >= 0 && !strcmp(path(i_, "choices", "0", "text", 0)->str, path(j_, "choices", "0", "text", 0)->str),
+          "prompt \"abc\" and input_ids [97,98,99] give the same greedy text");
+    int o = -1, p = -1, h = -1;
+    for (int i = 0; i < n_ans; i++) {
+        if (is_str(path(i, "custom_id", 0, 0, 0), "o")) o = i;
+        if (is_str(path(i, "custom_id", 0, 0, 0), "p")) p = i;
+        if (is_str(path(i, "custom_id", 0, 0, 0), "h")) h = i;
+    }
+    CHECK(o >= 0 && path(o, "response", "status_code", 0, 0)->i64 == 200 &&
+          is_str(path(o, "response", "body", "object", 0), "chat.completion"), "batch chat line answered");
+    CHECK(p >= 0 && is_str(path(p, "response", "body", "object", 0), "text_completion"), "batch completion line answered");
+    CHECK(h >= 0 && path(h, "response", "status_code", 0, 0)->i64 == 400 &&
+          is_str(path(h, "response", "body", "error", "code"), "unsupported_url"), "batch line with a bad url: %s",
+          h >= 0 ? ans_line[h] : "(none)");
+    CHECK(find_answer("req-24", "chat.completion") >= 0, "a request without id is named after its line (req-24)");
+    CHECK(find_answer("crlf", "text_completion") >= 0, "a \\r\\n line is accepted");
+    int st = -1;
+    for (int i = 0; i < n_ans; i++)
+        if (is_str(path(i, "object", 0, 0, 0), "stats")) st = i;
+    CHECK(st >= 0 && path(st, "allocations_after_ready", 0, 0, 0)->i64 == 0, "stats line");
+}
+
+// The request `req` (a JSON object without its closing brace) alone, then among `others`
+// busy requests with few slots and small prefill chunks: the same tokens.
+static void test_batch_invariance(void) {
+    const char *req = "{\"id\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"tell me a long story about a cat\"}],"
+                      "\"max_tokens\":40,\"temperature\":0.8,\"top_p\":0.9,\"top_k\":20,\"seed\":1234,\"logprobs\":true";
+    char c1[4096], r1[4096], c2[4096], r2[4096];
+    snprintf(input, sizeof input, "%s}\n", req);
+    run_server(input, 1, 64, 0, 512, NULL);
+    parse_answers();
+    int a = find_answer("x", "chat.completion");
+    CHECK(a >= 0, "alone: answered");
+    if (a < 0) return;
+    chat_fields(a, c1, r1);
+    int64_t n1 = path(a, "usage", "completion_tokens", 0, 0)->i64;
+    size_t at = 0;
+    for (int k = 0; k < 30; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"id\":\"o%d\",\"messages\":[{\"role\":\"user\",\"content\":\"other %d %s\"}],\"max_tokens\":%d}\n",
+                               k, k, k % 3 ? "short" : "a somewhat longer prompt that needs several chunks", 5 + k % 17);
+    at += (size_t)snprintf(input + at, sizeof input - at, "%s}\n", req);
+    for (int k = 30; k < 40; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"o%d\",\"prompt\":\"p%d\",\"max_tokens\":9}\n", k, k);
+    run_server(input, 4, 7, 8, 512, NULL);
+    parse_answers();
+    int b = find_answer("x", "chat.completion");
+    CHECK(b >= 0, "in a batch: answered");
+    if (b < 0) return;
+    chat_fields(b, c2, r2);
+    CHECK(!strcmp(c1, c2) && !strcmp(r1, r2), "same seeded request, alone vs busy: [%s|%s] vs [%s|%s]", r1, c1, r2, c2);
+    CHECK(n1 == path(b, "usage", "completion_tokens", 0, 0)->i64, "same token count");
+    CHECK(tb.max_rows_seen > 1, "the busy run batched several sequences per step");
+    for (int k = 0; k < 40; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "o%d", k);
+        CHECK(count_answers(id) == 1, "queued request %s answered once", id);
+    }
+    // a different seed gives a different answer (the seed is used)
+    snprintf(input, sizeof input, "%s}\n", req);
+    char *s = strstr(input, "1234");
+    memcpy(s, "4321", 4);
+    run_server(input, 1, 64, 0, 512, NULL);
+    parse_answers();
+    int c = find_answer("x", "chat.completion");
+    char c3[4096], r3[4096];
+    if (c >= 0) chat_fields(c, c3, r3);
+    CHECK(c >= 0 && (strcmp(c1, c3) || strcmp(r1, r3)), "seed 4321 differs from seed 1234");
+}
+
+// Streamed chunks add up to the text of the same request without streaming.
+static void test_streaming(void) {
+    const char *req[] = {
+        "{\"id\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":\"stream me\"}],\"max_tokens\":60,\"seed\":5,\"logprobs\":true,\"top_logprobs\":2",
+        "{\"id\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":\"stream me\"}],\"max_tokens\":60,\"seed\":5,\"enable_thinking\":false",
+        "{\"id\":\"s\",\"prompt\":\"stream\",\"max_tokens\":30,\"seed\":9,\"stop\":[\"qq\",\"ab\"]",
+    };
+    for (int v = 0; v < 3; v++) {
+        snprintf(input, sizeof input, "%s}\n", req[v]);
+        run_server(input, 2, 8, 2, 512, NULL);
+        parse_answers();
+        int a = find_answer("s", v == 2 ? "text_completion" : "chat.completion");
+        CHECK(a >= 0, "variant %d: non-streamed answer", v);
+        if (a < 0) continue;
+        char want_c[4096], want_r[4096];
+        if (v == 2) {
+            snprintf(want_c, sizeof want_c, "%s", path(a, "choices", "0", "text", 0)->str);
+            snprintf(want_r, sizeof want_r, "<none>");
+        } else chat_fields(a, want_c, want_r);
+        const char *fin = path(a, "choices", "0", "finish_reason", 0)->str;
+        char fin_want[16];
+        snprintf(fin_want, sizeof fin_want, "%s", fin);
+        snprintf(input, sizeof input, "%s,\"stream\":true}\n", req[v]);
+        run_server(input, 2, 8, 2, 512, NULL);
+        parse_answers();
+        char got_c[4096] = "", got_r[4096] = "";
+        int chunks = 0, finals = 0, lp_tokens = 0;
+        for (int i = 1; i < n_ans; i++) {
+            CHECK(is_str(path(i, "id", 0, 0, 0), "s"), "chunk id");
+            const js_node *ch = path(i, "choices", "0", 0, 0);
+            const js_node *fr = js_get(&ans_doc[i], ch, "finish_reason");
+            if (fr && fr->type == JS_STR) {
+                finals++;
+                CHECK(!strcmp(fr->str, fin_want), "finish_reason %s vs %s", fr->str, fin_want);
+                CHECK(path(i, "usage", "completion_tokens", 0, 0) != NULL, "usage in the last chunk");
+                continue;
+            }
+            chunks++;
+            const js_node *t = v == 2 ? js_get(&ans_doc[i], ch, "text") : js_get(&ans_doc[i], js_get(&ans_doc[i], ch, "delta"), "content");
+            const js_node *r = v == 2 ? NULL : js_get(&ans_doc[i], js_get(&ans_doc[i], ch, "delta"), "reasoning_content");
+            if (t && t->type == JS_STR) strncat(got_c, t->str, sizeof got_c - strlen(got_c) - 1);
+            if (r && r->type == JS_STR) strncat(got_r, r->str, sizeof got_r - strlen(got_r) - 1);
+            const js_node *lp = js_get(&ans_doc[i], js_get(&ans_doc[i], ch, "logprobs"), "content");
+            if (lp) lp_tokens += (int)lp->len;
+        }
+        if (v != 0 || !strcmp(want_r, "<none>")) { /* thinking off / completion: no reasoning */ }
+        if (v == 0 && !got_r[0]) snprintf(got_r, sizeof got_r, "%s", "");
+        CHECK(finals == 1, "variant %d: one final chunk, got %d", v, finals);
+        CHECK(chunks >= 2, "variant %d: several chunks (%d)", v, chunks);
+        CHECK(!strcmp(got_c, want_c), "variant %d: streamed content [%s] vs [%s]", v, got_c, want_c);
+        if (v == 0) {
+            CHECK(!strcmp(got_r, want_r), "streamed reasoning [%s] vs [%s]", got_r, want_r);
+            int n_tok = (int)path(find_answer("s", "chat.completion.chunk"), "id", 0, 0, 0)->len;
+            (void)n_tok;
+            CHECK(lp_tokens > 0, "streamed logprobs");
+        }
+        if (v == 2) CHECK(!strstr(got_c, "qq") && !strstr(got_c, "ab"), "no stop string in the streamed text [%s]", got_c);
+    }
+}
+
+// Stop strings: the text ends right before the earliest stop string, even when it spans
+// tokens (here every token is one byte, so every stop string of 2+ bytes spans tokens).
+static void test_stop_strings(void) {
+    // the greedy text of this prompt, then a stop string taken from its middle
+    snprintf(input, sizeof input, "{\"id\":\"t\",\"prompt\":\"stop test\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true}\n");
+    run_server(input, 1, 16, 0, 512, NULL);
+    parse_answers();
+    int a = find_answer("t", "text_completion");
+    CHECK(a >= 0, "answered");
+    if (a < 0) return;
+    char full[256], stop[8];
+    snprintf(full, sizeof full, "%s", path(a, "choices", "0", "text", 0)->str);
+    CHECK(strlen(full) >= 20, "long enough greedy text: [%s]", full);
+    if (strlen(full) < 20) return;
+    memcpy(stop, full + 10, 3);
+    stop[3] = 0;
+    size_t cut = (size_t)(strstr(full, stop) - full);
+    char esc[32];
+    js_writer w;
+    js_w_init(&w, esc, sizeof esc);
+    js_w_str(&w, stop);
+    snprintf(input, sizeof input,
+             "{\"id\":\"t\",\"prompt\":\"stop test\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true,\"stop\":[\"never\",%s]}\n",
+             esc);
+    run_server(input, 1, 16, 0, 512, NULL);
+    parse_answers();
+    a = find_answer("t", "text_completion");
+    CHECK(a >= 0 && strlen(path(a, "choices", "0", "text", 0)->str) == cut &&
+          !strncmp(path(a, "choices", "0", "text", 0)->str, full, cut) &&
+          is_str(path(a, "choices", "0", "finish_reason", 0), "stop"),
+          "stop [%s]: text cut at %zu: [%s]", stop, cut, a >= 0 ? path(a, "choices", "0", "text", 0)->str : "");
+    // max_tokens → length; the context limit → length
+    snprintf(input, sizeof input, "{\"id\":\"t\",\"prompt\":\"abc\",\"max_tokens\":5,\"ignore_eos\":true}\n"
+                                  "{\"id\":\"u\",\"prompt\":\"abcdefgh\",\"ignore_eos\":true}\n");
+    run_server(input, 2, 16, 0, 32, NULL);
+    parse_answers();
+    a = find_answer("t", "text_completion");
+    int b = find_answer("u", "text_completion");
+    CHECK(a >= 0 && path(a, "usage", "completion_tokens", 0, 0)->i64 == 5 && is_str(path(a, "choices", "0", "finish_reason", 0), "length"),
+          "max_tokens 5: length");
+    CHECK(b >= 0 && path(b, "usage", "total_tokens", 0, 0)->i64 == 32 && is_str(path(b, "choices", "0", "finish_reason", 0), "length"),
+          "context of 32: stops at 32 tokens with length");
+}
+
+// Cancel, duplicate ids, EOF with requests in flight, queueing beyond the slots.
+static void test_lifetime(void) {
+    size_t at = 0;
+    at += (size_t)snprintf(input + at, sizeof input - at,
+                           "{\"id\":\"long\",\"prompt\":\"go\",\"max_tokens\":400,\"ignore_eos\":true}\n"
+                           "{\"id\":\"long\",\"prompt\":\"again\"}\n"
+                           "{\"op\":\"cancel\",\"id\":\"long\"}\n");
+    for (int k = 0; k < 50; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"q%d\",\"prompt\":\"n%d\",\"max_tokens\":%d}\n", k, k, 1 + k % 9);
+    run_server(input, 3, 8, 2, 512, NULL);
+    parse_answers();
+    int l = find_answer("long", "text_completion");
+    CHECK(l >= 0 && is_str(path(l, "choices", "0", "finish_reason", 0), "cancelled"), "cancelled: %s", l >= 0 ? ans_line[l] : "");
+    CHECK(count_answers("long") == 3, "long: the answer, the duplicate error, the cancel ack (%d)", count_answers("long"));
+    int dup = -1;
+    for (int i = 0; i < n_ans; i++)
+        if (is_str(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
+    CHECK(dup >= 0, "duplicate id refused");
+    for (int k = 0; k < 50; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "q%d", k);
+        CHECK(count_answers(id) == 1, "%s answered once after EOF", id);
+    }
+    CHECK(n_ans == 1 + 3 + 50, "%d answers", n_ans);
+    // after a request finished its id may be used again
+    snprintf(input, sizeof input, "{\"id\":\"same\",\"prompt\":\"a\",\"max_tokens\":2}\n");
+    at = strlen(input);
+    for (int k = 0; k < 40; k++) at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"f%d\",\"prompt\":\"z\",\"max_tokens\":3}\n", k);
+    snprintf(input + at, sizeof input - at, "{\"id\":\"same\",\"prompt\":\"b\",\"max_tokens\":2}\n");
+    run_server(input, 2, 4, 1, 64, NULL);
+    parse_answers();
+    CHECK(count_answers("same") == 2 && find_answer("same", "text_completion") >= 0, "id reused after it finished");
+}
+
+// A line over the size limit is skipped (one error) and the next line still works.
+static void test_long_line(void) {
+    size_t big = MOET_MAX_LINE + 1000;
+    char *p = input;
+    p += sprintf(p, "{\"id\":\"before\",\"prompt\":\"a\",\"max_tokens\":1}\n{\"id\":\"huge\",\"prompt\":\"");
+    memset(p, 'x', big);
+    p += big;
+    p += sprintf(p, "\"}\n{\"id\":\"after\",\"prompt\":\"b\",\"max_tokens\":1}\n");
+    *p = 0;
+    run_server(input, 1, 4, 1, 64, NULL);
+    parse_answers();
+    CHECK(n_ans == 4, "ready + 3 answers, got %d", n_ans);
+    int e = -1;
+    for (int i = 0; i < n_ans; i++)
+        if (is_str(path(i, "error", "code", 0, 0), "line_too_long")) e = i;
+    CHECK(e >= 0 && path(e, "id", 0, 0, 0)->type == JS_NULL, "line_too_long with id null");
+    CHECK(find_answer("before", "text_completion") >= 0 && find_answer("after", "text_completion") >= 0, "neighbours answered");
+    // the same at the very end of the input, without a newline
+    p = input;
+    p += sprintf(p, "{\"id\":\"before\",\"prompt\":\"a\",\"max_tokens\":1}\n");
+    memset(p, 'y', big);
+    p[big] = 0;
+    run_server(input, 1, 4, 1, 64, NULL);
+    parse_answers();
+    CHECK(n_ans == 3, "oversized last line without newline: one error (%d answers)", n_ans);
+}
+
+// Thousands of requests: nothing allocated (run_server freezes the arena counter), every
+// request answered exactly once, the step sizes within the plan.
+static void test_many(void) {
+    size_t at = 0;
+    int n = 3000;
+    for (int k = 0; k < n; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               k % 5 == 0 ? "{\"id\":\"m%d\",\"messages\":[{\"role\":\"user\",\"content\":\"q %d\"}],\"max_tokens\":3,\"stream\":true}\n"
+                                          : "{\"id\":\"m%d\",\"prompt\":\"q %d\",\"max_tokens\":2}\n",
+                               k, k);
+    run_server(input, 8, 32, 8, 128, NULL);
+    parse_answers();
+    int finals = 0;
+    for (int i = 0; i < n_ans; i++) {
+        const js_node *fr = path(i, "choices", "0", "finish_reason", 0);
+        if (fr && fr->type == JS_STR) finals++;
+    }
+    CHECK(finals == n, "%d finished answers for %d requests", finals, n);
+    CHECK(tb.max_rows_seen <= 8, "at most --max-num-seqs rows per step (%d)", tb.max_rows_seen);
+}
+
+int main(void) {
+    test_mixed_lines();
+    test_batch_invariance();
+    test_streaming();
+    test_stop_strings();
+    test_lifetime();
+    test_long_line();
+    test_many();
+    return check_report("test_serve");
+}
