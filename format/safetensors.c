@@ -123,7 +123,9 @@ static int st_shard_scan(const st_set *s, int shard, js_doc *doc, st_tensor *out
             continue;
         }
         if (k->len == 0 || k->len >= MOET_MAX_NAME || memchr(k->str, 0, k->len)) {
-            err_set(e, "%s: tensor name of %u bytes is empty, too long or contains NUL", path, k->len);
+            if (k->len == 0) err_set(e, "%s: a tensor name is empty", path);
+            else if (k->len >= MOET_MAX_NAME) err_set(e, "%s: tensor name of %u bytes is too long (limit %d)", path, k->len, MOET_MAX_NAME - 1);
+            else err_set(e, "%s: tensor name '%s' contains a NUL byte", path, k->str);
             goto done;
         }
         if (v->type != JS_OBJ) { err_set(e, "%s: entry '%s' is not an object", path, k->str); goto done; }
@@ -315,7 +317,7 @@ static int st_open(st_set *s, const char *dir, moet_err *e) {
         if (m->size < 8) { err_set(e, "%s: %zu bytes, too short for a safetensors header", path, m->size); goto out; }
         uint64_t hdr = 0;
         for (int b = 7; b >= 0; b--) hdr = hdr << 8 | m->data[b];
-        if (hdr > MOET_ST_MAX_HEADER) { err_set(e, "%s: header length %" PRIu64 " exceeds the limit of %llu bytes", path, hdr, MOET_ST_MAX_HEADER); goto out; }
+        if (hdr > MOET_ST_MAX_HEADER) { err_set(e, "%s: header length %" PRIu64 " exceeds the limit of %llu bytes (not a safetensors file?)", path, hdr, MOET_ST_MAX_HEADER); goto out; }
         if (hdr > m->size - 8) { err_set(e, "%s: header length %" PRIu64 " is past the end of the %zu-byte file (truncated?)", path, hdr, m->size); goto out; }
         if (hdr < 2) { err_set(e, "%s: header length %" PRIu64 " is too short for a JSON object", path, hdr); goto out; }
         if (m->data[8] != '{') { err_set(e, "%s: header does not start with '{' (found byte 0x%02x)", path, m->data[8]); goto out; }
