@@ -43,6 +43,10 @@
 #include "format/planes.c"
 // defines: pf_open_for_model, pf_expert_mats, cmd_build_planes, cmd_verify, cmd_info
 #include "format/planes_cmd.c"
+// defines: stw_begin, stw_write, stw_end (streaming safetensors writer)
+#include "format/st_write.c"
+// defines: cmd_synth (a random checkpoint of any qwen3_5_moe config, full size included)
+#include "format/synth.c"
 
 // ==========================================================================================
 // engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)
@@ -740,7 +744,8 @@ static void moet_usage(FILE *f) {
           "  run       reference forward pass of a model over token ids (see README)\n"
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
-          "  info      print the header of a plane file as JSON\n",
+          "  info      print the header of a plane file as JSON\n"
+          "  synth     write a random checkpoint with the tensors a config describes\n",
           f);
 }
 
@@ -754,6 +759,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "build-planes")) return cmd_build_planes(argc, argv);
     if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
     if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
+    if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
     fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
     moet_usage(stderr);
     return 2;
