@@ -7,7 +7,8 @@
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
 #   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
 #                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,
-#                       or $UCD_DIR); the header is committed, so normal builds and CI need no package
+#                       or $UCD_DIR), and the NFC subset of its NormalizationTest.txt for the tests;
+#                       both are committed, so normal builds and CI need no package
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -98,6 +99,10 @@ gen_unicode() {
     $CC -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -o build/gen_unicode format/gen_unicode.c
     build/gen_unicode "${UCD_DIR:-/usr/share/unicode}" > build/unicode_tables.h
     mv build/unicode_tables.h format/unicode_tables.h
+    # the NFC lines of the UCD's own conformance test, for tests/test_tokenizer.c
+    mkdir -p tests/fixtures/unicode
+    bzcat "${UCD_DIR:-/usr/share/unicode}/NormalizationTest.txt.bz2" | build/gen_unicode --nfc-tests \
+        > tests/fixtures/unicode/nfc_tests.txt
 }
 
 case "${1:-}" in

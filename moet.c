@@ -34,6 +34,10 @@
 #include "arena/arena.c"
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
+// defines: uni_props, uni_nfc (Unicode properties and NFC, tables from format/unicode_tables.h)
+#include "format/unicode.c"
+// defines: tok, tok_load, tok_encode, tok_decode, tok_decode_stream, tok_find, cmd_tokenize
+#include "format/tokenizer.c"
 // defines: st_set, st_open, st_find (safetensors shards: mmap + validation)
 #include "format/safetensors.c"
 // defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode)
@@ -745,7 +749,8 @@ static void moet_usage(FILE *f) {
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
           "  info      print the header of a plane file as JSON\n"
-          "  synth     write a random checkpoint with the tensors a config describes\n",
+          "  synth     write a random checkpoint with the tensors a config describes\n"
+          "  tokenize  text lines (JSON strings) to token ids, or back with --decode\n",
           f);
 }
 
@@ -760,6 +765,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
     if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
     if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
+    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
     moet_usage(stderr);
     return 2;

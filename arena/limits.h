@@ -27,6 +27,16 @@
 // ---- JSON ----------------------------------------------------------------------------
 #define MOET_JSON_MAX_DEPTH    128      // nesting of arrays/objects
 
+// ---- tokenizer (format/tokenizer.c) ----------------------------------------------------
+#define MOET_MAX_TOKENIZER_BYTES (256u << 20) // tokenizer.json (Qwen3.6's is ~13 MB; JSON with
+                                              // pretty-printed pair merges can be ~3x that)
+#define MOET_MAX_MERGES        (1 << 22)// model.merges entries (Qwen3.6 has 247,587)
+#define MOET_MAX_TOKEN_BYTES   4096     // bytes of one vocab token or added-token content
+#define MOET_MAX_ADDED_TOKENS  65536    // added tokens of tokenizer.json + tokenizer_config.json
+#define MOET_TOK_CLI_MAX_LINE  (4u << 20) // one stdin line of `moet tokenize`
+#define MOET_TOK_CLI_MAX_TEXT  (1u << 20) // text bytes of one `moet tokenize` line (scratch size)
+#define MOET_TOK_CLI_MAX_IDS   (1u << 20) // ids of one `moet tokenize` line, either direction
+
 // ---- CPU reference engine -----------------------------------------------------------
 #define MOET_MAX_THREADS       256      // workers of the reference matrix products
 

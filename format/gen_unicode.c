@@ -183,7 +183,39 @@ static void emit_two_level(const char *name, const uint8_t *t) {
     printf("};\n\n");
 }
 
+// --nfc-tests: filters NormalizationTest.txt (stdin) to the lines that test NFC, for
+// tests/fixtures/unicode/nfc_tests.txt: the five columns of every line of Parts 0, 2 and 3, and
+// of the Part 1 lines whose NFC or NFD differs from the character itself (Hangul syllables,
+// algorithmic, only every 61st). Every code point not kept as a Part 1 c1 is its own NFC.
+static int nfc_tests(void) {
+    char line[4096];
+    int part = -1;
+    while (fgets(line, sizeof line, stdin)) {
+        if (!strncmp(line, "@Part", 5)) {
+            part = atoi(line + 5);
+            printf("@Part%d\n", part);
+            continue;
+        }
+        if (line[0] == '#' || line[0] == '\n') continue;
+        char *col[5], *p = line;
+        for (int i = 0; i < 5; i++) {
+            col[i] = p;
+            p = strchr(p, ';');
+            if (!p) die("NormalizationTest.txt", "line with fewer than 5 columns");
+            *p++ = 0;
+        }
+        if (part == 1) {
+            if (!strcmp(col[0], col[1]) && !strcmp(col[0], col[2])) continue;
+            unsigned long v = strtoul(col[0], NULL, 16);
+            if (v >= 0xAC00 && v <= 0xD7A3 && v % 61) continue;
+        }
+        printf("%s;%s;%s;%s;%s\n", col[0], col[1], col[2], col[3], col[4]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--nfc-tests")) return nfc_tests();
     const char *dir = argc > 1 ? argv[1] : "/usr/share/unicode";
     read_unicode_data(dir);
     read_prop(dir, "PropList.txt", "White_Space", NULL, props, P_WS);
