@@ -549,6 +549,17 @@ static engine_backend ref_backend(ref_engine *r) {
     return b;
 }
 
+// defines: chat_render (the Qwen3.6 chat template), chat_split_* (reasoning/content splitter)
+#include "format/chat.c"
+// defines: samp_pick, samp_logprobs, samp_seed (sampler: penalties, temperature, top-k/p, min-p)
+#include "format/sampler.c"
+// defines: proto_parse (request lines), proto_out / po_* (response writer), proto_write_error
+#include "format/protocol.c"
+// defines: serve_init, serve_run (continuous-batching scheduler and the line loop of moet serve)
+#include "format/serve.c"
+// defines: cmd_serve (flags, model + tokenizer + generation config behind the CPU backend)
+#include "format/serve_cmd.c"
+
 // ==========================================================================================
 // command line
 // ==========================================================================================
@@ -746,6 +757,7 @@ static void moet_usage(FILE *f) {
     fputs("usage: moet <command> [options]\n"
           "commands:\n"
           "  run       reference forward pass of a model over token ids (see README)\n"
+          "  serve     JSONL requests on stdin, answers on stdout (moet serve --help)\n"
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
           "  info      print the header of a plane file as JSON\n"
@@ -761,6 +773,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "run")) return cmd_run(argc, argv);
+    if (!strcmp(argv[1], "serve")) return cmd_serve(argc, argv);
     if (!strcmp(argv[1], "build-planes")) return cmd_build_planes(argc, argv);
     if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
     if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);

@@ -38,6 +38,7 @@ typedef struct {
     samp_params sp;             // generation_config.json, else temperature 1, top_p 1, top_k 0
     int n_vocab;
     int max_logprobs;           // largest top_logprobs accepted
+    int thinking;               // enable_thinking when the request does not say
 } proto_limits;
 
 typedef struct {
@@ -218,7 +219,7 @@ static int proto_params(const js_doc *d, const js_node *b, int chat, const proto
     const js_node *kw = js_get(d, b, "chat_template_kwargs");
     if (kw && kw->type != JS_NULL && kw->type != JS_OBJ)
         return proto_fail(pe, "invalid_type", "\"chat_template_kwargs\": expected an object, got %s", js_type_name(kw));
-    r->chat.enable_thinking = 1;
+    r->chat.enable_thinking = lim->thinking;
     r->chat.preserve_thinking = 0;
     if (proto_bool(d, b, "enable_thinking", &r->chat.enable_thinking, pe)) return -1;
     if (proto_bool(d, b, "preserve_thinking", &r->chat.preserve_thinking, pe)) return -1;

@@ -35,6 +35,7 @@ typedef struct {
     int n_eos;
     int32_t eos[MOET_MAX_EOS_IDS];  // stop token ids of the model
     uint64_t seed_base;     // requests without a seed draw from this + a counter
+    int thinking;           // enable_thinking of requests that do not set it
 } serve_config;
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
@@ -597,11 +598,14 @@ static int serve_step(serve_ctx *S) {
 
 static void serve_stats(serve_ctx *S, const proto_req *q) {
     proto_out *o = &S->out;
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, rss = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-        fclose(f);
+    long pages = 0, rss = 0;   // resident pages, from /proc (read without stdio: no allocation)
+    char sm[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t k = read(fd, sm, sizeof sm - 1);
+        close(fd);
+        sm[k > 0 ? k : 0] = 0;
+        if (sscanf(sm, "%ld %ld", &pages, &rss) != 2) rss = 0;
     }
     po_s(o, "{\"object\":\"stats\"");
     if (q->has_id) { po_s(o, ",\"id\":"); po_cstr(o, q->id); }
@@ -656,7 +660,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     MOET_ASSERT(js_parse(&S->doc, line, n) == 0, "second JSON pass: %s", S->doc.err);
     proto_req q;
     proto_error pe = {0};
-    proto_limits lim = {S->cfg.defaults, S->V, S->cfg.max_logprobs};
+    proto_limits lim = {S->cfg.defaults, S->V, S->cfg.max_logprobs, S->cfg.thinking};
     int is_batch_line = 0;
     if (proto_parse(&S->doc, &lim, auto_id, &q, &pe) != 0) {
         is_batch_line = q.batch && q.has_id;
@@ -722,12 +726,12 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     MOET_ASSERT(S->n_free_recs > 0, "no free request record");
     int idx = S->free_recs[--S->n_free_recs];
     serve_rec *r = &S->recs[idx];
-    int32_t *tok = r->tok;
+    int32_t *toks = r->tok;   // the planned buffers stay; everything else starts from zero
     char *text = r->text, *stop = r->stop;
     float *lp = r->lp, *lpv = r->lp_vals;
     int32_t *lpi = r->lp_ids;
     memset(r, 0, sizeof *r);
-    r->tok = tok, r->text = text, r->stop = stop, r->lp = lp, r->lp_vals = lpv, r->lp_ids = lpi;
+    r->tok = toks, r->text = text, r->stop = stop, r->lp = lp, r->lp_vals = lpv, r->lp_ids = lpi;
     r->state = REC_WAITING;
     r->kind = q.kind;
     r->batch = q.batch;

@@ -4,7 +4,6 @@
 // checked against Jinja2 rendering that template with transformers' tojson); none is
 // produced by the code under test.
 #include "../moet.c"
-#include "../format/chat.c"
 #include "check.h"
 
 static char req_strs[1 << 16], args_strs[1 << 16], scratch[1 << 16], out[1 << 16];

@@ -7,10 +7,6 @@
 // byte-level: ids 0..255 are bytes, then a few added tokens. End-to-end tests with the real
 // model and tokenizer are in test_serve_e2e.c.
 #include "../moet.c"
-#include "../format/chat.c"
-#include "../format/sampler.c"
-#include "../format/protocol.c"
-#include "../format/serve.c"
 #include "check.h"
 
 // ---- the stand-in backend ------------------------------------------------------------------
@@ -123,7 +119,7 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.max_len = max_len;
     engine_backend be = {&tb, TB_V, 64, max_len, tb_reset, tb_step};
     serve_codec codec = {NULL, tb_encode, tb_piece};
-    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1};
     moet_err e = {{0}};
     if (serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
