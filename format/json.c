@@ -568,9 +568,11 @@ static void js_w_num(js_writer *w, double v) {
         while (*from == '0' && from[1]) from++;
         memmove(to, from, strlen(from) + 1);
         // exponent X >= 0: the same digits padded with zeros to X + 1 (%g chose this form
-        // because there are at most X of them), when that text is no longer
+        // because there are at most X of them), when that text is no longer. Only below 2^53,
+        // where that integer is the double exactly: text without '.' or 'e' reads back as an
+        // exact int64, and must not claim digits the double does not have.
         int exp10 = atoi(x + 1), neg = b[0] == '-';
-        if (exp10 >= 0 && (size_t)(neg + exp10 + 1) <= strlen(b)) {
+        if (exp10 >= 0 && fabs(v) < 0x1p53 && (size_t)(neg + exp10 + 1) <= strlen(b)) {
             char plain[sizeof b];
             size_t n = 0;
             if (neg) plain[n++] = '-';

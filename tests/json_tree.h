@@ -3,15 +3,16 @@
 #ifndef MOET_JSON_TREE_H
 #define MOET_JSON_TREE_H
 
-// Writes node n of d (and its subtree). Integers that fit int64 are written exactly, every
-// other number as the shortest double text; keys and strings keep their NULs.
+// Writes node n of d (and its subtree). Integers that fit int64 are written exactly (but "-0",
+// an integer whose double is -0.0, as the double, to keep its sign), every other number as the
+// shortest double text; keys and strings keep their NULs.
 static void jt_write_tree(js_writer *w, const js_doc *d, const js_node *n) {
     switch (n->type) {
     case JS_NULL: js_w_null(w); break;
     case JS_FALSE: js_w_bool(w, 0); break;
     case JS_TRUE: js_w_bool(w, 1); break;
     case JS_NUM:
-        if (n->is_int) js_w_int(w, n->i64);
+        if (n->is_int && !(n->i64 == 0 && signbit(n->num))) js_w_int(w, n->i64);
         else js_w_num(w, n->num);
         break;
     case JS_STR: js_w_strn(w, n->str, n->len); break;

@@ -477,6 +477,10 @@ static void test_writer_numbers(void) {
         {1.5e-10, "1.5e-10"}, {123456.0, "123456"}, {1234567.0, "1234567"},
         {DBL_MAX, "1.7976931348623157e308"}, {0x1p-1074, "5e-324"}, {DBL_MIN, "2.2250738585072014e-308"},
         {9007199254740993.0, "9007199254740992"},   // 2^53 + 1 is not a double: it is 2^53
+        {9007199254740991.0, "9007199254740991"},   // 2^53 - 1, exact
+        {0x1p62, "4.611686018427388e18"},           // not "4611686018427388000": that would read back
+                                                    // as an exact int64 the double is not
+        {1e17, "1e17"}, {-3e16, "-3e16"}, {4e15, "4e15"}, {4096.0, "4096"}, {5e3, "5e3"},   // shorter than "5000"
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *got = jt_wnum(cases[i].v);
@@ -509,6 +513,10 @@ static void test_writer_numbers(void) {
         if (!strchr(mant, '.'))
             for (size_t j = ml; j > 0 && mant[j - 1] == '0'; j--) digits--;
         CHECK(digits >= 1 && digits <= 17 && strlen(got) <= 24, "'%s' has %d significant digits", got, digits);
+        // text without '.' or 'e' reads back as an exact int64: it must be the double exactly
+        if (rc == 0 && jt_root()->is_int)
+            CHECK((double)jt_root()->i64 == v && fabs(v) < 0x1p63, "'%s' reads back as int64 %" PRId64 ", not %a", got,
+                  jt_root()->i64, v);
         if (digits > 1) {
             char shorter[320];   // %g may print up to 309 digits as far as the compiler knows
             snprintf(shorter, sizeof shorter, "%.*g", digits - 1, v);
