@@ -85,10 +85,13 @@ run_fuzz() {
         mkdir -p "build/corpus/$name"
         seeds="tests/fuzz_seeds/${name#fuzz_}"
         echo "== $name for ${FUZZ_SECONDS:-60}s" >&2
+        # -artifact_prefix: crash / leak / timeout inputs go to build/ (ignored), not the repo root
+        # -timeout=10: an input that takes 10 s is a hang, reported like a crash
+        local flags=(-max_total_time="${FUZZ_SECONDS:-60}" -artifact_prefix="build/$name-" -timeout=10)
         if [ -d "$seeds" ]; then
-            "$t" -max_total_time="${FUZZ_SECONDS:-60}" "build/corpus/$name" "$seeds"
+            "$t" "${flags[@]}" "build/corpus/$name" "$seeds"
         else
-            "$t" -max_total_time="${FUZZ_SECONDS:-60}" "build/corpus/$name"
+            "$t" "${flags[@]}" "build/corpus/$name"
         fi
     done
 }
