@@ -28,14 +28,15 @@ build_moet() {
 
 build_tests() {
     mkdir -p build
-    local pids=() t
+    rm -f build/test_*   # a test that no longer compiles must not run from a stale binary
+    local pids=() t rc=0
     for t in tests/test_*.c; do
         # MOET_TEST: moet.c without main(); MOET_POISON: fresh arenas filled with NaN bytes
         $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$(basename "$t" .c)" "$t" $LIBS &
         pids+=($!)
-        if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+        if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}" || rc=1; pids=("${pids[@]:1}"); fi
     done
-    local rc=0 p
+    local p
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     return $rc
 }

@@ -108,8 +108,8 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
     for (int s = 0; s < N && dl; s++) {
         same &= next == gids[s];
         int o1[2] = {0, 1};
-        int32_t tok = gids[s];   // feed the golden token, so one divergence does not cascade
-        CHECK(ref_forward(&r, 1, &slot, &tok, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
+        int32_t feed = gids[s];   // the golden token, so one divergence does not cascade
+        CHECK(ref_forward(&r, 1, &slot, &feed, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
         double de = nerr(dlog, (const float *)dl->data + (size_t)s * V, V);
         if (de > derr) derr = de;
         next = moet_argmax(dlog, V);
