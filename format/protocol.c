@@ -31,6 +31,7 @@ typedef struct {
     int stream;
     int logprobs;               // report logprobs of the chosen tokens
     int top_logprobs;           // and of this many most likely tokens per position
+    int return_token_ids;       // answers also carry prompt_token_ids and the choice's token_ids
 } proto_req;
 
 // Server-wide defaults and limits the parser checks against.
@@ -164,6 +165,7 @@ static int proto_params(const js_doc *d, const js_node *b, int chat, const proto
     }
     if (proto_bool(d, b, "stream", &r->stream, pe)) return -1;
     if (proto_bool(d, b, "ignore_eos", &r->ignore_eos, pe)) return -1;
+    if (proto_bool(d, b, "return_token_ids", &r->return_token_ids, pe)) return -1;
 
     // logprobs: chat takes a boolean plus top_logprobs; completions take the count itself
     const js_node *lp = js_get(d, b, "logprobs");

@@ -51,7 +51,7 @@ typedef struct {
     int64_t created;        // unix seconds at arrival
     samp_params sp;
     samp_rng rng;
-    int logprobs, top_logprobs, max_tokens, ignore_eos;
+    int logprobs, top_logprobs, max_tokens, ignore_eos, return_token_ids;
     int n_stop;
     uint16_t stop_len[MOET_MAX_STOP];
     char *stop;             // [MOET_MAX_STOP][MOET_MAX_STOP_BYTES]
@@ -361,7 +361,18 @@ static void serve_write_final(serve_ctx *S, serve_rec *r) {
         po_s(o, ",\"logprobs\":");
     }
     serve_logprobs(S, r, 0, r->logprobs ? gen : 0);
-    po_fmt(o, ",\"finish_reason\":\"%s\"}]", serve_finish_name[r->finish]);
+    po_fmt(o, ",\"finish_reason\":\"%s\"", serve_finish_name[r->finish]);
+    if (r->return_token_ids) {   // every generated id, a stop token included (vLLM's field)
+        po_s(o, ",\"token_ids\":[");
+        for (int i = r->n_prompt; i < r->n_tok; i++) po_fmt(o, i > r->n_prompt ? ",%d" : "%d", r->tok[i]);
+        po_s(o, "]");
+    }
+    po_s(o, "}]");
+    if (r->return_token_ids) {
+        po_s(o, ",\"prompt_token_ids\":[");
+        for (int i = 0; i < r->n_prompt; i++) po_fmt(o, i ? ",%d" : "%d", r->tok[i]);
+        po_s(o, "]");
+    }
     serve_usage_timing(S, r);
     po_s(o, "}");
     if (r->batch) po_s(o, "},\"error\":null}");
@@ -748,6 +759,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     r->top_logprobs = q.top_logprobs;
     r->max_tokens = q.max_tokens;
     r->ignore_eos = q.ignore_eos;
+    r->return_token_ids = q.return_token_ids;
     r->n_stop = q.n_stop;
     for (int k = 0; k < q.n_stop; k++) {
         memcpy(r->stop + (size_t)k * MOET_MAX_STOP_BYTES, q.stop[k]->str, q.stop[k]->len);
