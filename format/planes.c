@@ -177,6 +177,8 @@ static void pf_hex(const uint8_t *b, size_t n, char *out /* [2n + 1] */) {
 // Multiplying by 2^-e equals dividing by 2^e bit for bit (both round the same exact value once).
 
 static const float pf_levels[4] = {-4.0f, -1.0f, 1.0f, 4.0f};
+#define PF_BITS_2_5 0x4004000000000000ull   // the IEEE-754 binary64 bits of 2.5
+#define PF_BITS_INF 0x7ff0000000000000ull   // and of +inf
 
 // Scale exponent of one block (the UE8M0 byte is e + 127).
 static int pf_block_exp(double amax) {
@@ -222,14 +224,17 @@ static int pf_quant_matrix(const double *w /* [N, K] */, uint32_t N, uint32_t K,
     for (uint32_t n = 0; n < N; n++) {
         for (uint32_t b = 0; b < K / PF_BLOCK; b++) {
             const double *x = w + (size_t)n * K + (size_t)b * PF_BLOCK;
-            double amax = 0;
-            int bad = 0;
+            // amax on the magnitude bits (they order like |w|; inf and NaN sort above every finite)
+            uint64_t mbits = 0;
             for (uint32_t j = 0; j < PF_BLOCK; j++) {
-                double a = fabs(x[j]);
-                bad |= !(a <= DBL_MAX);
-                amax = a > amax ? a : amax;
+                uint64_t wb;
+                memcpy(&wb, &x[j], sizeof wb);
+                wb &= ~(1ull << 63);
+                mbits = wb > mbits ? wb : mbits;
             }
-            if (bad) {
+            double amax;
+            memcpy(&amax, &mbits, sizeof amax);
+            if (mbits >= PF_BITS_INF) {
                 uint32_t j = 0;
                 while (j < PF_BLOCK && isfinite(x[j])) j++;
                 return err_set(e, "%s: weight [%u, %u] is %g: not finite, cannot be quantized", what, n,
@@ -239,13 +244,22 @@ static int pf_quant_matrix(const double *w /* [N, K] */, uint32_t N, uint32_t K,
             scales[pf_scale_index(n, b, K)] = (uint8_t)(ex + 127);
             double inv = ldexp(1.0, -ex);   // exact power of two
             uint8_t *c = scratch + (size_t)n * K + (size_t)b * PF_BLOCK;
+            // branch-free on the bits of u (finite here): sign bit; |u| > 2.5 and u == ±0 compare
+            // the magnitude bits, which order like the magnitudes; code = (2 + big) ^ (3 · neg)
+            // gives 2, 3 for u ≥ 0 and 1, 0 for u < 0; bit 2 marks u == ±0 for the zero rule.
+            unsigned zsum = 0, zneg = 0;
             for (uint32_t j = 0; j < PF_BLOCK; j++) {
                 double u = x[j] * inv;
-                unsigned neg = signbit(u) ? 1u : 0u, big = fabs(u) > 2.5, zero = u == 0;
-                c[j] = (uint8_t)((neg ? 1u - big : 2u + big) | zero << 2);   // bit 2 marks u == 0
-                nz += zero;
-                nneg += zero & neg;
+                uint64_t ub;
+                memcpy(&ub, &u, sizeof ub);
+                unsigned neg = (unsigned)(ub >> 63), mag_zero = (ub << 1) == 0;
+                unsigned big = (ub << 1) > (PF_BITS_2_5 << 1);
+                c[j] = (uint8_t)(((2u + big) ^ (3u * neg)) | mag_zero << 2);
+                zsum += mag_zero;
+                zneg += mag_zero & neg;
             }
+            nz += zsum;
+            nneg += zneg;
         }
     }
     // zero rule: one-signed zeros (< 5% of either sign) take the sign of their column parity
