@@ -38,6 +38,37 @@ static void fz_free(js_doc *d) {
     memset(d, 0, sizeof *d);
 }
 
+// Navigation agrees with the tree walk: js_at(arr, i) is the i-th element, js_get(obj, key)
+// the value of the first member with that key (keys holding a NUL cannot be asked for), and
+// js_int / js_num / js_type_name read what the node holds. The first 64 children of each
+// container are checked, so wide documents stay fast.
+static void fz_check_navigation(const js_doc *d, const js_node *n) {
+    double x;
+    int64_t i64;
+    MOET_ASSERT(strcmp(js_type_name(n), "absent") != 0, "type name of a present node");
+    MOET_ASSERT((js_num(n, &x) == 0) == (n->type == JS_NUM), "js_num on a %s", js_type_name(n));
+    MOET_ASSERT((js_int(n, &i64) == 0) == (n->type == JS_NUM && n->is_int) && (!n->is_int || i64 == n->i64), "js_int");
+    if (n->type == JS_ARR) {
+        uint32_t i = 0;
+        for (const js_node *c = js_first(n); c; c = js_after(d, n, c), i++) {
+            if (i < 64) MOET_ASSERT(js_at(d, n, i) == c, "js_at(%u)", i);
+            fz_check_navigation(d, c);
+        }
+        MOET_ASSERT(i == n->len && js_at(d, n, i) == NULL, "array of %u elements walked as %u", n->len, i);
+    } else if (n->type == JS_OBJ) {
+        uint32_t i = 0;
+        for (const js_node *k = js_first(n); k; k = js_member_next(d, n, k), i++) {
+            MOET_ASSERT(k->type == JS_STR, "object key of type %s", js_type_name(k));
+            if (i < 64 && !memchr(k->str, 0, k->len)) {
+                const js_node *v = js_get(d, n, k->str);
+                MOET_ASSERT(v && v <= k + 1 && js_str_is(v - 1, k->str), "js_get('%s') is not the first such member", k->str);
+            }
+            fz_check_navigation(d, k + 1);
+        }
+        MOET_ASSERT(i == n->len, "object of %u members walked as %u", n->len, i);
+    }
+}
+
 // Writes d into a fresh heap buffer of `cap` bytes; returns it (caller frees) and the writer.
 static char *fz_write(const js_doc *d, size_t cap, js_writer *w) {
     char *buf = malloc(cap ? cap : 1);
@@ -60,6 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         MOET_ASSERT(mc_live == live, "a refused js_load_doc kept a mapping");
         return 0;
     }
+    fz_check_navigation(&d, js_root(&d));
     // Written text is at most 8 bytes per input byte: a string byte becomes at most 6
     // ("\u001f"), a number never gets longer than the literal it was read from.
     size_t cap = 8 * size + 64;
