@@ -609,23 +609,24 @@ static int serve_step(serve_ctx *S) {
 
 static void serve_stats(serve_ctx *S, const proto_req *q) {
     proto_out *o = &S->out;
-    long pages = 0, rss = 0;   // resident pages, from /proc (read without stdio: no allocation)
+    long pages = 0, rss = 0, shared = 0;   // resident pages, from /proc (read without stdio: no allocation)
     char sm[128];
     int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         ssize_t k = read(fd, sm, sizeof sm - 1);
         close(fd);
         sm[k > 0 ? k : 0] = 0;
-        if (sscanf(sm, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        if (sscanf(sm, "%ld %ld %ld", &pages, &rss, &shared) != 3) rss = shared = 0;
     }
     po_s(o, "{\"object\":\"stats\"");
     if (q->has_id) { po_s(o, ",\"id\":"); po_cstr(o, q->id); }
     po_fmt(o, ",\"running\":%d,\"waiting\":%d,\"max_num_seqs\":%d,\"requests_finished\":%" PRIu64
               ",\"requests_cancelled\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
               ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"allocations_after_ready\":%" PRIu64
-              ",\"rss_kb\":%ld,\"uptime_s\":",
+              ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"uptime_s\":",
            S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
-           S->gen_tokens, S->steps, arena_stats.allocs - S->allocs_at_ready, rss * (sysconf(_SC_PAGESIZE) / 1024));
+           S->gen_tokens, S->steps, arena_stats.allocs - S->allocs_at_ready, rss * (sysconf(_SC_PAGESIZE) / 1024),
+           (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024));
     po_num(o, round((serve_now() - S->t_start) * 1000) / 1000);
     po_s(o, "}");
     po_end_line(o);
