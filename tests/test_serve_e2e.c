@@ -112,17 +112,27 @@ static const char *questions[3] = {"What does numpy.linalg.solve do?", "Explain 
                                    "How do I use json.dumps?"};
 
 // The greedy answers of transformers, through the template, the tokenizer, the scheduler
-// and the reference forward — alone, three at once, and with small prefill chunks.
+// and the reference forward — alone, three at once, with small prefill chunks, and with the
+// routed experts from a plane file made by `moet build-planes` (transformers' answers with the
+// experts replaced by their 2-bit planes).
 static void test_golden(void) {
     char gpath[512];
     moet_err e = {{0}};
     snprintf(gpath, sizeof gpath, "%s/fixtures/demo/golden.safetensors", check_shared());
     st_set g;
     if (st_open(&g, gpath, &e)) { CHECK(0, "%s", e.msg); return; }
-    const char *configs[3][7] = {{"--max-num-seqs", "1", NULL},
+    char planes[] = "/tmp/moet_e2e_planes_XXXXXX";
+    int pfd = mkstemp(planes);
+    MOET_ASSERT(pfd >= 0, "temp file");
+    close(pfd);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "./moet build-planes --model tests/fixtures/demo --out %s >/dev/null 2>&1", planes);
+    CHECK(system(cmd) == 0, "moet build-planes of the demo model");
+    const char *configs[4][7] = {{"--max-num-seqs", "1", NULL},
                                  {"--max-num-seqs", "3", NULL},
-                                 {"--max-num-seqs", "3", "--max-batch-tokens", "5", NULL}};
-    for (int c = 0; c < 3; c++) {
+                                 {"--max-num-seqs", "3", "--max-batch-tokens", "5", NULL},
+                                 {"--planes", planes, "--max-num-seqs", "3", NULL}};
+    for (int c = 0; c < 4; c++) {
         size_t at = 0;
         for (int q = 0; q < 3; q++)
             at += (size_t)snprintf(input + at, sizeof input - at,
@@ -139,7 +149,7 @@ static void test_golden(void) {
             if (a < 0) continue;
             snprintf(name, sizeof name, "prompt%d.ids", q);
             const st_tensor *p = st_find(&g, name);
-            snprintf(name, sizeof name, "nvfp4.prompt%d.greedy_ids", q);
+            snprintf(name, sizeof name, "%s.prompt%d.greedy_ids", c == 3 ? "planes" : "nvfp4", q);
             const st_tensor *gr = st_find(&g, name);
             CHECK(p && gr, "golden tensors of question %d", q);
             if (!p || !gr) continue;
@@ -150,6 +160,7 @@ static void test_golden(void) {
         }
     }
     st_close(&g);
+    unlink(planes);
 }
 
 // A seeded, sampled request alone and in the middle of a busy batch: the same tokens.
