@@ -10,7 +10,8 @@
 //                (with \p{M}); each is implemented below by a hand-written matcher;
 //   post_processor none or ByteLevel (it adds no tokens); decoder ByteLevel;
 //   added tokens from tokenizer.json `added_tokens` and tokenizer_config.json
-//                `added_tokens_decoder`, united by id (a conflict is an error).
+//                `added_tokens_decoder`, united by id (the config's special / normalized
+//                flags win; two contents for one id, or two ids for one content, are errors).
 //
 // Encoding follows Hugging Face tokenizers (encode with add_special_tokens = false):
 //   1. added tokens with normalized = false are found in the raw text, leftmost then longest;
@@ -474,14 +475,14 @@ static int tok_read_all_added(tok_work *w, const js_doc *d, const js_node *added
         for (h = tok_hash64((uint64_t)a->id) & (w->slots - 1); w->by_id[h] >= 0; h = (h + 1) & (w->slots - 1))
             if (w->in[w->by_id[h]].id == a->id) { j = w->by_id[h]; break; }
         if (j >= 0) {
-            const tok_added_in *x = &w->in[j];
+            tok_added_in *x = &w->in[j];
             if (x->len != a->len || memcmp(x->content, a->content, a->len))
                 return err_set(e, "%s: %s: id %" PRId64 " is %s here but %s in %s", file, where, a->id,
                                tok_show(a->content, a->len, b), tok_show(x->content, x->len, b2), (uint32_t)j < n_json ? what : cwhat);
-            if (x->special != a->special || x->normalized != a->normalized)
-                return err_set(e, "%s: %s: id %" PRId64 " %s has special=%d normalized=%d here but special=%d normalized=%d in %s",
-                               file, where, a->id, tok_show(a->content, a->len, b), a->special, a->normalized, x->special,
-                               x->normalized, (uint32_t)j < n_json ? what : cwhat);
+            // the same token again: the later flags win, as when transformers adds the
+            // tokenizer_config.json tokens to the loaded tokenizer.json
+            x->special = a->special;
+            x->normalized = a->normalized;
             w->keep[i] = 0;
             continue;
         }

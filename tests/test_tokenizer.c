@@ -218,9 +218,6 @@ static void tt_refusals(void) {
     // tokenizer_config.json: a conflicting content or flag for an id, a bad key
     tt_refused("\"type\":\"NFC\"", "\"type\":\"NFC\"", "{\"added_tokens_decoder\":{\"500\":{\"content\":\"<|x|>\",\"special\":true}}}",
                "id 500 is \"<|x|>\" here but \"<|endoftext|>\" in tiny");
-    tt_refused("\"type\":\"NFC\"", "\"type\":\"NFC\"",
-               "{\"added_tokens_decoder\":{\"500\":{\"content\":\"<|endoftext|>\",\"special\":false,\"normalized\":false}}}",
-               "has special=0 normalized=0 here but special=1");
     tt_refused("\"type\":\"NFC\"", "\"type\":\"NFC\"", "{\"added_tokens_decoder\":{\"x1\":{\"content\":\"<a>\"}}}",
                "key \"x1\" is not an id");
     // not JSON at all
@@ -284,6 +281,7 @@ static void tt_added(void) {
     const char *cfg =
         "{\"added_tokens_decoder\":{"
         "\"500\":{\"content\":\"<|endoftext|>\",\"special\":true,\"normalized\":false},"
+        "\"504\":{\"content\":\"</think>\",\"special\":true,\"normalized\":true},"
         "\"507\":{\"content\":\"<x>\",\"special\":false,\"normalized\":false},"
         "\"508\":{\"content\":\"<x>y\",\"special\":false,\"normalized\":false},"
         "\"509\":{\"content\":\"x><\",\"special\":false,\"normalized\":false},"
@@ -295,6 +293,9 @@ static void tt_added(void) {
         return;
     }
     CHECK(t.n_added == 7 + 6, "added tokens united by id: %u", t.n_added);
+    // 504 "</think>" (special = false in tokenizer.json) is repeated in the config as special:
+    // the config's flags win
+    CHECK(tok_is_special(&t, 504), "the config's special flag wins");
     CHECK(tok_find(&t, "<|audio_start|>", 15) == 510 && tok_is_special(&t, 510), "config-only special token");
     CHECK(tok_find(&t, "<x>y", 4) == 508 && !tok_is_special(&t, 508), "config-only plain token");
     CHECK(tok_find(&t, "<|im_end|>", 10) == 502 && tok_is_special(&t, 502), "tokenizer.json special token");
