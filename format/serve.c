@@ -107,6 +107,7 @@ typedef struct {
     proto_out out;
     // counters
     uint64_t lines, order, batch_no, seed_count;
+    int n_cancel;           // requests marked cancelled and not yet finished
     uint64_t n_done, n_cancelled, n_errors, prompt_tokens, gen_tokens, steps;
     double t_start;
     uint64_t allocs_at_ready;
@@ -442,7 +443,9 @@ static void serve_stream(serve_ctx *S, serve_rec *r, int final) {
     }
     if (final) {
         serve_head(S, r, r->kind == PROTO_CHAT ? "chat.completion.chunk" : "text_completion");
-        if (r->kind == PROTO_CHAT) po_s(o, ",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null");
+        if (r->kind == PROTO_CHAT)   // the role goes in the first chunk, even when it is this one
+            po_s(o, r->sent_first ? ",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null"
+                                  : ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"},\"logprobs\":null");
         else po_s(o, ",\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":null");
         po_fmt(o, ",\"finish_reason\":\"%s\"}]", serve_finish_name[r->finish]);
         serve_usage_timing(S, r);
@@ -478,6 +481,7 @@ static void serve_release(serve_ctx *S, serve_rec *r) {
 }
 
 static void serve_finish(serve_ctx *S, serve_rec *r, int why) {
+    if (r->cancel) S->n_cancel--;
     r->finish = why;
     r->t_done = serve_now();
     if (why == FIN_CANCELLED) S->n_cancelled++;
@@ -490,6 +494,7 @@ static void serve_finish(serve_ctx *S, serve_rec *r, int why) {
 
 // A failure of the backend while this request ran: an error answer, the slot freed.
 static void serve_fail(serve_ctx *S, serve_rec *r, const char *msg) {
+    if (r->cancel) S->n_cancel--;
     S->n_errors++;
     proto_write_error(&S->out, r->id, r->batch, r->batch_no, "server_error", "server_error", msg);
     serve_release(S, r);
@@ -689,6 +694,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
             serve_error(S, q.id, 0, 0, "not_found", msg);
             return;
         }
+        if (!r->cancel) S->n_cancel++;
         r->cancel = 1;
         po_s(&S->out, "{\"object\":\"cancel\",\"id\":");
         po_cstr(&S->out, q.id);
@@ -874,7 +880,7 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
         if (sig >= 2 && !cancelled_all) {
             cancelled_all = 1;
             for (int i = 0; i < S->n_recs; i++)
-                if (S->recs[i].state != REC_FREE) S->recs[i].cancel = 1;
+                if (S->recs[i].state != REC_FREE && !S->recs[i].cancel) S->recs[i].cancel = 1, S->n_cancel++;
         }
         // input: lines while a record is free
         if (!stopping) {
@@ -888,7 +894,7 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
             }
         }
         // cancellations
-        for (int i = 0; i < S->n_recs; i++)
+        for (int i = 0; S->n_cancel > 0 && i < S->n_recs; i++)
             if (S->recs[i].state != REC_FREE && S->recs[i].cancel) serve_finish(S, &S->recs[i], FIN_CANCELLED);
         serve_admit(S);
         if (S->n_running) {

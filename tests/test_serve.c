@@ -48,6 +48,7 @@ static int tb_step(void *self, int n, const int *slots, const int32_t *ids, cons
         if (off[i + 1] <= off[i]) return err_set(e, "empty row");
         for (int k = off[i]; k < off[i + 1]; k++) {
             if (ids[k] < 0 || ids[k] >= TB_V) return err_set(e, "token %d out of range", ids[k]);
+            if (ids[k] == TB_V - 1) return err_set(e, "the last token id makes this backend fail (a test of the error path)");
             t->hash[s] = tb_mix(t->hash[s], (uint64_t)ids[k]);
         }
         t->pos[s] += off[i + 1] - off[i];
@@ -560,7 +561,30 @@ static void test_many(void) {
     CHECK(tb.max_rows_seen <= 8, "at most --max-num-seqs rows per step (%d)", tb.max_rows_seen);
 }
 
+// A failing backend step answers its requests with server_error; the server goes on.
+static void test_backend_failure(void) {
+    snprintf(input, sizeof input, "{\"id\":\"ok\",\"prompt\":\"a\",\"max_tokens\":3}\n"
+                                  "{\"id\":\"boom\",\"input_ids\":[299],\"max_tokens\":3,\"stream\":true}\n"
+                                  "{\"id\":\"later\",\"prompt\":\"b\",\"max_tokens\":3}\n");
+    int rc = run_server(input, 1, 4, 4, 64, NULL);
+    CHECK(rc == 0, "exit %d", rc);
+    parse_answers();
+    int b = find_answer("boom", NULL);
+    CHECK(b >= 0 && js_str_is(path(b, "error", "code", 0, 0), "server_error") && count_answers("boom") == 1, "boom: server_error");
+    CHECK(find_answer("ok", "text_completion") >= 0 && find_answer("later", "text_completion") >= 0, "the others answered");
+    // a stream that ends at once still names the role in its (only) chunk
+    snprintf(input, sizeof input, "{\"id\":\"z\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,"
+                                  "\"stop_token_ids\":[97,98,99,100,101,102,103,104,105,106,107,108,109,110,111,112],\"stream\":true,"
+                                  "\"enable_thinking\":false,\"temperature\":0}\n");
+    run_server(input, 1, 4, 4, 64, NULL);
+    parse_answers();
+    int z = find_answer("z", "chat.completion.chunk");
+    CHECK(z >= 0 && js_str_is(path(z, "choices", "0", "delta", "role"), "assistant"), "role in the first chunk: %s",
+          z >= 0 ? ans_line[z] : "(none)");
+}
+
 int main(void) {
+    test_backend_failure();
     test_mixed_lines();
     test_batch_invariance();
     test_streaming();
