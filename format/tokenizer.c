@@ -102,7 +102,8 @@ typedef struct {
     uint32_t *cps;        // [uni_nfc_cps_cap(max_text)] decomposed code points
     uint32_t *cps_tmp;    // [uni_nfc_cps_cap(max_text)] reordering work space
     // BPE of a piece longer than TOK_BPE_SMALL bytes: symbols as a linked list over byte
-    // positions, pairs in an indexed min-heap ordered by (rank, position)
+    // positions, pairs in an indexed min-heap ordered by (rank, position). These arrays share
+    // their memory with cps / cps_tmp (never in use at the same time).
     int32_t *sym;         // [max_text] token id of the symbol starting at a position
     int32_t *prev, *next; // [max_text] neighbour symbol positions (-1: none)
     uint32_t *rank;       // [max_text] rank of the pair starting at a position (UINT32_MAX: none)
@@ -1022,20 +1023,26 @@ static int tok_bpe(const tok *t, tok_scratch *s, const uint8_t *w, size_t n, tok
 
 static void tok_scratch_carve(tok_scratch *s, arena *a, size_t max_text) {
     size_t n = max_text ? max_text : 1, c = uni_nfc_cps_cap(n);
+    size_t nfc_work = 2 * c * sizeof(uint32_t), bpe_work = 7 * n * sizeof(int32_t);
     s->max_text = max_text;
     s->nfc = arena_take(a, n, 64, "NFC text");
-    s->cps = arena_take(a, c * sizeof(uint32_t), 64, "NFC code points");
-    s->cps_tmp = arena_take(a, c * sizeof(uint32_t), 64, "NFC reordering");
-    s->sym = arena_take(a, n * sizeof(int32_t), 64, "BPE symbols");
-    s->prev = arena_take(a, n * sizeof(int32_t), 64, "BPE links");
-    s->next = arena_take(a, n * sizeof(int32_t), 64, "BPE links");
-    s->rank = arena_take(a, n * sizeof(uint32_t), 64, "BPE ranks");
-    s->merged = arena_take(a, n * sizeof(int32_t), 64, "BPE merges");
-    s->heap = arena_take(a, n * sizeof(int32_t), 64, "BPE heap");
-    s->heap_at = arena_take(a, n * sizeof(int32_t), 64, "BPE heap index");
+    // The NFC work space is dead once a stretch is normalized (the pieces are read from s->nfc
+    // or the text), and BPE runs only after that: the two share one block.
+    uint8_t *work = arena_take(a, nfc_work > bpe_work ? nfc_work : bpe_work, 64, "NFC / BPE work space");
+    uint32_t *u = (uint32_t *)work;
+    int32_t *w = (int32_t *)work;
+    s->cps = u;
+    s->cps_tmp = u ? u + c : NULL;
+    s->sym = w;
+    s->prev = w ? w + n : NULL;
+    s->next = w ? w + 2 * n : NULL;
+    s->rank = u ? u + 3 * n : NULL;
+    s->merged = w ? w + 4 * n : NULL;
+    s->heap = w ? w + 5 * n : NULL;
+    s->heap_at = w ? w + 6 * n : NULL;
 }
 
-// Bytes of scratch for texts of up to max_text bytes (about 45 bytes per text byte).
+// Bytes of scratch for texts of up to max_text bytes (about 29 bytes per text byte).
 static size_t tok_scratch_bytes(size_t max_text) {
     tok_scratch s;
     arena a = arena_measure("tokenizer scratch");
