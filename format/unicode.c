@@ -7,6 +7,11 @@
 // sort by combining class), then canonical composition with blocking, primary composites only
 // (composition exclusions honoured), Hangul LV / LVT composed algorithmically.
 //
+// The tables are Unicode 15.0 (Debian's UCD). Hugging Face's builds may carry older tables (its
+// normalization crate is a 2019 fork, its regex engine bundles its own); text with characters
+// assigned after their version can then normalize or split differently. Everything assigned by
+// then gives the same result, as the goldens check.
+//
 // Text handed to these functions is well-formed UTF-8 (the caller validated it).
 
 #include "unicode_tables.h"
