@@ -12,7 +12,6 @@
 
 #include <openssl/evp.h>
 #include <stdatomic.h>
-#include <float.h>
 
 #define PF_MAGIC         "MOET2PF1"
 #define PF_VERSION       1u
