@@ -11,6 +11,7 @@
 // fused BF16 tensors mlp.experts.gate_up_proj [E, 2I, H] and down_proj [E, H, I]. Norms, conv,
 // A_log, dt_bias, router and shared-expert gate are BF16. Shards of at most --shard-gb GB with a
 // model.safetensors.index.json; config.json (and the quantization file) copied next to them.
+// --mtp adds the BF16 multi-token-prediction head (mtp.*) as the real checkpoint has it.
 //
 // Values: each tensor has its own generator (splitmix64 seeded by the seed and the tensor name),
 // so the bytes do not depend on sharding. BF16 values are ±(1 + m/128)·2^e with e in a 4-octave
@@ -38,6 +39,7 @@ typedef struct {
     const ck_config *c;
     ck_quant *q;
     int per_expert;                  // BF16 experts as 2-D per-expert tensors
+    int mtp;                         // also the mtp.* head (one layer)
     syn_tensor *t;                   // NULL while counting
     uint32_t n;
     char *names;                     // name pool (NULL while counting)
@@ -175,6 +177,39 @@ static int syn_enumerate(syn_list *L) {
     snprintf(n, sizeof n, "%snorm.weight", P);
     syn_bf16(L, n, 1, s1, -4);
     if (!c->tie_embeddings) syn_linear(L, "lm_head", V, H);
+    if (L->mtp) {
+        // the multi-token-prediction head, BF16 with fused experts (CHECKPOINT.md §A.5 (4)):
+        // fc [H, 2H], three norms, one full-attention MoE layer
+        s2[0] = H; s2[1] = 2 * H;
+        syn_bf16(L, "mtp.fc.weight", 2, s2, syn_octave(2 * H));
+        s1[0] = H;
+        syn_bf16(L, "mtp.pre_fc_norm_embedding.weight", 1, s1, -4);
+        syn_bf16(L, "mtp.pre_fc_norm_hidden.weight", 1, s1, -4);
+        syn_bf16(L, "mtp.norm.weight", 1, s1, -4);
+        const char *p = "mtp.layers.0.";
+        int64_t qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim;
+        static const struct { const char *name; int which; } mats[] = {
+            {"self_attn.q_proj.weight", 0}, {"self_attn.k_proj.weight", 1}, {"self_attn.v_proj.weight", 1},
+            {"self_attn.o_proj.weight", 2}, {"mlp.gate.weight", 3}, {"mlp.shared_expert.gate_proj.weight", 4},
+            {"mlp.shared_expert.up_proj.weight", 4}, {"mlp.shared_expert.down_proj.weight", 5},
+            {"mlp.shared_expert_gate.weight", 6}};
+        const int64_t rows[7] = {2 * qd, kd, H, E, SI, H, 1}, cols[7] = {H, H, qd, H, H, SI, H};
+        snprintf(n, sizeof n, "%sinput_layernorm.weight", p); syn_bf16(L, n, 1, s1, -4);
+        snprintf(n, sizeof n, "%spost_attention_layernorm.weight", p); syn_bf16(L, n, 1, s1, -4);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            s2[0] = rows[mats[i].which];
+            s2[1] = cols[mats[i].which];
+            snprintf(n, sizeof n, "%s%s", p, mats[i].name);
+            syn_bf16(L, n, 2, s2, syn_octave(s2[1]));
+        }
+        s1[0] = c->head_dim;
+        snprintf(n, sizeof n, "%sself_attn.q_norm.weight", p); syn_bf16(L, n, 1, s1, -4);
+        snprintf(n, sizeof n, "%sself_attn.k_norm.weight", p); syn_bf16(L, n, 1, s1, -4);
+        s3[0] = E; s3[1] = 2 * I; s3[2] = H;
+        snprintf(n, sizeof n, "%smlp.experts.gate_up_proj", p); syn_bf16(L, n, 3, s3, syn_octave(H));
+        s3[1] = H; s3[2] = I;
+        snprintf(n, sizeof n, "%smlp.experts.down_proj", p); syn_bf16(L, n, 3, s3, syn_octave(I));
+    }
     return L->err ? -1 : 0;
 }
 
@@ -266,18 +301,18 @@ static int syn_copy(const char *from, const char *to, moet_err *e) {
 
 static void syn_usage(FILE *f) {
     fputs("usage: moet synth --config CONFIG.json [--quant HF_QUANT_CONFIG.json] --out DIR [--seed S]\n"
-          "                  [--per-expert] [--shard-gb G]\n"
+          "                  [--per-expert] [--mtp] [--shard-gb G]\n"
           "  Writes a random checkpoint with the tensor names, dtypes and shapes the config and its\n"
           "  quantization map describe (ModelOpt MIXED_PRECISION or BF16), in shards of at most G GB\n"
           "  (default 5) with model.safetensors.index.json. --per-expert stores BF16 routed experts\n"
-          "  per expert instead of fused.\n", f);
+          "  per expert instead of fused; --mtp adds the BF16 mtp.* head (one layer).\n", f);
 }
 
 static int cmd_synth(int argc, char **argv) {
     const char *config = NULL, *quant = NULL, *out = NULL;
     uint64_t seed = 0;
     double shard_gb = 5.0;
-    int per_expert = 0;
+    int per_expert = 0, mtp = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--config")) { if (!(config = pf_arg_value(argc, argv, &i))) return 2; }
@@ -299,6 +334,7 @@ static int cmd_synth(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--per-expert")) per_expert = 1;
+        else if (!strcmp(a, "--mtp")) mtp = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { syn_usage(stdout); return 0; }
         else {
             fprintf(stderr, "moet synth: unknown argument '%s'\n", a);
@@ -327,7 +363,7 @@ static int cmd_synth(int argc, char **argv) {
     if (ck_quant_read(&q, out, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
 
     // the tensor list: count, allocate once, fill
-    syn_list L = {&c, &q, per_expert, NULL, 0, NULL, 0, 0, &e};
+    syn_list L = {&c, &q, per_expert, mtp, NULL, 0, NULL, 0, 0, &e};
     int rc = 1;
     uint8_t *mem = NULL;
     size_t mem_bytes = 0;
@@ -336,7 +372,7 @@ static int cmd_synth(int argc, char **argv) {
     mem_bytes = sizeof(syn_tensor) * n + L.name_bytes + sizeof(stw_tensor) * n;
     mem = arena_sys_alloc(mem_bytes, "synth tensor list");
     if (!mem) { fprintf(stderr, "moet synth: out of memory for %u tensors\n", n); goto out_q; }
-    L = (syn_list){&c, &q, per_expert, (syn_tensor *)mem, 0, (char *)mem + sizeof(syn_tensor) * n, 0, 0, &e};
+    L = (syn_list){&c, &q, per_expert, mtp, (syn_tensor *)mem, 0, (char *)mem + sizeof(syn_tensor) * n, 0, 0, &e};
     stw_tensor *st = (stw_tensor *)(mem + mem_bytes - sizeof(stw_tensor) * n);   // [n], shard by shard
     MOET_ASSERT(syn_enumerate(&L) == 0 && L.n == n, "tensor list changed between passes");
     // shards: in file order, a new one when the next tensor would pass the limit
