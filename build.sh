@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # build.sh — the recipe.
-#   ./build.sh          build ./moet (one translation unit: moet.c)
+#   ./build.sh          build ./moet (one translation unit: moet.c) and build/demo.planes (the
+#                       bundled model's experts as 2-bit planes, what `moet serve` serves by default)
 #   ./build.sh test     build ./moet, then build and run every tests/test_*.c; the last line is
 #                       "N passed, M failed" over all of them; exit status 0 only when M = 0
 #   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
@@ -24,6 +25,17 @@ LIBS="-lcrypto -ldl -lpthread -lm"
 
 build_moet() {
     $CC $CFLAGS -o moet moet.c $LIBS
+}
+
+# The bundled demo model's routed experts as a plane file: `moet serve` without --model serves
+# from it. Rebuilt when missing or older than the checkpoint or the binary.
+DEMO=tests/fixtures/demo
+DEMO_PLANES=build/demo.planes
+build_demo_planes() {
+    mkdir -p build
+    if [ ! -e "$DEMO_PLANES" ] || [ moet -nt "$DEMO_PLANES" ] || [ -n "$(find "$DEMO" -newer "$DEMO_PLANES" -name '*.safetensors')" ]; then
+        ./moet build-planes --model "$DEMO" --out "$DEMO_PLANES" 2>/dev/null
+    fi
 }
 
 build_tests() {
@@ -110,8 +122,8 @@ gen_unicode() {
 }
 
 case "${1:-}" in
-    "") build_moet ;;
-    test) build_moet && build_tests && run_tests ;;
+    "") build_moet && build_demo_planes ;;
+    test) build_moet && build_demo_planes && build_tests && run_tests ;;
     fuzz) build_fuzz && run_fuzz ;;
     unicode) gen_unicode ;;
     *) echo "usage: ./build.sh [test|fuzz|unicode]" >&2; exit 2 ;;

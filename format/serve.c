@@ -36,6 +36,7 @@ typedef struct {
     int32_t eos[MOET_MAX_EOS_IDS];  // stop token ids of the model
     uint64_t seed_base;     // requests without a seed draw from this + a counter
     int thinking;           // enable_thinking of requests that do not set it
+    int max_new_tokens;     // max_tokens of requests that give none (generation_config.json); 0: to the context limit
 } serve_config;
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
@@ -764,7 +765,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     samp_seed(&r->rng, q.has_seed ? q.seed : S->cfg.seed_base + ++S->seed_count * 0x9e3779b97f4a7c15ull);
     r->logprobs = q.logprobs;
     r->top_logprobs = q.top_logprobs;
-    r->max_tokens = q.max_tokens;
+    r->max_tokens = q.max_tokens ? q.max_tokens : S->cfg.max_new_tokens;
     r->ignore_eos = q.ignore_eos;
     r->return_token_ids = q.return_token_ids;
     r->n_stop = q.n_stop;

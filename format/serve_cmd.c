@@ -47,6 +47,7 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
     samp_params d = {1.0f, 0, 1.0f, 0, 0, 0, 1.0f};
     c->defaults = d;
     c->n_eos = 0;
+    c->max_new_tokens = 0;
     struct stat sb;
     if (stat(path, &sb) == 0) {
         size_t len;
@@ -67,6 +68,9 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
         if ((v = js_get(&doc, root, "min_p")) && js_num(v, &x) == 0 && x >= 0 && x <= 1) c->defaults.min_p = (float)x;
         if ((v = js_get(&doc, root, "repetition_penalty")) && js_num(v, &x) == 0 && x > 0) c->defaults.repetition_penalty = (float)x;
         if ((v = js_get(&doc, root, "presence_penalty")) && js_num(v, &x) == 0 && x >= -2 && x <= 2) c->defaults.presence_penalty = (float)x;
+        // do_sample false means greedy decoding (transformers' GenerationConfig)
+        if ((v = js_get(&doc, root, "do_sample")) && v->type == JS_FALSE) c->defaults.temperature = 0;
+        if ((v = js_get(&doc, root, "max_new_tokens")) && js_int(v, &k) == 0 && k >= 1 && k <= INT32_MAX) c->max_new_tokens = (int)k;
         v = js_get(&doc, root, "eos_token_id");
         if (v && v->type == JS_NUM) {
             if (js_int(v, &k) || k < 0 || k >= t->n_ids) { err_set(e, "%s: eos_token_id is not a token id", path); goto out; }
@@ -97,8 +101,9 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
     return 0;
 }
 
-// The bundled demo model: tests/fixtures/demo next to the executable.
-static int serve_default_model(char *out, size_t cap) {
+// The bundled demo model next to the executable: its checkpoint (tests/fixtures/demo) and the
+// plane file ./build.sh makes of its routed experts (build/demo.planes).
+static int serve_default_model(char *model, char *planes, size_t cap) {
     char exe[MOET_MAX_PATH];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return -1;
@@ -106,8 +111,9 @@ static int serve_default_model(char *out, size_t cap) {
     char *slash = strrchr(exe, '/');
     if (!slash) return -1;
     *slash = 0;
-    int k = snprintf(out, cap, "%s/tests/fixtures/demo", exe);
-    return k > 0 && (size_t)k < cap ? 0 : -1;
+    int k = snprintf(model, cap, "%s/tests/fixtures/demo", exe);
+    int j = snprintf(planes, cap, "%s/build/demo.planes", exe);
+    return k > 0 && (size_t)k < cap && j > 0 && (size_t)j < cap ? 0 : -1;
 }
 
 static void serve_usage(FILE *f) {
@@ -117,7 +123,8 @@ static void serve_usage(FILE *f) {
           "options:\n"
           "  --model DIR             checkpoint directory (config.json, safetensors, tokenizer.json,\n"
           "                          generation_config.json); default: the bundled demo model,\n"
-          "                          tests/fixtures/demo next to the executable\n"
+          "                          tests/fixtures/demo next to the executable, with its routed\n"
+          "                          experts from build/demo.planes (made by ./build.sh)\n"
           "  --planes FILE           serve the routed experts from this MOET2PF1 plane file\n"
           "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
           "  --max-num-seqs N        sequences decoded together (default 8)\n"
@@ -197,13 +204,21 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
         return 2;
     }
-    char def[MOET_MAX_PATH];
+    char def[MOET_MAX_PATH], defp[MOET_MAX_PATH];
     if (!model) {
-        if (serve_default_model(def, sizeof def)) {
+        if (serve_default_model(def, defp, sizeof def)) {
             fprintf(stderr, "moet serve: cannot find the bundled model next to the executable; give --model DIR\n");
             return 1;
         }
         model = def;
+        if (!planes) {
+            struct stat pb;
+            if (stat(defp, &pb) != 0) {
+                fprintf(stderr, "moet serve: the bundled model's plane file %s is missing; run ./build.sh\n", defp);
+                return 1;
+            }
+            planes = defp;
+        }
         if (thinking < 0) thinking = 0;   // the demo model answers without a thinking block
     }
     if (thinking < 0) thinking = 1;
