@@ -84,6 +84,22 @@ typedef struct {
 //
 // Dimension letters: T tokens of the step, H hidden, V vocab, E experts, K top-k, I expert width.
 
+// One worker's share of a matrix product: output rows [r0, r1).
+typedef struct ref_linear_job {
+    const ck_mat *W;
+    const float *x;   // [T, ldx]
+    float *y;         // [T, ldy]
+    int T, ldx, ldy, r0, r1;
+    float *row;       // [W->cols] this worker's decoded weight row
+} ref_linear_job;
+
+#define REF_STACK (256u << 10)   // bytes of a worker's stack: ref_linear_rows needs little
+
+typedef struct {
+    struct ref_engine_s *r;
+    int index;   // its job, 1 .. threads − 1 (the caller runs job 0)
+} ref_worker_arg;
+
 typedef struct {
     int pos;        // tokens already in the sequence (the next token's RoPE position)
     float *k, *v;   // [n_full, max_len, kvh·hd] keys (after k_norm and RoPE) and values
@@ -91,7 +107,7 @@ typedef struct {
     float *ssm;     // [n_gdn, lv_heads, lk_dim, lv_dim] Gated DeltaNet state S (fp32)
 } ref_seq;
 
-typedef struct {
+typedef struct ref_engine_s {
     const ck_model *m;
     int max_seqs, max_len, max_tokens;  // slots, tokens per sequence, tokens per step
     int threads;                        // workers for the matrix products (1 = this thread)
@@ -118,6 +134,18 @@ typedef struct {
     float *scores;   // [max_len] attention scores of one query
     float *tmp;      // [max(conv_dim, 2·lv_dim, ...)] per-token temporaries
     float *inv_freq; // [rot_dim / 2]
+    // workers for the matrix products: threads − 1 pthreads started at init on stacks carved
+    // from the engine's arena; a step hands them row ranges and waits (no allocation per call)
+    struct ref_linear_job *jobs;   // [threads]
+    uint8_t *stacks;               // [threads − 1, REF_STACK]
+    pthread_t tid[MOET_MAX_THREADS];
+    ref_worker_arg wargs[MOET_MAX_THREADS];
+    int n_workers;                 // started
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;                  // bumped per dispatched product
+    int pending;                   // workers still on the current product
+    int stop;
     int32_t **trace_ids; // NULL, or [L] buffers [T, K] receiving each layer's router choices (tests)
     float **trace_w;     // NULL, or [L] buffers [T, K] receiving their weights
     arena mem;
@@ -172,6 +200,8 @@ static void ref_carve(ref_engine *r, arena *a) {
     REF_TAKE(a, r->scores, r->max_len, "attention scores");
     REF_TAKE(a, r->tmp, 2 * (size_t)(c->conv_dim > 2 * c->lv_dim ? c->conv_dim : 2 * c->lv_dim), "temporaries");
     REF_TAKE(a, r->inv_freq, c->rot_dim / 2, "rotary frequencies");
+    REF_TAKE(a, r->jobs, r->threads, "worker jobs");
+    r->stacks = arena_take(a, (size_t)(r->threads - 1) * REF_STACK, 4096, "worker stacks");
 }
 
 static void ref_reset(ref_engine *r, int slot) {
@@ -181,35 +211,6 @@ static void ref_reset(ref_engine *r, int slot) {
     memset(q->conv, 0, sizeof(float) * (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim);
     memset(q->ssm, 0, sizeof(float) * (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
 }
-
-static void ref_free(ref_engine *r) { arena_release(&r->mem); }
-
-// Plans and allocates an engine for max_seqs sequences of max_len tokens, steps of at most
-// max_tokens tokens, matrix products on `threads` workers.
-static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len, int max_tokens, int threads, moet_err *e) {
-    memset(r, 0, sizeof *r);
-    r->m = m;
-    r->max_seqs = max_seqs;
-    r->max_len = max_len;
-    r->max_tokens = max_tokens;
-    r->threads = threads < 1 ? 1 : threads;
-    if (max_seqs < 1 || max_len < 1 || max_tokens < 1) return err_set(e, "engine sizes must be positive");
-    arena plan = arena_measure("reference engine");
-    ref_carve(r, &plan);
-    if (arena_init(&r->mem, "reference engine", plan.used, e)) return -1;
-    ref_carve(r, &r->mem);
-    arena_done(&r->mem);
-    const ck_config *c = &m->cfg;
-    int nf = 0, ng = 0;
-    for (int l = 0; l < c->n_layers; l++) r->kind_index[l] = c->full_attn[l] ? nf++ : ng++;
-    // transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d), all in float32
-    for (int i = 0; i < c->rot_dim / 2; i++)
-        r->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rot_dim);
-    for (int s = 0; s < max_seqs; s++) ref_reset(r, s);
-    return 0;
-}
-
-// ---- ops ---------------------------------------------------------------------------------
 
 // Σ a[i]·b[i] in float32 over 8 interleaved lanes (vectorisable without reassociation flags),
 // lanes added in f64. The order is fixed, so a result never depends on the batch or threads.
@@ -229,44 +230,117 @@ static float ref_dot(const float *a, const float *b, int n) {
     return (float)s;
 }
 
-typedef struct {
-    const ck_mat *W;
-    const float *x;   // [T, ldx]
-    float *y;         // [T, ldy]
-    int T, ldx, ldy, r0, r1;
-    float *row;       // [W->cols]
-} ref_linear_job;
 
-static void *ref_linear_rows(void *arg) {
-    ref_linear_job *j = arg;
+static void ref_linear_rows(const ref_linear_job *j) {
     for (int o = j->r0; o < j->r1; o++) {
         ck_row_f32(j->W, o, j->row);
         for (int t = 0; t < j->T; t++) j->y[(size_t)t * j->ldy + o] = ref_dot(j->row, j->x + (size_t)t * j->ldx, j->W->cols);
     }
+}
+
+// A worker: waits for a new product (gen), runs its share, reports, until stop.
+static void *ref_worker(void *arg) {
+    ref_engine *r = ((ref_worker_arg *)arg)->r;
+    int me = ((ref_worker_arg *)arg)->index;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->gen == seen) pthread_cond_wait(&r->go, &r->mu);
+        if (r->stop) break;
+        seen = r->gen;
+        pthread_mutex_unlock(&r->mu);
+        ref_linear_rows(&r->jobs[me]);
+        pthread_mutex_lock(&r->mu);
+        if (--r->pending == 0) pthread_cond_signal(&r->done);
+    }
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
+
+static void ref_free(ref_engine *r) {
+    if (r->n_workers) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = 1;
+        pthread_cond_broadcast(&r->go);
+        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < r->n_workers; i++) pthread_join(r->tid[i], NULL);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->go);
+        pthread_cond_destroy(&r->done);
+        r->n_workers = 0;
+    }
+    arena_release(&r->mem);
+}
+
+// Plans and allocates an engine for max_seqs sequences of max_len tokens, steps of at most
+// max_tokens tokens, matrix products on `threads` workers.
+static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len, int max_tokens, int threads, moet_err *e) {
+    memset(r, 0, sizeof *r);
+    r->m = m;
+    r->max_seqs = max_seqs;
+    r->max_len = max_len;
+    r->max_tokens = max_tokens;
+    r->threads = threads < 1 ? 1 : threads > MOET_MAX_THREADS ? MOET_MAX_THREADS : threads;
+    if (max_seqs < 1 || max_len < 1 || max_tokens < 1) return err_set(e, "engine sizes must be positive");
+    arena plan = arena_measure("reference engine");
+    ref_carve(r, &plan);
+    if (arena_init(&r->mem, "reference engine", plan.used, e)) return -1;
+    ref_carve(r, &r->mem);
+    arena_done(&r->mem);
+    const ck_config *c = &m->cfg;
+    int nf = 0, ng = 0;
+    for (int l = 0; l < c->n_layers; l++) r->kind_index[l] = c->full_attn[l] ? nf++ : ng++;
+    // transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d), all in float32
+    for (int i = 0; i < c->rot_dim / 2; i++)
+        r->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rot_dim);
+    for (int s = 0; s < max_seqs; s++) ref_reset(r, s);
+    if (r->threads > 1) {
+        pthread_mutex_init(&r->mu, NULL);
+        pthread_cond_init(&r->go, NULL);
+        pthread_cond_init(&r->done, NULL);
+        for (int i = 0; i < r->threads - 1; i++) {
+            pthread_attr_t at;
+            pthread_attr_init(&at);
+            pthread_attr_setstack(&at, r->stacks + (size_t)i * REF_STACK, REF_STACK);
+            r->wargs[i] = (ref_worker_arg){r, i + 1};
+            int rc = pthread_create(&r->tid[i], &at, ref_worker, &r->wargs[i]);
+            pthread_attr_destroy(&at);
+            if (rc) {
+                ref_free(r);
+                return err_set(e, "cannot start worker thread %d: %s", i + 1, strerror(rc));
+            }
+            r->n_workers++;
+        }
+    }
+    return 0;
+}
+
+// ---- ops ---------------------------------------------------------------------------------
 
 // y[t, o] = Σ_k W[o, k] · x[t, k] for t < T, o < W.rows. Each weight row is decoded once per
 // call and reused for every token. Rows are split over the workers; each output element is
 // computed by one worker in a fixed order, so results do not depend on the thread count.
 static void ref_linear(ref_engine *r, const ck_mat *W, const float *x, int ldx, int T, float *y, int ldy) {
-    int nt = r->threads;
-    if (nt > 1 && (size_t)W->rows * W->cols * T >= (1u << 18)) {
-        ref_linear_job jobs[MOET_MAX_THREADS];
-        pthread_t tid[MOET_MAX_THREADS];
-        int per = (W->rows + nt - 1) / nt;
-        for (int i = 0; i < nt; i++) {
-            int r0 = i * per, r1 = r0 + per < W->rows ? r0 + per : W->rows;
-            jobs[i] = (ref_linear_job){W, x, y, T, ldx, ldy, r0 < W->rows ? r0 : W->rows, r1,
-                                       r->wrow + (size_t)i * ref_max_row(&r->m->cfg)};
-        }
-        for (int i = 1; i < nt; i++) MOET_ASSERT(pthread_create(&tid[i], NULL, ref_linear_rows, &jobs[i]) == 0, "pthread_create");
-        ref_linear_rows(&jobs[0]);
-        for (int i = 1; i < nt; i++) pthread_join(tid[i], NULL);
+    int nt = r->n_workers + 1, maxrow = ref_max_row(&r->m->cfg);
+    if (nt == 1 || (size_t)W->rows * W->cols * T < (1u << 16)) {   // small products: not worth a hand-off
+        ref_linear_job j = {W, x, y, T, ldx, ldy, 0, W->rows, r->wrow};
+        ref_linear_rows(&j);
         return;
     }
-    ref_linear_job j = {W, x, y, T, ldx, ldy, 0, W->rows, r->wrow};
-    ref_linear_rows(&j);
+    int per = (W->rows + nt - 1) / nt;
+    for (int i = 0; i < nt; i++) {
+        int r0 = i * per < W->rows ? i * per : W->rows, r1 = r0 + per < W->rows ? r0 + per : W->rows;
+        r->jobs[i] = (ref_linear_job){W, x, y, T, ldx, ldy, r0, r1, r->wrow + (size_t)i * maxrow};
+    }
+    pthread_mutex_lock(&r->mu);
+    r->pending = nt - 1;
+    r->gen++;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    ref_linear_rows(&r->jobs[0]);
+    pthread_mutex_lock(&r->mu);
+    while (r->pending) pthread_cond_wait(&r->done, &r->mu);   // the workers' rows of y are written
+    pthread_mutex_unlock(&r->mu);
 }
 
 // Zero-centred RMSNorm (MODEL.md §3.2): y = x / sqrt(mean(x²) + eps) · (1 + w).
