@@ -681,6 +681,26 @@ static int moet_argmax(const float *x, int n) {
     return b;
 }
 
+static void run_usage(FILE *f) {
+    fputs("usage: moet run --model DIR (--ids LIST | --ids-file FILE) [options]\n"
+          "The float32 reference forward pass over token ids: prefill, then greedy decode steps.\n"
+          "options:\n"
+          "  --model DIR          checkpoint directory (config.json, *.safetensors, hf_quant_config.json)\n"
+          "  --ids LIST           prompt token ids, comma separated\n"
+          "  --ids-file FILE      prompt token ids: a JSON array, or ids separated by commas/whitespace\n"
+          "  --greedy N           greedy decode steps after the prompt (default 0)\n"
+          "  --out FILE           write prefill_logits [T,V], greedy_ids [N], decode_logits [N,V] (safetensors)\n"
+          "  --dump-hidden        also write hidden.<i> [T,H] (embeddings, each layer's output, final norm)\n"
+          "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
+          "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
+          "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
+          "  --backend cpu        the backend (cpu only)\n"
+          "  --threads N          worker threads for the matrix products (default 1)\n"
+          "  --chunk N            prefill in chunks of N tokens (default 512)\n"
+          "  -h, --help           this text\n",
+          f);
+}
+
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "cpu", *planes = NULL;
     int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512;
@@ -688,7 +708,10 @@ static int cmd_run(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
-        if (!strcmp(a, "--model") && more) model = argv[++i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--model") && more) model = argv[++i];
         else if (!strcmp(a, "--ids") && more) ids_arg = argv[++i];
         else if (!strcmp(a, "--ids-file") && more) ids_file = argv[++i];
         else if (!strcmp(a, "--greedy") && more) greedy = atoi(argv[++i]);
@@ -702,6 +725,7 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;
         else {
             fprintf(stderr, "moet run: unknown or incomplete option '%s'\n", a);
+            run_usage(stderr);
             return 2;
         }
     }
