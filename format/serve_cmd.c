@@ -127,6 +127,8 @@ static void serve_usage(FILE *f) {
           "                          experts from build/demo.planes (made by ./build.sh)\n"
           "  --planes FILE           serve the routed experts from this MOET2PF1 plane file\n"
           "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
+          "  --strict-revision       with --planes: refuse a file built from another revision of the\n"
+          "                          checkpoint (a Hugging Face snapshot path names it); else a warning\n"
           "  --max-num-seqs N        sequences decoded together (default 8)\n"
           "  --max-batch-tokens N    tokens per forward step; prompts are prefilled in chunks that\n"
           "                          share it with the decoding sequences (default 256, >= max-num-seqs)\n"
@@ -169,6 +171,7 @@ static int cmd_serve(int argc, char **argv) {
         int rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
         else if (!strcmp(a, "--no-verify")) { popt.no_verify = 1; continue; }
+        else if (!strcmp(a, "--strict-revision")) { popt.strict_revision = 1; continue; }
         if (!v) {
             fprintf(stderr, "moet serve: unknown option or missing value: '%s'\n", a);
             serve_usage(stderr);
