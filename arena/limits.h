@@ -21,6 +21,7 @@
 #define MOET_MAX_TENSORS       (1 << 20)// tensors of one checkpoint (the real one has ~70k)
 #define MOET_MAX_NAME          512      // bytes of a tensor name
 #define MOET_MAX_DIMS          8        // rank of a tensor
+#define MOET_ST_SAVE_MAX       (MOET_MAX_LAYERS + 8) // tensors of one st_save (moet run --out: hidden.0..L + 3)
 #define MOET_ST_MAX_HEADER     100000000ull // safetensors header bytes (the reference loader's limit)
 #define MOET_MAX_CONFIG_BYTES  (16u << 20)  // config.json, hf_quant_config.json, index.json
 

@@ -499,10 +499,11 @@ static void js_w_arr(js_writer *w) { js_w_open(w, '['); }
 static void js_w_end_obj(js_writer *w) { MOET_ASSERT(w->depth > 0, "unbalanced"); w->depth--; js_w_bytes(w, "}", 1); }
 static void js_w_end_arr(js_writer *w) { MOET_ASSERT(w->depth > 0, "unbalanced"); w->depth--; js_w_bytes(w, "]", 1); }
 
-// A string value; bytes that are not well-formed UTF-8 become U+FFFD so the output is valid.
-static void js_w_strn(js_writer *w, const char *s, size_t n) {
-    js_w_sep(w);
-    js_w_bytes(w, "\"", 1);
+// Emits s[0, n) as the body of a JSON string (no quotes) through emit: '"', '\\' and control
+// characters escaped, bytes that are not well-formed UTF-8 replaced by U+FFFD (so the output is
+// valid), everything else copied in runs. The writer below and the protocol's direct output
+// share it.
+static void js_escape(const char *s, size_t n, void (*emit)(void *ctx, const char *p, size_t k), void *ctx) {
     const uint8_t *u = (const uint8_t *)s;
     size_t run = 0;  // start of a run of bytes copied as they are
     for (size_t i = 0; i < n;) {
@@ -521,13 +522,22 @@ static void js_w_strn(js_writer *w, const char *s, size_t n) {
             if (!k) { esc = "\xEF\xBF\xBD"; k = 1; }
         }
         if (esc) {
-            js_w_bytes(w, s + run, i - run);
-            js_w_bytes(w, esc, strlen(esc));
+            if (i > run) emit(ctx, s + run, i - run);
+            emit(ctx, esc, strlen(esc));
             run = i + k;
         }
         i += k;
     }
-    js_w_bytes(w, s + run, n - run);
+    if (n > run) emit(ctx, s + run, n - run);
+}
+
+static void js_w_emit(void *w, const char *p, size_t k) { js_w_bytes(w, p, k); }
+
+// A string value; bytes that are not well-formed UTF-8 become U+FFFD so the output is valid.
+static void js_w_strn(js_writer *w, const char *s, size_t n) {
+    js_w_sep(w);
+    js_w_bytes(w, "\"", 1);
+    js_escape(s, n, js_w_emit, w);
     js_w_bytes(w, "\"", 1);
 }
 

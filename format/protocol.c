@@ -375,33 +375,11 @@ static void po_fmt(proto_out *o, const char *fmt, ...) {
     po_raw(o, t, (size_t)k);
 }
 
+static void po_emit(void *o, const char *p, size_t k) { po_raw(o, p, k); }
+
 static void po_str(proto_out *o, const char *s, size_t n) {
-    const uint8_t *u = (const uint8_t *)s;
-    size_t run = 0;
     po_raw(o, "\"", 1);
-    for (size_t i = 0; i < n;) {
-        uint8_t c = u[i];
-        const char *esc = NULL;
-        char hex[8];
-        size_t k = 1;
-        if (c == '"') esc = "\\\"";
-        else if (c == '\\') esc = "\\\\";
-        else if (c == '\n') esc = "\\n";
-        else if (c == '\r') esc = "\\r";
-        else if (c == '\t') esc = "\\t";
-        else if (c < 0x20 || c == 0x7f) { snprintf(hex, sizeof hex, "\\u%04x", c); esc = hex; }
-        else if (c >= 0x80) {
-            k = js_utf8_len(u + i, n - i);
-            if (!k) { esc = "\xEF\xBF\xBD"; k = 1; }
-        }
-        if (esc) {
-            po_raw(o, s + run, i - run);
-            po_s(o, esc);
-            run = i + k;
-        }
-        i += k;
-    }
-    po_raw(o, s + run, n - run);
+    js_escape(s, n, po_emit, o);
     po_raw(o, "\"", 1);
 }
 static void po_cstr(proto_out *o, const char *s) { po_str(o, s, strlen(s)); }

@@ -4,7 +4,7 @@
 // (JSON through js_writer, offsets tiling the data buffer in the declared order, padded with
 // spaces to a multiple of 8 as the reference writer does), then the data is appended in that
 // order with stw_write, through a large buffer, and stw_end checks that exactly the declared
-// bytes arrived. (st_save in format/safetensors.c writes tensors that are already in memory.)
+// bytes arrived. st_save writes tensors that are already in memory with it.
 
 typedef struct {
     const char *name;
@@ -155,4 +155,43 @@ static int stw_end(stw_file *f, moet_err *e) {
     f->fd = -1;
     stw_abort(f);
     return rc;
+}
+
+// ---- tensors already in memory -----------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    int dtype;                    // ST_*
+    int ndim;
+    int64_t shape[MOET_MAX_DIMS];
+    const void *data;             // numel × dtype size bytes, little-endian
+} st_out;
+
+// Writes the tensors to `path` as one safetensors file, through a temporary file renamed into
+// place, so `path` is never half-written.
+static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
+    stw_tensor decl[MOET_ST_SAVE_MAX];
+    if (n < 0 || n > MOET_ST_SAVE_MAX) return err_set(e, "%s: %d tensors, at most %d can be saved at once", path, n, MOET_ST_SAVE_MAX);
+    for (int i = 0; i < n; i++) {
+        decl[i].name = t[i].name;
+        decl[i].dtype = t[i].dtype;
+        decl[i].ndim = t[i].ndim;
+        memcpy(decl[i].shape, t[i].shape, sizeof decl[i].shape);
+    }
+    char tmp[MOET_MAX_PATH + 16];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid()) >= (int)sizeof tmp) return err_set(e, "%s: path too long", path);
+    stw_file f;
+    if (stw_begin(&f, tmp, decl, (uint32_t)n, e)) return -1;
+    for (int i = 0; i < n; i++)
+        if (stw_write(&f, t[i].data, (size_t)stw_bytes(&decl[i]), e)) {
+            stw_abort(&f);
+            unlink(tmp);
+            return -1;
+        }
+    if (stw_end(&f, e)) { unlink(tmp); return -1; }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return err_set(e, "%s: cannot rename into place: %s", path, strerror(errno));
+    }
+    return 0;
 }

@@ -111,6 +111,7 @@ static void tb_piece(void *self, int32_t id, int skip_special, const char **s, s
 
 static tb_state tb;
 static char out_text[8 << 20];
+static int tb_max_new_tokens;   // serve_config.max_new_tokens of the next run (generation_config)
 
 // Runs a server with the given sizes over `input`; fills out_text with everything written.
 static int run_server(const char *input, int seqs, int batch_tokens, int queue, int max_len, serve_ctx *keep) {
@@ -120,7 +121,7 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.max_len = max_len;
     engine_backend be = {&tb, TB_V, 64, max_len, tb_reset, tb_step};
     serve_codec codec = {NULL, tb_encode, tb_piece};
-    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens};
     moet_err e = {{0}};
     if (serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
@@ -561,6 +562,22 @@ static void test_many(void) {
     CHECK(tb.max_rows_seen <= 8, "at most --max-num-seqs rows per step (%d)", tb.max_rows_seen);
 }
 
+// generation_config's max_new_tokens caps requests that give no max_tokens, and only those.
+static void test_default_max_tokens(void) {
+    snprintf(input, sizeof input, "{\"id\":\"d\",\"prompt\":\"a\",\"ignore_eos\":true}\n"
+                                  "{\"id\":\"x\",\"prompt\":\"a\",\"ignore_eos\":true,\"max_tokens\":5}\n");
+    tb_max_new_tokens = 3;
+    run_server(input, 2, 16, 4, 64, NULL);
+    tb_max_new_tokens = 0;
+    parse_answers();
+    int d = find_answer("d", "text_completion"), x = find_answer("x", "text_completion");
+    CHECK(d >= 0 && x >= 0, "both answered");
+    if (d < 0 || x < 0) return;
+    const js_node *nd = path(d, "usage", "completion_tokens", 0, 0), *nx = path(x, "usage", "completion_tokens", 0, 0);
+    CHECK(nd && nd->i64 == 3 && js_str_is(path(d, "choices", "0", "finish_reason", 0), "length"), "default cap: %s", ans_line[d]);
+    CHECK(nx && nx->i64 == 5, "an explicit max_tokens wins: %s", ans_line[x]);
+}
+
 // A failing backend step answers its requests with server_error; the server goes on.
 static void test_backend_failure(void) {
     snprintf(input, sizeof input, "{\"id\":\"ok\",\"prompt\":\"a\",\"max_tokens\":3}\n"
@@ -585,6 +602,7 @@ static void test_backend_failure(void) {
 
 int main(void) {
     test_backend_failure();
+    test_default_max_tokens();
     test_mixed_lines();
     test_batch_invariance();
     test_streaming();
