@@ -179,7 +179,50 @@ static void thread_invariance(const char *dir) {
     ck_close(&m);
 }
 
+// The command line as a user runs it: moet run --ids-file … --out, compared with the goldens
+// (prompt in uneven chunks, two threads: neither may change a result).
+static void cli_run(const char *fix, const char *sub, const char *tag) {
+    char gpath[512], ids_path[] = "/tmp/moet_ids_XXXXXX", out_path[] = "/tmp/moet_out_XXXXXX", cmd[2048], name[128];
+    moet_err e = {{0}};
+    snprintf(gpath, sizeof gpath, "%s/golden.safetensors", fix);
+    st_set g, o;
+    if (st_open(&g, gpath, &e)) { CHECK(0, "%s", e.msg); return; }
+    const st_tensor *pid = st_find(&g, "prompt_ids");
+    snprintf(name, sizeof name, "%s.greedy_ids", tag);
+    const st_tensor *gid = st_find(&g, name);
+    int fd = mkstemp(ids_path), fo = mkstemp(out_path);
+    MOET_ASSERT(fd >= 0 && fo >= 0 && pid && gid, "temp files, golden");
+    close(fo);
+    FILE *f = fdopen(fd, "w");
+    fputc('[', f);
+    for (size_t i = 0; i < pid->numel; i++) fprintf(f, "%s%d", i ? ", " : "", ((const int32_t *)pid->data)[i]);
+    fputs("]\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "./moet run --model %s/%s --ids-file %s --greedy %zu --out %s --dump-hidden --chunk 33 --threads 2 2>/dev/null",
+             fix, sub, ids_path, gid->numel, out_path);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    if (st_open(&o, out_path, &e)) { CHECK(0, "%s", e.msg); goto out; }
+    const char *names[] = {"prefill_logits", "decode_logits", "hidden.0", "hidden.2", "hidden.4"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "%s.%s", tag, names[i]);
+        const st_tensor *a = st_find(&o, names[i]), *b = st_find(&g, name);
+        CHECK(a && b && a->numel == b->numel, "%s: %s present with the golden's size", out_path, names[i]);
+        if (a && b && a->numel == b->numel) {
+            double err = nerr((const float *)a->data, (const float *)b->data, a->numel);
+            CHECK(err < FWD_TOL, "moet run --out %s: normalised error %.3g", names[i], err);
+        }
+    }
+    const st_tensor *gi = st_find(&o, "greedy_ids");
+    CHECK(gi && gi->numel == gid->numel && !memcmp(gi->data, gid->data, gid->bytes), "moet run --out: greedy ids");
+    st_close(&o);
+out:
+    unlink(ids_path);
+    unlink(out_path);
+    st_close(&g);
+}
+
 int main(void) {
+    cli_run("tests/fixtures/tiny", "nvfp4", "nvfp4");
     thread_invariance("tests/fixtures/check/nvfp4");
     run_variant("tests/fixtures/tiny", "bf16", "bf16", 1);
     run_variant("tests/fixtures/tiny", "nvfp4", "nvfp4", 0);
