@@ -1953,7 +1953,7 @@ static int cmd_serve(int argc, char **argv) {
     int seqs = 8, batch = 256, max_len = 0, queue = 64, max_lp = MOET_MAX_LOGPROBS, threads = 1, have_seed = 0;
     int thinking = -1;   // -1: on, except for the bundled demo model
     uint64_t seed = 0;
-    pf_serve_opts popt = {0, 0, 0, 0};
+    pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -2162,7 +2162,7 @@ static void run_usage(FILE *f) {
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "cpu", *planes = NULL;
     int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512;
-    pf_serve_opts popt = {0, 0, 0, 0};   // --no-verify, --strict-revision
+    pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;

@@ -125,6 +125,40 @@ static void pf_detach(pf_attached *a) {
     a->bytes = 0;
 }
 
+// One loader thread: claims slot indices from a shared counter and reads each one (O_DIRECT into
+// its page-aligned place) while hashing it with its own context.
+typedef struct {
+    pf_file *f;
+    pf_attached *a;
+    const pf_layout *L;
+    int verify;
+    atomic_uint_fast64_t *next, *done;
+    pf_sha sha;
+    moet_err err;
+    int failed;
+} pf_loader;
+
+static void *pf_loader_run(void *arg) {
+    pf_loader *w = arg;
+    const pf_layout *L = w->L;
+    for (;;) {
+        uint64_t i = atomic_fetch_add(w->next, 1);
+        if (i >= L->n_slots) break;
+        uint32_t layer = L->g.first_layer + (uint32_t)(i / L->g.n_experts), x = (uint32_t)(i % L->g.n_experts);
+        if (pf_read_slot(w->f, layer, x, w->a->slots + i * L->slot_stride, L->slot_stride, w->verify ? &w->sha : NULL, &w->err)) {
+            w->failed = 1;
+            atomic_store(w->next, L->n_slots);   // the others stop at their next claim
+            break;
+        }
+        atomic_fetch_add(w->done, 1);
+    }
+    return NULL;
+}
+
+// Reads every slot of the plane file into memory, with several threads, hashing each slot as it
+// arrives (DESIGN: stream the slots while hashing them; the bytes served are the bytes checked),
+// a progress bar and GB/s on stderr; then the model's routed experts point into those slots.
+// Only a complete, verified set replaces the checkpoint's experts.
 static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *o, pf_attached *a, moet_err *e) {
     memset(a, 0, sizeof *a);
     pf_serve_opts open_opts = *o;
@@ -132,28 +166,59 @@ static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *
     pf_file f;
     if (pf_open_for_model(&f, path, &m->cfg, m->dir, &open_opts, e)) return -1;
     const pf_layout *L = &f.h.L;
-    pf_sha sha = {0};
-    int rc = -1;
+    int rc = -1, T = o->threads > 0 ? o->threads : pf_ncpu() + 2, started = 0;
+    if (T > MOET_PF_MAX_THREADS) T = MOET_PF_MAX_THREADS;
+    if ((uint64_t)T > L->n_slots) T = (int)L->n_slots;
+    static pf_loader w[MOET_PF_MAX_THREADS];
+    pthread_t tid[MOET_PF_MAX_THREADS];
+    atomic_uint_fast64_t next = 0, done = 0;
+    memset(w, 0, sizeof w);
     a->bytes = (size_t)(L->n_slots * L->slot_stride);
     a->slots = arena_sys_alloc(a->bytes, "plane slots");
     if (!a->slots) { err_set(e, "%s: cannot allocate %zu bytes for the expert slots", path, a->bytes); goto out; }
-    if (!o->no_verify && pf_sha_init(&sha, e)) goto out;
-    for (uint32_t l = 0; l < L->g.n_layers; l++)
-        for (uint32_t x = 0; x < L->g.n_experts; x++) {
-            uint8_t *slot = a->slots + ((size_t)l * L->g.n_experts + x) * L->slot_stride;
-            uint32_t layer = L->g.first_layer + l;
-            if (pf_read_slot(&f, layer, x, slot, L->slot_stride, o->no_verify ? NULL : &sha, e)) goto out;
+    for (int t = 0; t < T; t++) {
+        w[t] = (pf_loader){&f, a, L, !o->no_verify, &next, &done, {0}, {{0}}, 0};
+        if (!o->no_verify && pf_sha_init(&w[t].sha, e)) goto join;
+    }
+    pf_progress pr;
+    pf_progress_start(&pr, o->no_verify ? "loading experts" : "loading + verifying experts");
+    for (; started < T; started++)
+        if (pthread_create(&tid[started], NULL, pf_loader_run, &w[started])) {
+            err_set(e, "cannot start loader thread %d", started);
+            atomic_store(&next, L->n_slots);
+            goto join;
         }
-    // only a complete, verified set replaces the checkpoint's experts
+    for (;;) {   // progress while the loaders run
+        uint64_t d = atomic_load(&done);
+        int busy = atomic_load(&next) < L->n_slots;
+        char rate[48];
+        double dt = pf_now() - pr.t0;
+        snprintf(rate, sizeof rate, "%.2f GB/s", dt > 0 ? (double)d * L->slot_bytes / dt / 1e9 : 0.0);
+        if (o->progress) pf_progress_show(&pr, d, L->n_slots, rate, !busy);
+        if (!busy) break;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    rc = 0;
+join:
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    for (int t = 0; t < T; t++) {
+        if (rc == 0 && w[t].failed) {
+            *e = w[t].err;
+            rc = -1;
+        }
+        pf_sha_free(&w[t].sha);
+    }
+    if (rc == 0 && atomic_load(&done) != L->n_slots) rc = err_set(e, "%s: %" PRIu64 " of %" PRIu64 " slots loaded", path,
+                                                                 (uint64_t)atomic_load(&done), L->n_slots);
+    if (rc) goto out;
     for (uint32_t l = 0; l < L->g.n_layers; l++)
         for (uint32_t x = 0; x < L->g.n_experts; x++) {
             ck_layer *cl = &m->layers[L->g.first_layer + l];
             pf_expert_mats(L, a->slots + ((size_t)l * L->g.n_experts + x) * L->slot_stride, &cl->gate[x], &cl->up[x], &cl->down[x]);
         }
     snprintf(m->expert_format, sizeof m->expert_format, "planes");
-    rc = 0;
 out:
-    pf_sha_free(&sha);
     pf_close(&f);
     if (rc) pf_detach(a);
     return rc;
