@@ -226,6 +226,15 @@ typedef struct {
 // Code c of a 2-bit plane means level {-4, -1, +1, +4}[c] × 2^(scale byte − 127).
 static const float ck_plane_level[4] = {-4.f, -1.f, 1.f, 4.f};
 
+// A UE8M0 scale byte as a float, 2^(b − 127), built from its bits: the exponent field is b
+// itself (b = 0 is the subnormal 2^−127, b = 255 is +inf, as ldexpf gives).
+static float ck_e8m0(uint8_t b) {
+    uint32_t u = b ? (uint32_t)b << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 // One row of a fragment-major 2-bit matrix [N, K] (PLANES.md §3), exact, into out32[K] or out64[K].
 static void ck_plane_row(const ck_mat *m, int n, float *out32, double *out64) {
     int K = m->cols, KB = K / 64, nb = n / 16, tile = (n % 16) / 8, g = n % 8;
@@ -237,7 +246,7 @@ static void ck_plane_row(const ck_mat *m, int n, float *out32, double *out64) {
                     uint8_t byte = frag[k32 * 2 + half];
                     int k0 = kb * 64 + k32 * 32 + half * 16 + t * 4;
                     uint8_t sb = m->scale[(((size_t)nb * (K / 32)) + k0 / 32) * 16 + n % 16];
-                    float sc = ldexpf(1.f, (int)sb - 127);   // a power of two: products are exact
+                    float sc = ck_e8m0(sb);   // a power of two: products are exact
                     for (int j = 0; j < 4; j++) {
                         float v = ck_plane_level[(byte >> (2 * j)) & 3] * sc;
                         if (out32) out32[k0 + j] = v;

@@ -81,6 +81,10 @@ int main(void) {
     // ---- e2m1 nibbles: bit 3 sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}
     const double mags[8] = {0, .5, 1, 1.5, 2, 3, 4, 6};
     for (int n = 0; n < 16; n++) CHECK(ck_e2m1_lut[n] == (n & 8 ? -mags[n & 7] : mags[n & 7]), "e2m1 %d", n);
+    // ---- UE8M0 plane scales: 2^(b − 127) for every byte
+    int e8ok = 1;
+    for (int b = 0; b < 256; b++) e8ok &= ck_e8m0((uint8_t)b) == ldexpf(1.f, b - 127);
+    CHECK(e8ok, "ck_e8m0 differs from ldexpf");
     // ---- bf16 / f16
     uint8_t b1[2] = {0x80, 0x3F}, b2[2] = {0x00, 0xC0}, b3[2] = {0x80, 0x7F}, b4[2] = {0x01, 0x00};
     CHECK(ck_bf16(b1) == 1.0f && ck_bf16(b2) == -2.0f && isinf(ck_bf16(b3)) && ck_bf16(b4) == ldexpf(1, -133));
