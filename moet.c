@@ -1839,15 +1839,10 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
     c->max_new_tokens = 0;
     struct stat sb;
     if (stat(path, &sb) == 0) {
-        size_t len;
-        char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
-        if (!text) return -1;
         js_doc doc;
-        int rc = js_load_doc(&doc, text, len, path, e);
-        arena_sys_free(text, len + 1);
-        if (rc) return -1;
+        if (js_load_file(&doc, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
         const js_node *root = js_root(&doc), *v;
-        rc = -1;
+        int rc = -1;
         if (!root || root->type != JS_OBJ) { err_set(e, "%s: expected a JSON object", path); goto out; }
         double x;
         int64_t k;

@@ -197,14 +197,9 @@ static int ck_config_parse(ck_config *c, const js_doc *d, const char *path, moet
 }
 
 static int ck_config_read(ck_config *c, const char *path, moet_err *e) {
-    size_t len;
-    char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
-    if (!text) return -1;
     js_doc d;
-    int rc = js_load_doc(&d, text, len, path, e);
-    arena_sys_free(text, len + 1);
-    if (rc) return -1;
-    rc = ck_config_parse(c, &d, path, e);
+    if (js_load_file(&d, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
+    int rc = ck_config_parse(c, &d, path, e);
     js_free_doc(&d);
     return rc;
 }
@@ -420,12 +415,7 @@ static int ck_quant_read(ck_quant *q, const char *dir, moet_err *e) {
     int from_hf = access(path, F_OK) == 0;
     if (!from_hf) snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(q->source, sizeof q->source, "%s", path);
-    size_t len;
-    char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
-    if (!text) return -1;
-    int rc = js_load_doc(&q->doc, text, len, path, e);
-    arena_sys_free(text, len + 1);
-    if (rc) return -1;
+    if (js_load_file(&q->doc, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
     const js_node *root = js_root(&q->doc);
     qc = from_hf ? js_get(&q->doc, root, "quantization") : js_get(&q->doc, root, "quantization_config");
     if (!qc || qc->type == JS_NULL) {

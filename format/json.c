@@ -387,6 +387,17 @@ static void js_free_doc(js_doc *d) {
     memset(d, 0, sizeof *d);
 }
 
+// A whole small file (config.json, an index …) parsed with js_load_doc; js_free_doc releases it.
+static int js_load_file(js_doc *d, const char *path, size_t max_bytes, moet_err *e) {
+    size_t len;
+    memset(d, 0, sizeof *d);
+    char *text = arena_read_small(path, max_bytes, &len, e);
+    if (!text) return -1;
+    int rc = js_load_doc(d, text, len, path, e);
+    arena_sys_free(text, len + 1);
+    return rc;
+}
+
 // ---- navigation -------------------------------------------------------------------------
 
 static const js_node *js_root(const js_doc *d) { return d->n_nodes ? &d->nodes[0] : NULL; }

@@ -249,12 +249,7 @@ static int st_list_shards(st_set *s, const char *dir, js_doc *index, moet_err *e
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) == 0) {
-        size_t len;
-        char *text = arena_read_small(path, MOET_MAX_CONFIG_BYTES, &len, e);
-        if (!text) return -1;
-        int rc = js_load_doc(index, text, len, path, e);
-        arena_sys_free(text, len + 1);
-        if (rc) return -1;
+        if (js_load_file(index, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
         const js_node *wm = js_get(index, js_root(index), "weight_map");
         if (!wm || wm->type != JS_OBJ || wm->len == 0) return err_set(e, "%s: no weight_map object", path);
         for (const js_node *k = js_first(wm); k; k = js_member_next(index, wm, k)) {

@@ -27,4 +27,19 @@ static const char *check_shared(void) {
     return s ? s : "../shared";
 }
 
+// The error of a against the reference b normalised by b's spread: max |a − b| / std(b).
+// A NaN anywhere counts as an infinite error.
+static double check_nerr(const float *a, const float *b, size_t n) {
+    double mean = 0, var = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    double sd = sqrt(var / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= mx)) mx = isnan(d) ? INFINITY : d;
+    }
+    return mx / (sd > 0 ? sd : 1);
+}
+
 #endif

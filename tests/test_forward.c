@@ -20,19 +20,6 @@
 // models is 1e-3; we hold ourselves to 1e-4.
 #define FWD_TOL 1e-4
 
-static double nerr(const float *a, const float *b, size_t n) {
-    double mean = 0, var = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) mean += b[i];
-    mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
-    double sd = sqrt(var / (double)n);
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= mx)) mx = d;   // NaN propagates as a failure
-    }
-    return mx / (sd > 0 ? sd : 1);
-}
-
 static const st_tensor *gold(const st_set *g, const char *name) {
     const st_tensor *t = st_find(g, name);
     CHECK(t != NULL, "golden tensor %s missing", name);
@@ -73,12 +60,12 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
         snprintf(name, sizeof name, "%s.hidden.%d", tag, i);
         const st_tensor *h = gold(&g, name);
         if (!h) continue;
-        double err = nerr(hid[i], (const float *)h->data, h->numel);
+        double err = check_nerr(hid[i], (const float *)h->data, h->numel);
         CHECK(err < FWD_TOL, "%s %s: normalised error %.3g", fix, name, err);
     }
     snprintf(name, sizeof name, "%s.prefill_logits", tag);
     const st_tensor *pl = gold(&g, name);
-    double perr = pl ? nerr(logits, (const float *)pl->data, pl->numel) : 1;
+    double perr = pl ? check_nerr(logits, (const float *)pl->data, pl->numel) : 1;
     CHECK(perr < FWD_TOL, "%s %s: normalised error %.3g", fix, name, perr);
     if (router) {
         // router choices: the same experts in the same order (by weight), weights to f32 rounding
@@ -110,7 +97,7 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
         int o1[2] = {0, 1};
         int32_t feed = gids[s];   // the golden token, so one divergence does not cascade
         CHECK(ref_forward(&r, 1, &slot, &feed, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
-        double de = nerr(dlog, (const float *)dl->data + (size_t)s * V, V);
+        double de = check_nerr(dlog, (const float *)dl->data + (size_t)s * V, V);
         if (de > derr) derr = de;
         next = moet_argmax(dlog, V);
     }
@@ -208,7 +195,7 @@ static void cli_run(const char *fix, const char *sub, const char *tag) {
         const st_tensor *a = st_find(&o, names[i]), *b = st_find(&g, name);
         CHECK(a && b && a->numel == b->numel, "%s: %s present with the golden's size", out_path, names[i]);
         if (a && b && a->numel == b->numel) {
-            double err = nerr((const float *)a->data, (const float *)b->data, a->numel);
+            double err = check_nerr((const float *)a->data, (const float *)b->data, a->numel);
             CHECK(err < FWD_TOL, "moet run --out %s: normalised error %.3g", names[i], err);
         }
     }

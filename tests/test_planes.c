@@ -811,19 +811,6 @@ static void test_commands(const char *path) {
 // holds the bf16/nvfp4 variants to the same bound). A wrong slot shows up at 1e-2 or more.
 #define PLANES_TOL 1e-4
 
-static double nerr(const float *a, const float *b, size_t n) {
-    double mean = 0, var = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) mean += b[i];
-    mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
-    double sd = sqrt(var / (double)n);
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= mx)) mx = d;
-    }
-    return mx / (sd > 0 ? sd : 1);
-}
-
 static void test_run_planes(const char *fix) {
     char model[160], gpath[160], planes[96], out[96], ids_path[96];
     snprintf(model, sizeof model, "%s/nvfp4", fix);
@@ -873,8 +860,8 @@ static void test_run_planes(const char *fix) {
         const st_tensor *rp = st_find(&r, "prefill_logits"), *rg = st_find(&r, "greedy_ids"), *rd = st_find(&r, "decode_logits");
         CHECK(rp && rg && rd && rp->numel == pl->numel && rg->numel == gid->numel && rd->numel == dl->numel, "%s: run outputs", fix);
         if (rp && rg && rd && rp->numel == pl->numel && rg->numel == gid->numel && rd->numel == dl->numel) {
-            double pe = nerr((const float *)rp->data, (const float *)pl->data, pl->numel);
-            double de = nerr((const float *)rd->data, (const float *)dl->data, dl->numel);
+            double pe = check_nerr((const float *)rp->data, (const float *)pl->data, pl->numel);
+            double de = check_nerr((const float *)rd->data, (const float *)dl->data, dl->numel);
             CHECK(pe < PLANES_TOL, "%s: planes prefill logits: normalised error %.3g", fix, pe);
             CHECK(!memcmp(rg->data, gid->data, gid->bytes), "%s: planes greedy ids", fix);
             CHECK(de < PLANES_TOL, "%s: planes decode logits: normalised error %.3g", fix, de);
