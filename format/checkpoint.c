@@ -233,21 +233,22 @@ static float ck_e8m0(uint8_t b) {
 // One row of a fragment-major 2-bit matrix [N, K] (PLANES.md §3), exact, into out32[K] or out64[K].
 static void ck_plane_row(const ck_mat *m, int n, float *out32, double *out64) {
     int K = m->cols, KB = K / 64, nb = n / 16, tile = (n % 16) / 8, g = n % 8;
+    const uint8_t *scales = m->scale + (size_t)nb * (K / 32) * 16 + n % 16;   // stride 16 per 32-block
     for (int kb = 0; kb < KB; kb++)
-        for (int t = 0; t < 4; t++) {
-            const uint8_t *frag = m->w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8 + tile * 4;
-            for (int k32 = 0; k32 < 2; k32++)
+        for (int k32 = 0; k32 < 2; k32++) {
+            float sc = ck_e8m0(scales[(size_t)(kb * 2 + k32) * 16]);   // a power of two: products are exact
+            float lv[4] = {ck_plane_level[0] * sc, ck_plane_level[1] * sc, ck_plane_level[2] * sc, ck_plane_level[3] * sc};
+            for (int t = 0; t < 4; t++) {
+                const uint8_t *frag = m->w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8 + tile * 4 + k32 * 2;
                 for (int half = 0; half < 2; half++) {
-                    uint8_t byte = frag[k32 * 2 + half];
+                    uint8_t byte = frag[half];
                     int k0 = kb * 64 + k32 * 32 + half * 16 + t * 4;
-                    uint8_t sb = m->scale[(((size_t)nb * (K / 32)) + k0 / 32) * 16 + n % 16];
-                    float sc = ck_e8m0(sb);   // a power of two: products are exact
-                    for (int j = 0; j < 4; j++) {
-                        float v = ck_plane_level[(byte >> (2 * j)) & 3] * sc;
-                        if (out32) out32[k0 + j] = v;
-                        else out64[k0 + j] = v;
-                    }
+                    if (out32)
+                        for (int j = 0; j < 4; j++) out32[k0 + j] = lv[(byte >> (2 * j)) & 3];
+                    else
+                        for (int j = 0; j < 4; j++) out64[k0 + j] = lv[(byte >> (2 * j)) & 3];
                 }
+            }
         }
 }
 
