@@ -152,67 +152,12 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
 
 // ---- reading the answers ---------------------------------------------------------------------
 
-#define MAX_ANS 20000
-static char *ans_line[MAX_ANS];
-static int n_ans;
-static js_doc ans_doc[MAX_ANS];
-static js_node node_pool[4 << 20];
-static char str_pool[16 << 20];
-
-// Splits out_text into lines and parses each (every line must be JSON).
-static void parse_answers(void) {
-    n_ans = 0;
-    size_t nodes_used = 0, strs_used = 0;
-    for (char *p = out_text; *p;) {
-        char *nl = strchr(p, '\n');
-        CHECK(nl != NULL, "output ends without a newline");
-        if (!nl) break;
-        *nl = 0;
-        MOET_ASSERT(n_ans < MAX_ANS, "too many answers");
-        js_doc *d = &ans_doc[n_ans];
-        memset(d, 0, sizeof *d);
-        uint32_t nn;
-        size_t ns;
-        int ok = js_measure(d, p, (size_t)(nl - p), &nn, &ns) == 0;
-        CHECK(ok, "answer line is not JSON: %s: %.200s", d->err, p);
-        if (ok) {
-            MOET_ASSERT(nodes_used + nn <= sizeof node_pool / sizeof node_pool[0] && strs_used + ns + 1 <= sizeof str_pool, "pool");
-            d->nodes = node_pool + nodes_used;
-            d->cap_nodes = nn;
-            d->strs = str_pool + strs_used;
-            d->cap_strs = ns + 1;
-            nodes_used += nn;
-            strs_used += ns + 1;
-            MOET_ASSERT(js_parse(d, p, (size_t)(nl - p)) == 0, "reparse");
-        }
-        ans_line[n_ans++] = p;
-        p = nl + 1;
-    }
-}
-
-static const js_node *path(int i, const char *a, const char *b, const char *c, const char *d4) {
-    const js_doc *d = &ans_doc[i];
-    const js_node *n = js_root(d);
-    const char *keys[4] = {a, b, c, d4};
-    for (int k = 0; k < 4 && keys[k] && n; k++) {
-        if (!strcmp(keys[k], "0")) n = js_at(d, n, 0);
-        else n = js_get(d, n, keys[k]);
-    }
-    return n;
-}
-
-static int is_str(const js_node *n, const char *s) { return js_str_is(n, s); }
-
-static int find_answer(const char *id, const char *object) {
-    for (int i = 0; i < n_ans; i++)
-        if (is_str(path(i, "id", 0, 0, 0), id) && (!object || is_str(path(i, "object", 0, 0, 0), object))) return i;
-    return -1;
-}
+#include "answers.h"
 
 static int count_answers(const char *id) {
     int c = 0;
     for (int i = 0; i < n_ans; i++)
-        if (is_str(path(i, "id", 0, 0, 0), id)) c++;
+        if (js_str_is(path(i, "id", 0, 0, 0), id)) c++;
     return c;
 }
 
@@ -275,7 +220,7 @@ static void test_mixed_lines(void) {
     int rc = run_server(input, 4, 16, 4, 512, NULL);
     CHECK(rc == 0, "serve_run returned %d", rc);
     parse_answers();
-    CHECK(is_str(path(0, "object", 0, 0, 0), "ready"), "first line is the ready line: %s", ans_line[0]);
+    CHECK(js_str_is(path(0, "object", 0, 0, 0), "ready"), "first line is the ready line: %s", ans_line[0]);
     CHECK(n_ans == 1 + n + 2, "%d answers for %d lines (+ ready)", n_ans - 1, n + 2);
     struct { const char *id, *code; } errs[] = {
         {"b", "invalid_value"}, {"c", "invalid_request"}, {"d", "invalid_value"}, {"e", "invalid_value"},
@@ -285,7 +230,7 @@ static void test_mixed_lines(void) {
     };
     for (size_t k = 0; k < sizeof errs / sizeof errs[0]; k++) {
         int i = find_answer(errs[k].id, NULL);
-        CHECK(i >= 0 && is_str(path(i, "error", "code", 0, 0), errs[k].code), "id %s: expected error %s: %s", errs[k].id,
+        CHECK(i >= 0 && js_str_is(path(i, "error", "code", 0, 0), errs[k].code), "id %s: expected error %s: %s", errs[k].id,
               errs[k].code, i >= 0 ? ans_line[i] : "(no answer)");
         CHECK(count_answers(errs[k].id) == 1, "id %s answered %d times", errs[k].id, count_answers(errs[k].id));
     }
@@ -295,13 +240,13 @@ static void test_mixed_lines(void) {
         const js_node *id = path(i, "id", 0, 0, 0);
         if (id && id->type == JS_NULL) nulls++;
         const js_node *code = path(i, "error", "code", 0, 0);
-        if (is_str(code, "invalid_json")) json_errs++;
+        if (js_str_is(code, "invalid_json")) json_errs++;
     }
     CHECK(nulls == 6, "6 answers with id null (not json, array, empty, id 7, unknown op, bad UTF-8), got %d", nulls);
     CHECK(json_errs == 2, "2 invalid_json answers (not json, empty line), got %d", json_errs);
     // the good ones
     int a = find_answer("a", "chat.completion");
-    CHECK(a >= 0 && is_str(path(a, "choices", "0", "message", "role"), "assistant"), "a answered");
+    CHECK(a >= 0 && js_str_is(path(a, "choices", "0", "message", "role"), "assistant"), "a answered");
     CHECK(a >= 0 && path(a, "usage", "completion_tokens", 0, 0)->i64 <= 8, "max_tokens 8 kept");
     int i_ = find_answer("i", "text_completion"), j_ = find_answer("j", "text_completion");
     CHECK(i_ >= 0 && j_ >= 0, "raw prompt and input_ids answered");
@@ -310,21 +255,21 @@ static void test_mixed_lines(void) {
           "prompt \"abc\" and input_ids [97,98,99] give the same greedy text");
     int o = -1, p = -1, h = -1;
     for (int i = 0; i < n_ans; i++) {
-        if (is_str(path(i, "custom_id", 0, 0, 0), "o")) o = i;
-        if (is_str(path(i, "custom_id", 0, 0, 0), "p")) p = i;
-        if (is_str(path(i, "custom_id", 0, 0, 0), "h")) h = i;
+        if (js_str_is(path(i, "custom_id", 0, 0, 0), "o")) o = i;
+        if (js_str_is(path(i, "custom_id", 0, 0, 0), "p")) p = i;
+        if (js_str_is(path(i, "custom_id", 0, 0, 0), "h")) h = i;
     }
     CHECK(o >= 0 && path(o, "response", "status_code", 0, 0)->i64 == 200 &&
-          is_str(path(o, "response", "body", "object", 0), "chat.completion"), "batch chat line answered");
-    CHECK(p >= 0 && is_str(path(p, "response", "body", "object", 0), "text_completion"), "batch completion line answered");
+          js_str_is(path(o, "response", "body", "object", 0), "chat.completion"), "batch chat line answered");
+    CHECK(p >= 0 && js_str_is(path(p, "response", "body", "object", 0), "text_completion"), "batch completion line answered");
     CHECK(h >= 0 && path(h, "response", "status_code", 0, 0)->i64 == 400 &&
-          is_str(path(h, "response", "body", "error", "code"), "unsupported_url"), "batch line with a bad url: %s",
+          js_str_is(path(h, "response", "body", "error", "code"), "unsupported_url"), "batch line with a bad url: %s",
           h >= 0 ? ans_line[h] : "(none)");
     CHECK(find_answer("req-24", "chat.completion") >= 0, "a request without id is named after its line (req-24)");
     CHECK(find_answer("crlf", "text_completion") >= 0, "a \\r\\n line is accepted");
     int st = -1;
     for (int i = 0; i < n_ans; i++)
-        if (is_str(path(i, "object", 0, 0, 0), "stats")) st = i;
+        if (js_str_is(path(i, "object", 0, 0, 0), "stats")) st = i;
     CHECK(st >= 0 && path(st, "allocations_after_ready", 0, 0, 0)->i64 == 0, "stats line");
 }
 
@@ -404,7 +349,7 @@ static void test_streaming(void) {
         char got_c[4096] = "", got_r[4096] = "";
         int chunks = 0, finals = 0, lp_tokens = 0;
         for (int i = 1; i < n_ans; i++) {
-            CHECK(is_str(path(i, "id", 0, 0, 0), "s"), "chunk id");
+            CHECK(js_str_is(path(i, "id", 0, 0, 0), "s"), "chunk id");
             const js_node *ch = path(i, "choices", "0", 0, 0);
             const js_node *fr = js_get(&ans_doc[i], ch, "finish_reason");
             if (fr && fr->type == JS_STR) {
@@ -465,7 +410,7 @@ static void test_stop_strings(void) {
     a = find_answer("t", "text_completion");
     CHECK(a >= 0 && strlen(path(a, "choices", "0", "text", 0)->str) == cut &&
           !strncmp(path(a, "choices", "0", "text", 0)->str, full, cut) &&
-          is_str(path(a, "choices", "0", "finish_reason", 0), "stop"),
+          js_str_is(path(a, "choices", "0", "finish_reason", 0), "stop"),
           "stop [%s]: text cut at %zu: [%s]", stop, cut, a >= 0 ? path(a, "choices", "0", "text", 0)->str : "");
     // max_tokens → length; the context limit → length
     snprintf(input, sizeof input, "{\"id\":\"t\",\"prompt\":\"abc\",\"max_tokens\":5,\"ignore_eos\":true}\n"
@@ -474,9 +419,9 @@ static void test_stop_strings(void) {
     parse_answers();
     a = find_answer("t", "text_completion");
     int b = find_answer("u", "text_completion");
-    CHECK(a >= 0 && path(a, "usage", "completion_tokens", 0, 0)->i64 == 5 && is_str(path(a, "choices", "0", "finish_reason", 0), "length"),
+    CHECK(a >= 0 && path(a, "usage", "completion_tokens", 0, 0)->i64 == 5 && js_str_is(path(a, "choices", "0", "finish_reason", 0), "length"),
           "max_tokens 5: length");
-    CHECK(b >= 0 && path(b, "usage", "total_tokens", 0, 0)->i64 == 32 && is_str(path(b, "choices", "0", "finish_reason", 0), "length"),
+    CHECK(b >= 0 && path(b, "usage", "total_tokens", 0, 0)->i64 == 32 && js_str_is(path(b, "choices", "0", "finish_reason", 0), "length"),
           "context of 32: stops at 32 tokens with length");
 }
 
@@ -492,11 +437,11 @@ static void test_lifetime(void) {
     run_server(input, 3, 8, 2, 512, NULL);
     parse_answers();
     int l = find_answer("long", "text_completion");
-    CHECK(l >= 0 && is_str(path(l, "choices", "0", "finish_reason", 0), "cancelled"), "cancelled: %s", l >= 0 ? ans_line[l] : "");
+    CHECK(l >= 0 && js_str_is(path(l, "choices", "0", "finish_reason", 0), "cancelled"), "cancelled: %s", l >= 0 ? ans_line[l] : "");
     CHECK(count_answers("long") == 3, "long: the answer, the duplicate error, the cancel ack (%d)", count_answers("long"));
     int dup = -1;
     for (int i = 0; i < n_ans; i++)
-        if (is_str(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
+        if (js_str_is(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
     CHECK(dup >= 0, "duplicate id refused");
     for (int k = 0; k < 50; k++) {
         char id[16];
@@ -528,7 +473,7 @@ static void test_long_line(void) {
     CHECK(n_ans == 4, "ready + 3 answers, got %d", n_ans);
     int e = -1;
     for (int i = 0; i < n_ans; i++)
-        if (is_str(path(i, "error", "code", 0, 0), "line_too_long")) e = i;
+        if (js_str_is(path(i, "error", "code", 0, 0), "line_too_long")) e = i;
     CHECK(e >= 0 && path(e, "id", 0, 0, 0)->type == JS_NULL, "line_too_long with id null");
     CHECK(find_answer("before", "text_completion") >= 0 && find_answer("after", "text_completion") >= 0, "neighbours answered");
     // the same at the very end of the input, without a newline
