@@ -46,7 +46,7 @@
 // defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode)
 #include "format/checkpoint.c"
 // defines: pf_plan, pf_quant_expert, pf_build, pf_open, pf_read_slot, pf_verify_slots,
-//          pf_dequant_slot (MOET2PF1 2-bit expert plane file: layout, quantizer, writer, reader)
+//          (MOET2PF1 2-bit expert plane file: layout, quantizer, writer, reader)
 #include "format/planes.c"
 // defines: pf_open_for_model, pf_expert_mats, cmd_build_planes, cmd_verify, cmd_info
 #include "format/planes_cmd.c"

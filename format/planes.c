@@ -5,7 +5,7 @@
 // the whole format: the layout plan (pf_plan: the one place every size comes from), the quantizer
 // (bit-exact, so a file is reproducible from its checkpoint), the header/table codec, the writer
 // (pf_build: all cores, a bounded reorder ring, temp file + fsync + rename), the reader for
-// serving (pf_open / pf_read_slot / pf_dequant_slot) and the slot verifier (O_DIRECT, several
+// serving (pf_open / pf_read_slot) and the slot verifier (O_DIRECT, several
 // hashing threads). It knows nothing about checkpoints: the builder takes experts from a callback.
 //
 // SHA-256 comes from libcrypto's EVP interface; each thread owns one pf_sha (made at boot).
@@ -175,7 +175,6 @@ static void pf_hex(const uint8_t *b, size_t n, char *out /* [2n + 1] */) {
 // writes them; nearbyint rounds half to even in the default rounding mode, as torch.round does.
 // Multiplying by 2^-e equals dividing by 2^e bit for bit (both round the same exact value once).
 
-static const float pf_levels[4] = {-4.0f, -1.0f, 1.0f, 4.0f};
 #define PF_BITS_2_5 0x4004000000000000ull   // the IEEE-754 binary64 bits of 2.5
 #define PF_BITS_INF 0x7ff0000000000000ull   // and of +inf
 
@@ -284,35 +283,6 @@ static int pf_quant_expert(const pf_layout *L, const double *w13 /* [2I, H] */, 
         return -1;
     return pf_quant_matrix(w2, H, I, slot + L->sec_off[PF_W2_CODES], slot + L->sec_off[PF_W2_SCALES],
                            scratch, "w2 (down_proj)", e);
-}
-
-// One matrix back to float32: w = level(code) · 2^(byte - 127). Values beyond the float range
-// (scale bytes near 254, only from sources beyond float range) become ±inf.
-static void pf_dequant_matrix(const uint8_t *codes, const uint8_t *scales, uint32_t N, uint32_t K,
-                              float *w /* [N, K] */) {
-    size_t o = 0;
-    for (uint32_t nb = 0; nb < N / 16; nb++)
-        for (uint32_t kb = 0; kb < K / 64; kb++)
-            for (uint32_t g = 0; g < 8; g++)
-                for (uint32_t t = 0; t < 4; t++)
-                    for (uint32_t tile = 0; tile < 2; tile++) {
-                        uint32_t n = nb * 16 + tile * 8 + g;
-                        for (uint32_t q = 0; q < 4; q++) {
-                            uint32_t k = kb * 64 + 16 * q + 4 * t;
-                            float s = ldexpf(1.0f, (int)scales[pf_scale_index(n, k / PF_BLOCK, K)] - 127);
-                            uint8_t byte = codes[o++];
-                            for (uint32_t j = 0; j < 4; j++)
-                                w[(size_t)n * K + k + j] = pf_levels[(byte >> (2 * j)) & 3] * s;
-                        }
-                    }
-}
-
-// One slot back to float32 matrices (the CPU reference serves experts from these).
-static void pf_dequant_slot(const pf_layout *L, const uint8_t *slot /* [slot_bytes] */,
-                            float *w13 /* [2I, H] */, float *w2 /* [H, I] */) {
-    uint32_t H = L->g.hidden, I = L->g.inter;
-    pf_dequant_matrix(slot + L->sec_off[PF_W13_CODES], slot + L->sec_off[PF_W13_SCALES], 2 * I, H, w13);
-    pf_dequant_matrix(slot + L->sec_off[PF_W2_CODES], slot + L->sec_off[PF_W2_SCALES], H, I, w2);
 }
 
 // ==========================================================================================
