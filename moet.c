@@ -995,12 +995,6 @@ static void serve_on_signal(int sig) {
     serve_signals++;
 }
 
-static double serve_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // ---- memory plan ---------------------------------------------------------------------------
 
 #define SERVE_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
@@ -1358,7 +1352,7 @@ static void serve_release(serve_ctx *S, serve_rec *r) {
 static void serve_finish(serve_ctx *S, serve_rec *r, int why) {
     if (r->cancel) S->n_cancel--;
     r->finish = why;
-    r->t_done = serve_now();
+    r->t_done = moet_now();
     if (why == FIN_CANCELLED) S->n_cancelled++;
     S->n_done++;
     S->gen_tokens += (uint64_t)(r->n_tok - r->n_prompt);
@@ -1391,7 +1385,7 @@ static void serve_sample(serve_ctx *S, serve_rec *r, const float *row) {
     if (r->logprobs)
         r->lp[gen] = samp_logprobs(row, S->V, id, r->top_logprobs, r->lp_ids + (size_t)gen * S->cfg.max_logprobs,
                                    r->lp_vals + (size_t)gen * S->cfg.max_logprobs);
-    if (r->t_first == 0) r->t_first = serve_now();
+    if (r->t_first == 0) r->t_first = moet_now();
     r->tok[r->n_tok++] = id;
     samp_slot_note_output(pen, id);
     gen++;
@@ -1436,7 +1430,7 @@ static void serve_admit(serve_ctx *S) {
         S->be.reset(S->be.self, r->slot);
         samp_slot_note_prompt(&S->pen[r->slot], r->tok, r->n_prompt);
         r->state = REC_PREFILL;
-        r->t_admit = serve_now();
+        r->t_admit = moet_now();
         S->running[S->n_running++] = idx;
     }
 }
@@ -1507,7 +1501,7 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
            S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
            S->gen_tokens, S->steps, arena_stats.allocs - S->allocs_at_ready, rss * (sysconf(_SC_PAGESIZE) / 1024),
            (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024));
-    po_num(o, round((serve_now() - S->t_start) * 1000) / 1000);
+    po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
     po_s(o, "}");
     po_end_line(o);
 }
@@ -1526,7 +1520,7 @@ static serve_rec *serve_find(serve_ctx *S, const char *id) {
 // One complete input line (without its "\n"). Needs a free record (the caller checks).
 static void serve_line(serve_ctx *S, char *line, size_t n) {
     S->lines++;
-    double t_read = serve_now();
+    double t_read = moet_now();
     if (n && line[n - 1] == '\r') n--;
     char auto_id[32];
     snprintf(auto_id, sizeof auto_id, "req-%" PRIu64, S->lines);
@@ -1734,7 +1728,7 @@ static void serve_ready(serve_ctx *S) {
 // Returns 1 when fd_out failed (the reader went away).
 static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->out.fd = fd_out;
-    S->t_start = serve_now();
+    S->t_start = moet_now();
     serve_ready(S);
     S->allocs_at_ready = arena_stats.allocs;
     int stopping = 0, cancelled_all = 0;
@@ -2018,7 +2012,7 @@ static int cmd_serve(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);   // a closed stdout is reported by write(), not fatal
 
-    double t0 = serve_now();
+    double t0 = moet_now();
     moet_err e = {{0}};
     static ck_model m;
     static serve_tok st;
@@ -2065,7 +2059,7 @@ static int cmd_serve(int argc, char **argv) {
     if (tok_scratch_init(&st.sc, &st.sc_mem, S.prompt_cap, &e)) goto fail;
     fprintf(stderr, "moet serve: %s (%s experts, vocab %d) ready in %.2f s: context %d, %d sequences, %d tokens per step, "
             "queue %d, %d thread%s; host memory: engine %.1f MiB, server %.1f MiB\n",
-            cfg.model_name, m.expert_format, m.cfg.vocab, serve_now() - t0, max_len, seqs, batch, queue, threads,
+            cfg.model_name, m.expert_format, m.cfg.vocab, moet_now() - t0, max_len, seqs, batch, queue, threads,
             threads > 1 ? "s" : "", r.mem.cap / 1048576.0, S.mem.cap / 1048576.0);
     arena_freeze();   // from the ready line on, nothing is allocated
     rc = serve_run(&S, 0, 1);
@@ -2092,12 +2086,6 @@ done:
 // ==========================================================================================
 
 // ---- moet run: the reference forward over token ids --------------------------------------
-
-static double moet_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // Token ids from text: a JSON array or integers separated by commas and/or whitespace.
 // Returns the count, or -1 with e set. out has room for cap ids.

@@ -75,3 +75,10 @@ static int size_add(size_t a, size_t b, size_t *out) {
     *out = a + b;
     return 0;
 }
+
+// Seconds on the monotonic clock (for rates and timings; never for protocol values).
+static double moet_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

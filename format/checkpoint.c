@@ -56,7 +56,6 @@ static float ck_f32(const uint8_t *p) {
 // ---- config ------------------------------------------------------------------------------
 
 typedef struct {
-    char model_type[64];
     int hidden;                 // H
     int n_layers;               // L
     int vocab;                  // V (embedding / lm_head rows)
@@ -115,7 +114,6 @@ static int ck_config_parse(ck_config *c, const js_doc *d, const char *path, moet
                        shown && shown->type == JS_STR ? "'" : "", shown && shown->type == JS_STR ? shown->str : "absent",
                        shown && shown->type == JS_STR ? "'" : "");
     }
-    snprintf(c->model_type, sizeof c->model_type, "qwen3_5_moe");
     const js_node *t = tc ? tc : root;
     const int64_t BIG = 1 << 30;
     if (ck_int_field(d, t, "hidden_size", 2048, 16, MOET_MAX_HIDDEN, &c->hidden, path, e) ||

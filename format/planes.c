@@ -562,12 +562,6 @@ static int pf_pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
     return 0;
 }
 
-static double pf_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int pf_ncpu(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > MOET_PF_MAX_THREADS ? MOET_PF_MAX_THREADS : (int)n;
@@ -585,7 +579,7 @@ static void pf_progress_start(pf_progress *p, const char *what) {
     p->what = what;
     p->tty = isatty(2);
     p->last_tenth = -1;
-    p->t0 = pf_now();
+    p->t0 = moet_now();
 }
 
 // done/total units; rate text (e.g. "1.52 GB/s") formed by the caller.
@@ -791,7 +785,7 @@ static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, int progr
             b->next_write++;
             pthread_cond_broadcast(&b->cv);
         }
-        double now = pf_now();
+        double now = moet_now();
         if (progress && now - t_last >= 0.5) {
             t_last = now;
             uint64_t done = b->next_write;
@@ -806,7 +800,7 @@ static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, int progr
     for (int t = 0; t < n_started; t++) pthread_join(tid[t], NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
-    *secs = pf_now() - pr.t0;
+    *secs = moet_now() - pr.t0;
     if (b->failed) return -1;
     if (progress) {
         char rate[64];
@@ -1209,7 +1203,7 @@ static int pf_verify_slots(pf_file *f, int threads, int progress, FILE *log, pf_
     for (;;) {
         uint64_t done = atomic_load(&v.bytes_done);
         if (done >= total) break;
-        double now = pf_now();
+        double now = moet_now();
         if (progress && now - t_last >= 0.25) {
             t_last = now;
             char rate[64];
@@ -1220,7 +1214,7 @@ static int pf_verify_slots(pf_file *f, int threads, int progress, FILE *log, pf_
         nanosleep(&ts, NULL);
     }
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
-    double secs = pf_now() - pr.t0;
+    double secs = moet_now() - pr.t0;
     if (progress) {
         char rate[64];
         snprintf(rate, sizeof rate, "bytes, %.2f GB/s", (double)total / 1e9 / (secs + 1e-9));

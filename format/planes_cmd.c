@@ -192,7 +192,7 @@ static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *
         uint64_t d = atomic_load(&done);
         int busy = atomic_load(&next) < L->n_slots;
         char rate[48];
-        double dt = pf_now() - pr.t0;
+        double dt = moet_now() - pr.t0;
         snprintf(rate, sizeof rate, "%.2f GB/s", dt > 0 ? (double)d * L->slot_bytes / dt / 1e9 : 0.0);
         if (o->progress) pf_progress_show(&pr, d, L->n_slots, rate, !busy);
         if (!busy) break;

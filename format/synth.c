@@ -385,7 +385,7 @@ static int cmd_synth(int argc, char **argv) {
         total += L.t[i].bytes;
     }
     fprintf(stderr, "synth: %u tensors, %.2f GB in %u shard%s -> %s\n", n, (double)total / 1e9, n_shards, n_shards > 1 ? "s" : "", out);
-    double t0 = pf_now();
+    double t0 = moet_now();
     uint64_t done = 0;
     pf_progress pr;
     pf_progress_start(&pr, "synth");
@@ -415,7 +415,7 @@ static int cmd_synth(int argc, char **argv) {
                 if (stw_commit(&f, k, &e)) break;
                 left -= k;
                 done += k;
-                double now = pf_now();
+                double now = moet_now();
                 if (now - t_last >= 0.5) {
                     t_last = now;
                     char rate[64];
@@ -434,7 +434,7 @@ static int cmd_synth(int argc, char **argv) {
     }
     {
         char rate[64];
-        snprintf(rate, sizeof rate, "bytes, %.2f GB/s", (double)total / 1e9 / (pf_now() - t0 + 1e-9));
+        snprintf(rate, sizeof rate, "bytes, %.2f GB/s", (double)total / 1e9 / (moet_now() - t0 + 1e-9));
         pf_progress_show(&pr, total, total, rate, 1);
     }
     // the index: weight_map in file order
@@ -468,8 +468,8 @@ static int cmd_synth(int argc, char **argv) {
         arena_sys_free(buf, cap);
         if (bad) { fprintf(stderr, "moet synth: %s: cannot write: %s\n", path, strerror(errno)); goto out_q; }
     }
-    fprintf(stderr, "synth: wrote %s: %u tensors, %" PRIu64 " bytes in %.1f s (%.2f GB/s)\n", out, n, total, pf_now() - t0,
-            (double)total / 1e9 / (pf_now() - t0 + 1e-9));
+    fprintf(stderr, "synth: wrote %s: %u tensors, %" PRIu64 " bytes in %.1f s (%.2f GB/s)\n", out, n, total, moet_now() - t0,
+            (double)total / 1e9 / (moet_now() - t0 + 1e-9));
     rc = 0;
 out_q:
     if (mem) arena_sys_free(mem, mem_bytes);
