@@ -6,6 +6,9 @@
 #                       "N passed, M failed" over all of them; exit status 0 only when M = 0
 #   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
+#   ./build.sh test-gpu run the GPU tests (tests/test_gpu.c: the whole model on the GPU against the goldens
+#                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU
+#   ./build.sh cubins   rebuild the kernels' cubins and PTX (sass/moet.*) with nvcc, whatever the stamp says
 #   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
 #                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,
 #                       or $UCD_DIR), and the NFC subset of its NormalizationTest.txt for the tests;
@@ -25,6 +28,60 @@ LIBS="-lcrypto -ldl -lpthread -lm"
 
 build_moet() {
     $CC $CFLAGS -o moet moet.c $LIBS
+}
+
+# The kernels: sass/all.cu (every sass/*.cu) compiled by nvcc to one cubin per architecture and a
+# PTX fallback. They are committed and embedded in ./moet by gpu/kernels.c (.incbin), so a machine
+# with only the NVIDIA driver runs them and a machine with no CUDA toolkit still builds.
+# sass/moet.stamp holds the SHA-256 of the sources and of `nvcc --version`: the images are rebuilt
+# only when a source (or the compiler) changed, and only where nvcc is present.
+NVCC=${NVCC:-nvcc}
+SASS_ARCHS="90 120 121"
+# -O3: device code at full optimisation; -cubin -arch=sm_XX: machine code for exactly that GPU
+# (sm_90 H100/H200, sm_120 RTX 50xx / RTX PRO 6000, sm_121 GB10); -ptx -arch=compute_90: PTX the
+# driver compiles for any other GPU of compute capability 9.0 or newer
+NVCC_FLAGS="-O3 -std=c++17"
+sass_stamp() {
+    { cat sass/*.cu sass/*.cuh sass/gpu_abi.h; "$NVCC" --version; echo "$NVCC_FLAGS $SASS_ARCHS"; } | sha256sum | cut -d' ' -f1
+}
+sass_compile() {   # into directory $1
+    local out=$1 a pids=() rc=0
+    mkdir -p "$out"
+    for a in $SASS_ARCHS; do
+        "$NVCC" $NVCC_FLAGS -cubin -arch=sm_$a -o "$out/moet.sm_$a.cubin" sass/all.cu & pids+=($!)
+    done
+    "$NVCC" $NVCC_FLAGS -ptx -arch=compute_90 -o "$out/moet.compute_90.ptx" sass/all.cu & pids+=($!)
+    for a in "${pids[@]}"; do wait "$a" || rc=1; done
+    return $rc
+}
+build_cubins() {
+    if ! command -v "$NVCC" >/dev/null; then
+        echo "build.sh: no nvcc: using the committed kernels in sass/" >&2
+        return 0
+    fi
+    local stamp
+    stamp=$(sass_stamp)
+    if [ "${1:-}" != force ] && [ "$(cat sass/moet.stamp 2>/dev/null)" = "$stamp" ]; then return 0; fi
+    echo "build.sh: compiling the kernels (nvcc)" >&2
+    sass_compile sass
+    echo "$stamp" > sass/moet.stamp
+}
+# ./build.sh test: the committed images must be exactly what the sources give (nvcc is deterministic)
+check_cubins() {
+    if ! command -v "$NVCC" >/dev/null; then
+        echo "build.sh: no nvcc: the committed kernels were not rebuilt to compare" >&2
+        return 0
+    fi
+    rm -rf build/sass-check
+    sass_compile build/sass-check
+    local f bad=0
+    for f in build/sass-check/*; do
+        if ! cmp -s "$f" "sass/$(basename "$f")"; then
+            echo "build.sh: sass/$(basename "$f") differs from what the sources in sass/ give: run ./build.sh and commit it" >&2
+            bad=1
+        fi
+    done
+    return $bad
 }
 
 # The bundled demo model's routed experts as a plane file: `moet serve` without --model serves
@@ -121,10 +178,20 @@ gen_unicode() {
         > tests/fixtures/unicode/nfc_tests.txt
 }
 
+# The GPU tests are tests/test_gpu.c: under `./build.sh test` they say they did not run when there
+# is no GPU; here a missing GPU is a failure (MOET_REQUIRE_GPU=1).
+run_gpu_tests() {
+    mkdir -p build
+    $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o build/test_gpu tests/test_gpu.c $LIBS
+    MOET_REQUIRE_GPU=1 build/test_gpu
+}
+
 case "${1:-}" in
-    "") build_moet && build_demo_planes ;;
-    test) build_moet && build_demo_planes && build_tests && run_tests ;;
+    "") build_cubins && build_moet && build_demo_planes ;;
+    test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests ;;
+    test-gpu) build_cubins && build_moet && build_demo_planes && run_gpu_tests ;;
+    cubins) build_cubins force ;;
     fuzz) build_fuzz && run_fuzz ;;
     unicode) gen_unicode ;;
-    *) echo "usage: ./build.sh [test|fuzz|unicode]" >&2; exit 2 ;;
+    *) echo "usage: ./build.sh [test|test-gpu|cubins|fuzz|unicode]" >&2; exit 2 ;;
 esac

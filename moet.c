@@ -28,12 +28,19 @@
 #include <time.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <dlfcn.h>
 
 // defines: every fixed limit (MOET_MAX_*)
 #include "arena/limits.h"
 // defines: moet_err, err_set, MOET_ASSERT, moet_die, checked size arithmetic
 #include "arena/base.c"
-// defines: arena (measure / init / take), arena_map_file, the allocation counter
+// defines: gpu_open, gpu_device, cu (the Driver API table, dlopen), CU_CHECK
+#include "gpu/cuda.c"
+// defines: gpu_kernels (the embedded cubins, the kernel table K_*), gpu_launch
+#include "gpu/kernels.c"
+// defines: gpu_mat (a weight matrix on the device), GPU_W_*, GPU_KV_*, GPU_KV_PAGE: shared with sass/
+#include "sass/gpu_abi.h"
+// defines: arena (host, pinned, device: measure / init / take), arena_map_file, the allocation counter
 #include "arena/arena.c"
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
@@ -625,6 +632,11 @@ static engine_backend ref_backend(ref_engine *r) {
     engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, ref_backend_reset, ref_backend_step};
     return b;
 }
+
+// defines: gpu_engine (device arenas, weights, KV pages, GDN state), gpu_init, gpu_step, gpu_seq_start/end
+#include "gpu/engine.c"
+// defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy stream)
+#include "gpu/pool.c"
 
 // defines: chat_render (the Qwen3.6 chat template), chat_split_* (reasoning/content splitter)
 #include "format/chat.c"

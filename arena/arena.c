@@ -3,13 +3,20 @@
 // The same carving code runs twice: first on a measuring arena (base == NULL), which only
 // adds up sizes and alignments, then on a real arena allocated with exactly that total.
 // So the plan and the carve cannot drift apart, and arena_done() asserts they agree.
+// Three kinds share the carve code: host memory (mmap), pinned host memory (cuMemHostAlloc,
+// for copies to and from the GPU) and device memory (cuMemAlloc; base is the device address,
+// carved like any other, never dereferenced on the host).
 //
 // Every allocation of the process goes through arena_sys_alloc / arena_map_file and is
 // counted. After the `ready` line the counter is frozen: arena_freeze() makes any later
 // allocation abort, and a test reads arena_stats to prove nothing was allocated.
 
+enum { ARENA_HOST, ARENA_PINNED, ARENA_DEVICE };
+static const char *const arena_kind_name[] = {"host", "pinned", "device"};
+
 typedef struct {
     const char *name;   // what it holds, for the plan printout and errors
+    int kind;           // ARENA_*
     uint8_t *base;      // NULL while measuring
     size_t cap;         // bytes (0 while measuring)
     size_t used;        // bytes carved so far (including alignment gaps)
@@ -18,6 +25,8 @@ typedef struct {
 static struct {
     uint64_t allocs;    // successful system allocations (malloc/mmap) since start
     uint64_t bytes;     // their total size
+    uint64_t pinned_allocs, pinned_bytes;   // cuMemHostAlloc
+    uint64_t device_allocs, device_bytes;   // cuMemAlloc
     int frozen;         // set by arena_freeze(): any further allocation is a bug
 } arena_stats;
 
@@ -40,13 +49,16 @@ static void arena_sys_free(void *p, size_t bytes) {
 }
 
 static arena arena_measure(const char *name) {
-    arena a = {name, NULL, 0, 0};
+    arena a = {name, ARENA_HOST, NULL, 0, 0};
     return a;
 }
+
+
 
 // Allocates a real arena of `cap` bytes (from a measuring pass). Returns -1 on refusal.
 static int arena_init(arena *a, const char *name, size_t cap, moet_err *e) {
     a->name = name;
+    a->kind = ARENA_HOST;
     a->used = 0;
     a->cap = cap;
     a->base = arena_sys_alloc(cap, name);
@@ -57,8 +69,49 @@ static int arena_init(arena *a, const char *name, size_t cap, moet_err *e) {
     return 0;
 }
 
+// A pinned-host or device allocation of `bytes`, counted and frozen like host ones. Returns
+// NULL when the driver refuses (out of memory): the caller says what did not fit.
+static uint8_t *arena_gpu_alloc(int kind, size_t bytes, const char *what) {
+    MOET_ASSERT(!arena_stats.frozen, "%s allocation of %zu bytes for %s after ready", arena_kind_name[kind], bytes, what);
+    if (bytes == 0) bytes = 1;
+    if (kind == ARENA_PINNED) {
+        void *p = NULL;
+        if (cu.cuMemHostAlloc(&p, bytes, GPU_MEMHOSTALLOC_PORTABLE)) return NULL;
+        arena_stats.pinned_allocs++;
+        arena_stats.pinned_bytes += bytes;
+        return p;
+    }
+    CUdeviceptr d = 0;
+    if (cu.cuMemAlloc(&d, bytes)) return NULL;
+    arena_stats.device_allocs++;
+    arena_stats.device_bytes += bytes;
+    return (uint8_t *)(uintptr_t)d;
+}
+
+// Allocates a real arena of `cap` bytes of `kind` (from a measuring pass). -1 on refusal.
+// MOET_POISON fills it with 0xff bytes (a NaN in every float) on the device too.
+static int arena_init_kind(arena *a, const char *name, int kind, size_t cap, moet_err *e) {
+    if (kind == ARENA_HOST) {
+        return arena_init(a, name, cap, e);
+    }
+    a->name = name;
+    a->kind = kind;
+    a->used = 0;
+    a->cap = cap;
+    a->base = arena_gpu_alloc(kind, cap, name);
+    if (!a->base)
+        return err_set(e, "cannot allocate %.2f GiB of %s memory for the %s arena", (double)cap / (1u << 30), arena_kind_name[kind], name);
+#ifdef MOET_POISON
+    if (kind == ARENA_PINNED) memset(a->base, 0xff, cap);
+    else CU_CHECK(cu.cuMemsetD8((CUdeviceptr)(uintptr_t)a->base, 0xff, cap));
+#endif
+    return 0;
+}
+
 static void arena_release(arena *a) {
-    if (a->base) arena_sys_free(a->base, a->cap);
+    if (a->base && a->kind == ARENA_PINNED) CU_CHECK(cu.cuMemFreeHost(a->base));
+    else if (a->base && a->kind == ARENA_DEVICE) CU_CHECK(cu.cuMemFree((CUdeviceptr)(uintptr_t)a->base));
+    else if (a->base) arena_sys_free(a->base, a->cap);
     a->base = NULL;
     a->cap = a->used = 0;
 }

@@ -1,0 +1,604 @@
+// gpu/engine.c — the device forward pass: arenas planned at boot, dense weights uploaded in their
+// stored precision, the routed experts resident (plane slot pool or checkpoint formats), a
+// paged KV cache, per-slot GDN state, and one batched step as a fixed sequence of kernel
+// launches on the compute stream.
+//
+// The math is the reference forward's (ref_forward in moet.c), op for op; each kernel's CPU
+// twin is named in its sass/ header. Activations are fp32 (DESIGN numerics: fp32 accumulation,
+// norms and state; the weights, which are what decode reads, stay in their stored precision and
+// are decoded in registers).
+//
+// Dimension letters: T tokens of the step (≤ Tm = max_tokens), H hidden, E experts, K top-k,
+// I expert width, SI shared expert width, V vocab, n rows (sequences) of the step.
+
+typedef struct {
+    gpu_mat in_norm, post_norm;
+    gpu_mat q, k, v, o, q_norm, k_norm;                 // gated attention
+    gpu_mat qkv, z, b, a, conv, A_log, dt_bias, gnorm, out;   // Gated DeltaNet
+    gpu_mat router, sh_gate, sh_up, sh_down, sh_gate_w;
+    CUdeviceptr experts;                                // [E, 3] gpu_mat: gate, up, down of each routed expert
+} gpu_layer;
+
+typedef struct {
+    int max_seqs, max_len, max_tokens;   // slots, tokens per sequence, tokens per step
+    int kv_dtype;                        // GPU_KV_*
+    size_t kv_pages;                     // 0: as many as max_seqs sequences of max_len need
+} gpu_opts;
+
+typedef struct {
+    gpu_device dev;
+    gpu_kernels k;
+    const ck_model *m;
+    gpu_opts o;
+    CUstream compute, copy;
+    // arenas (DESIGN memory table)
+    arena weights, pool, kv, state, act, pinned, host;
+    gpu_layer *layers;               // [L] host copies of the descriptors
+    gpu_mat embed, final_norm, lm_head;
+    CUdeviceptr inv_freq;            // [rot / 2] f32
+    // expert pool: one slot per (layer, expert) of the plane file, or NULL (checkpoint experts)
+    uint64_t slot_stride, n_slots;
+    // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
+    size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
+    int bt_stride;                   // blocks per sequence = ceil(max_len / page)
+    CUdeviceptr kc, vc;              // [n_full, n_pages, page, kvd]
+    CUdeviceptr bt;                  // [max_seqs, bt_stride] int32
+    int32_t *bt_host;                // [max_seqs, bt_stride]
+    int32_t *free_pages;             // stack of free page ids
+    size_t n_free;
+    int *seq_pages;                  // [max_seqs] pages held
+    int *pos;                        // [max_seqs] tokens in each sequence
+    // GDN state per slot: conv windows [n_gdn, Kc − 1, cd] and S [n_gdn, nv, dk, dv], f32
+    CUdeviceptr win, ssm;
+    size_t win_slot, ssm_slot;       // floats per slot
+    int *kind_index;                 // [L] index among attention or GDN layers
+    // activations (Tm rows)
+    CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
+    CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
+    int32_t *meta_host;              // pinned
+    float *logits_host;              // pinned [Tm, V]
+    size_t meta_ints;
+    double bytes_per_token;          // weight bytes a batch-1 decode step reads (bench)
+    size_t weight_bytes, pool_bytes;
+} gpu_engine;
+
+// Step metadata, ints, in this order (offsets in units of Tm): ids, tok_slot, tok_pos, out_rows
+// ([Tm] each), then row_slot, row_start, row_len ([max_seqs] each).
+enum { GM_IDS, GM_TOK_SLOT, GM_TOK_POS, GM_OUT_ROWS, GM_ROWS };
+static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
+    if (which < GM_ROWS) return g->meta + (CUdeviceptr)which * g->o.max_tokens * 4;
+    return g->meta + (CUdeviceptr)GM_ROWS * g->o.max_tokens * 4 + (CUdeviceptr)(which - GM_ROWS) * g->o.max_seqs * 4;
+}
+#define GM_ROW_SLOT (GM_ROWS + 0)
+#define GM_ROW_START (GM_ROWS + 1)
+#define GM_ROW_LEN (GM_ROWS + 2)
+
+static size_t gpu_kv_elem(int kv_dtype) { return kv_dtype == GPU_KV_F32 ? 4 : kv_dtype == GPU_KV_BF16 ? 2 : 1; }
+static const char *const gpu_kv_names[] = {"f32", "bf16", "fp8"};
+
+// ---- weights -------------------------------------------------------------------------------
+
+// Bytes of a stored matrix's values and of its scales.
+static size_t gpu_mat_bytes(const ck_mat *m) { return (size_t)m->rows * m->row_bytes; }
+static size_t gpu_scale_bytes(const ck_mat *m) {
+    return m->kind == CK_W_NVFP4 ? (size_t)m->rows * (m->cols / 16) : m->kind == CK_W_PLANES ? (size_t)m->rows * m->cols / 32 : 0;
+}
+
+// Carves room for one matrix in the weight arena and, on the real pass, copies it there.
+static gpu_mat gpu_put(arena *a, const ck_mat *m, const char *what) {
+    gpu_mat d;
+    memset(&d, 0, sizeof d);
+    uint8_t *w = arena_take(a, gpu_mat_bytes(m), 256, what);
+    uint8_t *s = gpu_scale_bytes(m) ? arena_take(a, gpu_scale_bytes(m), 256, what) : NULL;
+    if (!a->base) return d;
+    CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)w, m->w, gpu_mat_bytes(m)));
+    if (s) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)s, m->scale, gpu_scale_bytes(m)));
+    d.w = (uintptr_t)w;
+    d.scale = (uintptr_t)s;
+    d.row_bytes = m->row_bytes;
+    d.kind = m->kind;
+    d.rows = m->rows;
+    d.cols = m->cols;
+    d.s = m->kind == CK_W_FP8 || m->kind == CK_W_NVFP4 ? m->s : 1.f;
+    return d;
+}
+
+_Static_assert((int)CK_W_BF16 == (int)GPU_W_BF16 && (int)CK_W_F16 == (int)GPU_W_F16 && (int)CK_W_F32 == (int)GPU_W_F32 &&
+                   (int)CK_W_FP8 == (int)GPU_W_FP8 && (int)CK_W_NVFP4 == (int)GPU_W_NVFP4 && (int)CK_W_PLANES == (int)GPU_W_PLANES,
+               "weight kinds agree");
+_Static_assert(sizeof(gpu_mat) == 48, "gpu_mat is 48 bytes on both sides");
+
+// Whether k_linear / row_dot can take this matrix (sass/common.cuh's requirements).
+static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {
+    int need = m->kind == CK_W_F32 ? 4 : m->kind == CK_W_BF16 || m->kind == CK_W_F16 ? 8 : 16;
+    if (m->kind == CK_W_PLANES) need = 64;
+    if (m->cols % need || m->row_bytes % 16 || (m->kind == CK_W_PLANES && m->rows % 16))
+        return err_set(e, "%s [%d, %d] (%s): the GPU kernels need in_features divisible by %d", what, m->rows, m->cols,
+                       m->kind == CK_W_PLANES ? "planes" : ck_algo_name(m->kind == CK_W_FP8 ? CK_Q_FP8 : m->kind == CK_W_NVFP4 ? CK_Q_NVFP4 : CK_Q_NONE),
+                       need);
+    return 0;
+}
+
+// Every dense weight (and the routed experts unless a pool holds them), in model order.
+static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
+    const ck_model *m = g->m;
+    const ck_config *c = &m->cfg;
+    g->embed = gpu_put(a, &m->embed, "embedding");
+    g->final_norm = gpu_put(a, &m->final_norm, "final norm");
+    g->lm_head = gpu_put(a, &m->lm_head, "lm_head");
+    float *inv = arena_take(a, sizeof(float) * (size_t)(c->rot_dim / 2 + 1), 256, "rotary frequencies");
+    if (a->base) {
+        float tmp[MOET_MAX_HEAD_DIM / 2 + 1];
+        for (int i = 0; i < c->rot_dim / 2; i++) tmp[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rot_dim);
+        CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)inv, tmp, sizeof(float) * (size_t)(c->rot_dim / 2 + 1)));
+        g->inv_freq = (uintptr_t)inv;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const ck_layer *L = &m->layers[l];
+        gpu_layer *G = a->base ? &g->layers[l] : &(gpu_layer){0};
+        G->in_norm = gpu_put(a, &L->in_norm, "norms");
+        G->post_norm = gpu_put(a, &L->post_norm, "norms");
+        if (c->full_attn[l]) {
+            G->q = gpu_put(a, &L->q, "attention");
+            G->k = gpu_put(a, &L->k, "attention");
+            G->v = gpu_put(a, &L->v, "attention");
+            G->o = gpu_put(a, &L->o, "attention");
+            G->q_norm = gpu_put(a, &L->q_norm, "attention");
+            G->k_norm = gpu_put(a, &L->k_norm, "attention");
+        } else {
+            G->qkv = gpu_put(a, &L->qkv, "gdn");
+            G->z = gpu_put(a, &L->z, "gdn");
+            G->b = gpu_put(a, &L->b, "gdn");
+            G->a = gpu_put(a, &L->a, "gdn");
+            G->conv = gpu_put(a, &L->conv, "gdn");
+            G->A_log = gpu_put(a, &L->A_log, "gdn");
+            G->dt_bias = gpu_put(a, &L->dt_bias, "gdn");
+            G->gnorm = gpu_put(a, &L->gnorm, "gdn");
+            G->out = gpu_put(a, &L->out, "gdn");
+        }
+        G->router = gpu_put(a, &L->router, "router");
+        G->sh_gate = gpu_put(a, &L->sh_gate, "shared expert");
+        G->sh_up = gpu_put(a, &L->sh_up, "shared expert");
+        G->sh_down = gpu_put(a, &L->sh_down, "shared expert");
+        G->sh_gate_w = gpu_put(a, &L->sh_gate_w, "shared expert");
+        gpu_mat *tab = arena_take(a, sizeof(gpu_mat) * 3 * (size_t)c->n_experts, 256, "expert table");
+        if (a->base) G->experts = (uintptr_t)tab;
+        if (experts_here)
+            for (int x = 0; x < c->n_experts; x++) {
+                gpu_mat t3[3] = {gpu_put(a, &L->gate[x], "routed experts"), gpu_put(a, &L->up[x], "routed experts"),
+                                 gpu_put(a, &L->down[x], "routed experts")};
+                if (a->base) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(tab + 3 * x), t3, sizeof t3));
+            }
+    }
+}
+
+// ---- the plan -------------------------------------------------------------------------------
+
+static void gpu_carve_act(gpu_engine *g, arena *a) {
+    const ck_config *c = &g->m->cfg;
+    size_t Tm = (size_t)g->o.max_tokens, H = (size_t)c->hidden, K = (size_t)c->topk;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t projw = 2 * qd > (size_t)c->conv_dim ? 2 * qd : (size_t)c->conv_dim;
+    size_t corew = qd > (size_t)c->value_dim ? qd : (size_t)c->value_dim;
+#define GPU_TAKE(field, count, what)                                                       \
+    do {                                                                                   \
+        uint8_t *p_ = arena_take(a, sizeof(float) * (size_t)(count), 256, what);          \
+        if (a->base) g->field = (uintptr_t)p_;                                             \
+    } while (0)
+    GPU_TAKE(x, Tm * H, "residual");
+    GPU_TAKE(xn, Tm * H, "normed input");
+    GPU_TAKE(y, Tm * H, "sublayer output");
+    GPU_TAKE(proj, Tm * projw, "projections");
+    GPU_TAKE(kk, Tm * kvd, "keys");
+    GPU_TAKE(vv, Tm * kvd, "values");
+    GPU_TAKE(core, Tm * corew, "mixer output");
+    GPU_TAKE(zz, Tm * c->value_dim, "GDN gate");
+    GPU_TAKE(bb, Tm * c->lv_heads, "GDN beta");
+    GPU_TAKE(aa, Tm * c->lv_heads, "GDN decay");
+    GPU_TAKE(rl, Tm * c->n_experts, "router logits");
+    GPU_TAKE(sel, Tm * K, "routing");
+    GPU_TAKE(selw, Tm * K, "routing weights");
+    GPU_TAKE(eh, Tm * K * c->inter, "expert activations");
+    GPU_TAKE(ye, Tm * K * H, "expert outputs");
+    GPU_TAKE(sg, Tm * c->shared_inter, "shared gate");
+    GPU_TAKE(su, Tm * c->shared_inter, "shared up");
+    GPU_TAKE(sh, Tm * H, "shared output");
+    GPU_TAKE(sgate, Tm, "shared expert gate");
+    GPU_TAKE(logits, Tm * c->vocab, "logits");
+    GPU_TAKE(meta, (size_t)GM_ROWS * Tm + 3 * (size_t)g->o.max_seqs, "step metadata");
+#undef GPU_TAKE
+}
+
+static void gpu_carve_state(gpu_engine *g, arena *a) {
+    const ck_config *c = &g->m->cfg;
+    g->win_slot = (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim;
+    g->ssm_slot = (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim;
+    uint8_t *w = arena_take(a, sizeof(float) * g->win_slot * g->o.max_seqs + 4, 256, "conv windows");
+    uint8_t *s = arena_take(a, sizeof(float) * g->ssm_slot * g->o.max_seqs + 4, 256, "GDN states");
+    if (a->base) g->win = (uintptr_t)w, g->ssm = (uintptr_t)s;
+}
+
+static void gpu_carve_kv(gpu_engine *g, arena *a) {
+    const ck_config *c = &g->m->cfg;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
+    uint8_t *k = arena_take(a, per * g->n_pages + 4, 256, "KV keys");
+    uint8_t *v = arena_take(a, per * g->n_pages + 4, 256, "KV values");
+    uint8_t *bt = arena_take(a, sizeof(int32_t) * (size_t)g->o.max_seqs * g->bt_stride, 256, "block table");
+    if (a->base) g->kc = (uintptr_t)k, g->vc = (uintptr_t)v, g->bt = (uintptr_t)bt;
+}
+
+static void gpu_carve_pinned(gpu_engine *g, arena *a) {
+    size_t Tm = (size_t)g->o.max_tokens;
+    g->meta_ints = (size_t)GM_ROWS * Tm + 3 * (size_t)g->o.max_seqs;
+    g->meta_host = arena_take(a, sizeof(int32_t) * g->meta_ints, 256, "step metadata");
+    g->logits_host = arena_take(a, sizeof(float) * Tm * g->m->cfg.vocab, 256, "logits");
+}
+
+static void gpu_carve_host(gpu_engine *g, arena *a) {
+    const ck_config *c = &g->m->cfg;
+    REF_TAKE(a, g->layers, c->n_layers, "layer descriptors");
+    REF_TAKE(a, g->kind_index, c->n_layers, "layer index");
+    REF_TAKE(a, g->bt_host, (size_t)g->o.max_seqs * g->bt_stride, "block table");
+    REF_TAKE(a, g->free_pages, g->n_pages, "free pages");
+    REF_TAKE(a, g->seq_pages, g->o.max_seqs, "pages per sequence");
+    REF_TAKE(a, g->pos, g->o.max_seqs, "positions");
+}
+
+static void gpu_free(gpu_engine *g) {
+    if (!g->dev.ctx) return;
+    gpu_bind(&g->dev);
+    CU_CHECK(cu.cuCtxSynchronize());
+    arena *as[] = {&g->weights, &g->pool, &g->kv, &g->state, &g->act, &g->pinned, &g->host};
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) arena_release(as[i]);
+    if (g->compute) CU_CHECK(cu.cuStreamDestroy(g->compute));
+    if (g->copy) CU_CHECK(cu.cuStreamDestroy(g->copy));
+    if (g->k.mod) CU_CHECK(cu.cuModuleUnload(g->k.mod));
+    gpu_close(&g->dev);
+}
+
+// Prints the plan: bytes per arena, KV capacity in tokens.
+static void gpu_print_plan(const gpu_engine *g, FILE *f) {
+    const arena *as[] = {&g->weights, &g->pool, &g->kv, &g->state, &g->act, &g->pinned, &g->host};
+    fprintf(f, "moet: GPU memory plan:\n");
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++)
+        if (as[i]->cap)
+            fprintf(f, "moet:   %-12s %-7s %10.3f GiB\n", as[i]->name, arena_kind_name[as[i]->kind], (double)as[i]->cap / (1u << 30));
+    fprintf(f, "moet:   KV cache: %zu pages of %d tokens = %zu tokens (%s), %d sequences of up to %d tokens\n", g->n_pages,
+            GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
+}
+
+static int gpu_pool_load(gpu_engine *g, const char *path, const pf_serve_opts *po, moet_err *e);
+
+// Opens the GPU, plans and allocates every arena, uploads the weights and (planes != NULL) loads
+// the routed experts from the plane file into the slot pool. Returns -1 with e set when there is
+// no GPU, the geometry is not supported, or the plan does not fit.
+static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+    memset(g, 0, sizeof *g);
+    g->m = m;
+    g->o = *o;
+    const ck_config *c = &m->cfg;
+    if (o->max_seqs < 1 || o->max_len < 1 || o->max_tokens < 1) return err_set(e, "engine sizes must be positive");
+    if (gpu_open(&g->dev, e)) return -1;
+    // geometry the kernels take (sass/ headers)
+    if (c->hidden % 4 || c->inter % 4 || c->shared_inter % 4 || c->value_dim % 4 || (c->n_heads * c->head_dim) % 4)
+        return err_set(e, "the GPU kernels need hidden, expert, value and attention widths divisible by 4"), gpu_close(&g->dev), -1;
+    if (c->head_dim > 512 || c->topk > 64 || c->n_experts > 1024 || c->conv_k > 8)
+        return err_set(e, "geometry beyond the GPU kernels' limits (head_dim ≤ 512, top-k ≤ 64, experts ≤ 1024, conv ≤ 8)"),
+               gpu_close(&g->dev), -1;
+    {
+        size_t smem = sizeof(float) * ((size_t)c->lk_dim * GPU_GDN_VC + 2 * (size_t)c->lk_dim);
+        if (smem > (size_t)g->dev.smem_optin)
+            return err_set(e, "linear_key_head_dim %d needs %zu bytes of shared memory per block; the GPU has %d", c->lk_dim, smem,
+                           g->dev.smem_optin), gpu_close(&g->dev), -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const ck_layer *L = &m->layers[l];
+        const ck_mat *mats[] = {&L->q, &L->k, &L->v, &L->o, &L->qkv, &L->z, &L->b, &L->a, &L->out, &L->router, &L->sh_gate,
+                                &L->sh_up, &L->sh_down, &L->sh_gate_w};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (mats[i]->w && gpu_mat_check(mats[i], "a layer weight", e)) return gpu_close(&g->dev), -1;
+        if (!planes && (gpu_mat_check(&L->gate[0], "a routed expert", e) || gpu_mat_check(&L->down[0], "a routed expert", e)))
+            return gpu_close(&g->dev), -1;
+    }
+    if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
+    if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
+    CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_RULE], GPU_FUNC_ATTR_MAX_DYN_SMEM, g->dev.smem_optin));
+    CU_CHECK(cu.cuStreamCreate(&g->compute, GPU_STREAM_NON_BLOCKING));
+    CU_CHECK(cu.cuStreamCreate(&g->copy, GPU_STREAM_NON_BLOCKING));
+
+    g->bt_stride = (o->max_len + GPU_KV_PAGE - 1) / GPU_KV_PAGE;
+    // plans: weights, pool, state, activations, pinned, host; the KV cache takes what it needs
+    // (or what --kv-pages says), and must fit in what the device has left.
+    arena pw = arena_measure("weights"), ps = arena_measure("state"), pa = arena_measure("activations"),
+          pp = arena_measure("staging"), ph = arena_measure("engine host");
+    gpu_carve_weights(g, &pw, planes == NULL);
+    gpu_carve_state(g, &ps);
+    gpu_carve_act(g, &pa);
+    gpu_carve_pinned(g, &pp);
+    pf_file pf;
+    memset(&pf, 0, sizeof pf);
+    size_t pool_bytes = 0;
+    if (planes) {
+        pf_serve_opts oo = *po;
+        oo.no_verify = 1;   // the pool loader hashes each slot as it arrives
+        if (pf_open_for_model(&pf, planes, c, m->dir, &oo, e)) return gpu_free(g), -1;
+        g->slot_stride = pf.h.L.slot_stride;
+        g->n_slots = pf.h.L.n_slots;
+        pool_bytes = g->slot_stride * g->n_slots;
+        pf_close(&pf);
+    }
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    g->page_bytes_all = 2 * (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(o->kv_dtype);
+    size_t want_pages = o->kv_pages ? o->kv_pages : (size_t)o->max_seqs * g->bt_stride;
+    if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
+    size_t free_b = 0, total_b = 0;
+    CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
+    size_t fixed = pw.used + pool_bytes + ps.used + pa.used + (64u << 20) * 6;   // + alignment slack per arena
+    size_t headroom = (size_t)1 << 30;   // the driver's own needs (module, graphs, streams)
+    if (fixed + headroom > free_b)
+        return err_set(e, "the model does not fit on %s: weights %.2f GiB + expert pool %.2f GiB + state %.2f GiB + activations %.2f GiB "
+                          "> %.2f GiB free (less --max-num-seqs or --max-batch-tokens?)",
+                       g->dev.name, pw.used / 1073741824.0, pool_bytes / 1073741824.0, ps.used / 1073741824.0,
+                       pa.used / 1073741824.0, free_b / 1073741824.0), gpu_free(g), -1;
+    size_t room = free_b - fixed - headroom, fit = g->page_bytes_all ? room / g->page_bytes_all : want_pages;
+    if (fit < want_pages) {
+        size_t one = (size_t)g->bt_stride;
+        if (fit < one)
+            return err_set(e, "the KV cache does not fit: one sequence of %d tokens needs %.2f GiB, %.2f GiB are left after the weights "
+                              "(lower --max-model-len)", o->max_len, (double)one * g->page_bytes_all / 1073741824.0,
+                           room / 1073741824.0), gpu_free(g), -1;
+        fprintf(stderr, "moet: KV cache limited by GPU memory: %zu of %zu pages (requests wait for room)\n", fit, want_pages);
+        want_pages = fit;
+    }
+    g->n_pages = want_pages;
+    arena pk = arena_measure("kv");
+    gpu_carve_kv(g, &pk);
+    gpu_carve_host(g, &ph);
+    // allocate once, then carve for real
+    if (arena_init_kind(&g->weights, "weights", ARENA_DEVICE, pw.used, e) ||
+        (pool_bytes && arena_init_kind(&g->pool, "expert pool", ARENA_DEVICE, pool_bytes, e)) ||
+        arena_init_kind(&g->kv, "kv cache", ARENA_DEVICE, pk.used, e) || arena_init_kind(&g->state, "state", ARENA_DEVICE, ps.used, e) ||
+        arena_init_kind(&g->act, "activations", ARENA_DEVICE, pa.used, e) ||
+        arena_init_kind(&g->pinned, "staging", ARENA_PINNED, pp.used, e) || arena_init_kind(&g->host, "engine host", ARENA_HOST, ph.used, e))
+        return gpu_free(g), -1;
+    gpu_carve_host(g, &g->host);
+    arena_done(&g->host);
+    double t0 = moet_now();
+    gpu_carve_weights(g, &g->weights, planes == NULL);
+    arena_done(&g->weights);
+    g->weight_bytes = g->weights.cap;
+    fprintf(stderr, "moet: weights on the GPU: %.2f GiB in %.1f s\n", g->weights.cap / 1073741824.0, moet_now() - t0);
+    gpu_carve_state(g, &g->state);
+    arena_done(&g->state);
+    gpu_carve_act(g, &g->act);
+    arena_done(&g->act);
+    gpu_carve_pinned(g, &g->pinned);
+    arena_done(&g->pinned);
+    gpu_carve_kv(g, &g->kv);
+    arena_done(&g->kv);
+    int nf = 0, ng = 0;
+    for (int l = 0; l < c->n_layers; l++) g->kind_index[l] = c->full_attn[l] ? nf++ : ng++;
+    for (size_t i = 0; i < g->n_pages; i++) g->free_pages[i] = (int32_t)(g->n_pages - 1 - i);
+    g->n_free = g->n_pages;
+    for (int s = 0; s < o->max_seqs; s++) g->seq_pages[s] = 0, g->pos[s] = 0;
+    memset(g->bt_host, 0, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride);
+    CU_CHECK(cu.cuMemcpyHtoD(g->bt, g->bt_host, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride));
+    CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
+    CU_CHECK(cu.cuMemsetD8(g->ssm, 0, sizeof(float) * g->ssm_slot * o->max_seqs));
+    if (planes && gpu_pool_load(g, planes, po, e)) return gpu_free(g), -1;
+    // bytes a batch-1 decode step reads: every dense weight but the embedding, top-k experts
+    double expert_b = planes ? (double)(g->slot_stride) * c->topk * c->n_layers : 0;
+    if (!planes)
+        for (int l = 0; l < c->n_layers; l++)
+            expert_b += (double)c->topk * (gpu_mat_bytes(&m->layers[l].gate[0]) + gpu_scale_bytes(&m->layers[l].gate[0])) * 3;
+    double dense = (double)g->weights.cap - (planes ? 0 : expert_b / c->topk * c->n_experts) - gpu_mat_bytes(&m->embed);
+    g->bytes_per_token = dense + expert_b + (double)sizeof(float) * g->ssm_slot * 2;
+    return 0;
+}
+
+// ---- sequences -------------------------------------------------------------------------------
+
+// A new sequence in slot: position 0, zeroed state, pages for `reserve` tokens taken from the
+// free list. 1 when there are not enough free pages (nothing changed).
+static int gpu_seq_start(gpu_engine *g, int slot, int reserve) {
+    MOET_ASSERT(slot >= 0 && slot < g->o.max_seqs && g->seq_pages[slot] == 0, "slot %d is not free", slot);
+    int need = g->m->cfg.n_full ? (reserve + GPU_KV_PAGE - 1) / GPU_KV_PAGE : 0;
+    if (need > g->bt_stride) need = g->bt_stride;
+    if ((size_t)need > g->n_free) return 1;
+    int32_t *row = g->bt_host + (size_t)slot * g->bt_stride;
+    for (int i = 0; i < need; i++) row[i] = g->free_pages[--g->n_free];
+    g->seq_pages[slot] = need;
+    g->pos[slot] = 0;
+    // ordered before the next step on the same stream
+    CU_CHECK(cu.cuMemcpyHtoDAsync(g->bt + (CUdeviceptr)slot * g->bt_stride * 4, row, sizeof(int32_t) * (size_t)need, g->compute));
+    CU_CHECK(cu.cuMemsetD8Async(g->win + (CUdeviceptr)slot * g->win_slot * 4, 0, g->win_slot * 4, g->compute));
+    CU_CHECK(cu.cuMemsetD8Async(g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4, 0, g->ssm_slot * 4, g->compute));
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));   // row is host memory the next admission may rewrite
+    return 0;
+}
+
+static void gpu_seq_end(gpu_engine *g, int slot) {
+    int32_t *row = g->bt_host + (size_t)slot * g->bt_stride;
+    for (int i = g->seq_pages[slot] - 1; i >= 0; i--) g->free_pages[g->n_free++] = row[i];
+    g->seq_pages[slot] = 0;
+    g->pos[slot] = 0;
+}
+
+// ---- one step ------------------------------------------------------------------------------
+
+#define P(v) (void *)&(v)
+
+static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
+    gpu_mat w = *W;
+    gpu_launch(&g->k, K_LINEAR, (gpu_dim){(unsigned)((W->rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)((T + GPU_LIN_TT - 1) / GPU_LIN_TT), 1},
+               256, 0, g->compute, GPU_ARGS(P(w), P(x), P(ldx), P(T), P(y), P(ldy)));
+}
+
+static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
+    const ck_config *c = &g->m->cfg;
+    gpu_mat wv = *w;
+    int H = c->hidden;
+    float eps = (float)c->eps;
+    gpu_launch(&g->k, K_ADD_RMSNORM, (gpu_dim){(unsigned)n, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(x), P(y), P(wv), P(xn), P(rows), P(H), P(eps)));
+}
+
+static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, int T) {
+    const ck_config *c = &g->m->cfg;
+    int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, qd = nh * hd, kvd = kvh * hd, H = c->hidden, rot = c->rot_dim;
+    gpu_linear(g, &G->q, g->xn, H, T, g->proj, 2 * qd);
+    gpu_linear(g, &G->k, g->xn, H, T, g->kk, kvd);
+    gpu_linear(g, &G->v, g->xn, H, T, g->vv, kvd);
+    size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
+    CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
+    gpu_mat qn = G->q_norm, kn = G->k_norm;
+    float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
+    int bts = g->bt_stride;
+    gpu_launch(&g->k, K_ATTN_PREP_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)T, 1, 1}, 128, 0, g->compute,
+               GPU_ARGS(P(g->proj), P(g->kk), P(g->vv), P(qn), P(kn), P(g->inv_freq), P(rot), P(tp), P(ts), P(g->bt), P(bts), P(kc),
+                        P(vc), P(nh), P(kvh), P(hd), P(eps)));
+    gpu_launch(&g->k, K_ATTENTION_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)nh, (unsigned)T, 1}, 128, 0, g->compute,
+               GPU_ARGS(P(g->proj), P(tp), P(ts), P(g->bt), P(bts), P(kc), P(vc), P(g->core), P(nh), P(kvh), P(hd), P(scale)));
+    gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
+}
+
+static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, int T) {
+    const ck_config *c = &g->m->cfg;
+    int H = c->hidden, cd = c->conv_dim, vd = c->value_dim, nv = c->lv_heads, nk = c->lk_heads, dk = c->lk_dim, dv = c->lv_dim,
+        Kc = c->conv_k;
+    gpu_linear(g, &G->qkv, g->xn, H, T, g->proj, cd);
+    gpu_linear(g, &G->z, g->xn, H, T, g->zz, vd);
+    gpu_linear(g, &G->b, g->xn, H, T, g->bb, nv);
+    gpu_linear(g, &G->a, g->xn, H, T, g->aa, nv);
+    size_t gi = (size_t)g->kind_index[layer];
+    CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
+    long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
+    CUdeviceptr rs = gpu_meta(g, GM_ROW_SLOT), r0 = gpu_meta(g, GM_ROW_START), rn = gpu_meta(g, GM_ROW_LEN);
+    gpu_mat conv = G->conv, alog = G->A_log, dtb = G->dt_bias, gn = G->gnorm;
+    gpu_launch(&g->k, K_GDN_CONV, (gpu_dim){(unsigned)((cd + 255) / 256), (unsigned)n, 1}, 256, 0, g->compute,
+               GPU_ARGS(P(g->proj), P(cd), P(conv), P(Kc), P(win), P(win_stride), P(rs), P(r0), P(rn)));
+    unsigned smem = (unsigned)(sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk));
+    gpu_launch(&g->k, K_GDN_RULE, (gpu_dim){(unsigned)nv, (unsigned)n, (unsigned)((dv + GPU_GDN_VC - 1) / GPU_GDN_VC)}, GPU_GDN_VC, smem,
+               g->compute,
+               GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv), P(dk),
+                        P(dv), P(rs), P(r0), P(rn)));
+    float eps = (float)c->eps;
+    gpu_launch(&g->k, K_GATED_NORM, (gpu_dim){(unsigned)nv, (unsigned)T, 1}, 128, 0, g->compute,
+               GPU_ARGS(P(g->core), P(g->zz), P(gn), P(nv), P(dv), P(eps)));
+    gpu_linear(g, &G->out, g->core, vd, T, g->y, H);
+}
+
+static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
+    const ck_config *c = &g->m->cfg;
+    int H = c->hidden, E = c->n_experts, K = c->topk, I = c->inter, SI = c->shared_inter;
+    gpu_linear(g, &G->router, g->xn, H, T, g->rl, E);
+    gpu_launch(&g->k, K_ROUTER, (gpu_dim){(unsigned)T, 1, 1}, 256, (unsigned)(sizeof(float) * E), g->compute,
+               GPU_ARGS(P(g->rl), P(E), P(K), P(g->sel), P(g->selw)));
+    CUdeviceptr ex = G->experts;
+    gpu_launch(&g->k, K_MOE_GATE_UP, (gpu_dim){(unsigned)((I + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)(T * K), 1}, 256, 0, g->compute,
+               GPU_ARGS(P(ex), P(g->sel), P(g->xn), P(H), P(K), P(g->eh), P(I)));
+    gpu_launch(&g->k, K_MOE_DOWN, (gpu_dim){(unsigned)((H + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)(T * K), 1}, 256, 0, g->compute,
+               GPU_ARGS(P(ex), P(g->sel), P(g->eh), P(I), P(g->ye), P(H)));
+    gpu_linear(g, &G->sh_gate, g->xn, H, T, g->sg, SI);
+    gpu_linear(g, &G->sh_up, g->xn, H, T, g->su, SI);
+    int n = T * SI;
+    gpu_launch(&g->k, K_SILU_MUL, (gpu_dim){(unsigned)((n + 255) / 256), 1, 1}, 256, 0, g->compute, GPU_ARGS(P(g->sg), P(g->su), P(g->sg), P(n)));
+    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H);
+    gpu_linear(g, &G->sh_gate_w, g->xn, H, T, g->sgate, 1);
+    gpu_launch(&g->k, K_MOE_COMBINE, (gpu_dim){(unsigned)((H + 255) / 256), (unsigned)T, 1}, 256, 0, g->compute,
+               GPU_ARGS(P(g->ye), P(g->sel), P(g->selw), P(g->sh), P(g->sgate), P(g->y), P(K), P(H)));
+}
+
+// What a step returns: logits of each row's last token, or of every token.
+enum { GPU_OUT_LAST, GPU_OUT_ALL, GPU_OUT_NONE };
+
+// Validates a step against the plan (the same checks as ref_forward). 0 or -1 with e.
+static int gpu_step_check(const gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
+    int T = n > 0 ? off[n] : 0, V = g->m->cfg.vocab;
+    if (n < 1 || n > g->o.max_seqs || off[0] != 0 || T > g->o.max_tokens)
+        return err_set(e, "step of %d tokens in %d rows exceeds the %d tokens planned", T, n, g->o.max_tokens);
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= g->o.max_seqs) return err_set(e, "sequence slot %d out of range", slots[i]);
+        for (int j = 0; j < i; j++)
+            if (slots[j] == slots[i]) return err_set(e, "sequence slot %d appears twice in one step", slots[i]);
+        if (off[i + 1] <= off[i]) return err_set(e, "row %d has no tokens", i);
+        int reach = g->pos[slots[i]] + (off[i + 1] - off[i]);
+        if (reach > g->o.max_len)
+            return err_set(e, "sequence in slot %d would reach %d tokens; the limit is %d", slots[i], reach, g->o.max_len);
+        if (g->m->cfg.n_full && reach > g->seq_pages[slots[i]] * GPU_KV_PAGE)
+            return err_set(e, "sequence in slot %d would reach %d tokens; it holds KV pages for %d", slots[i], reach,
+                           g->seq_pages[slots[i]] * GPU_KV_PAGE);
+    }
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= V) return err_set(e, "token id %d outside the vocabulary [0, %d)", ids[t], V);
+    return 0;
+}
+
+// Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
+// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (n logit rows), GPU_OUT_ALL (off[n] rows).
+// The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
+// test entry's extras (synchronous copies, host buffers as ref_forward's).
+static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, int out, float **hidden,
+                    int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
+    if (gpu_step_check(g, n, slots, ids, off, e)) return -1;
+    const ck_config *c = &g->m->cfg;
+    int T = off[n], H = c->hidden, Tm = g->o.max_tokens;
+    int32_t *mh = g->meta_host;
+    // the previous step's metadata copy must be done before the host rewrites it
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    int nr = 0;
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        for (int t = off[i]; t < off[i + 1]; t++) {
+            mh[GM_IDS * Tm + t] = ids[t];
+            mh[GM_TOK_SLOT * Tm + t] = s;
+            mh[GM_TOK_POS * Tm + t] = g->pos[s] + (t - off[i]);
+            if (out == GPU_OUT_ALL) mh[GM_OUT_ROWS * Tm + nr++] = t;
+        }
+        if (out == GPU_OUT_LAST) mh[GM_OUT_ROWS * Tm + nr++] = off[i + 1] - 1;
+        mh[GM_ROWS * Tm + 0 * g->o.max_seqs + i] = s;
+        mh[GM_ROWS * Tm + 1 * g->o.max_seqs + i] = off[i];
+        mh[GM_ROWS * Tm + 2 * g->o.max_seqs + i] = off[i + 1] - off[i];
+    }
+    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, mh, sizeof(int32_t) * g->meta_ints, g->compute));
+    CUdeviceptr none = 0, idsd = gpu_meta(g, GM_IDS);
+    gpu_mat emb = g->embed;
+    gpu_launch(&g->k, K_EMBED, (gpu_dim){(unsigned)T, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(emb), P(idsd), P(g->x), P(H)));
+    if (hidden) {   // the stream is non-blocking: a plain copy does not wait for it
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(hidden[0], g->x, sizeof(float) * (size_t)T * H));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const gpu_layer *G = &g->layers[l];
+        gpu_norm(g, g->x, l ? g->y : none, &G->in_norm, g->xn, none, T);
+        if (hidden && l) {
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(hidden[l], g->x, sizeof(float) * (size_t)T * H));
+        }
+        if (c->full_attn[l]) gpu_attention_layer(g, G, l, T);
+        else gpu_gdn_layer(g, G, l, n, T);
+        gpu_norm(g, g->x, g->y, &G->post_norm, g->xn, none, T);
+        gpu_moe_layer(g, G, T);
+        if (trace_ids) {
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(trace_ids[l], g->sel, sizeof(int32_t) * (size_t)T * c->topk));
+            CU_CHECK(cu.cuMemcpyDtoH(trace_w[l], g->selw, sizeof(float) * (size_t)T * c->topk));
+        }
+    }
+    for (int i = 0; i < n; i++) g->pos[slots[i]] += off[i + 1] - off[i];
+    *n_out = nr;
+    if (out == GPU_OUT_NONE || nr == 0) return 0;
+    gpu_norm(g, g->x, g->y, &g->final_norm, g->xn, gpu_meta(g, GM_OUT_ROWS), nr);
+    if (hidden) {
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(hidden[c->n_layers], g->xn, sizeof(float) * (size_t)nr * H));
+    }
+    gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab);
+    return 0;
+}
+
+// Copies the logits of the last step (rows [0, nr)) into the pinned buffer and waits.
+static const float *gpu_step_logits(gpu_engine *g, int nr) {
+    CU_CHECK(cu.cuMemcpyDtoHAsync(g->logits_host, g->logits, sizeof(float) * (size_t)nr * g->m->cfg.vocab, g->compute));
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    return g->logits_host;
+}

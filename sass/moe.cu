@@ -1,0 +1,52 @@
+// sass/moe.cu — the routed experts of one layer (MODEL.md §3.6): for each (token t, choice k)
+// pair p = t·K + k with expert x = sel[p],
+//   k_moe_gate_up: h[p, i] = SiLU(gate_x[i] · xn[t]) · (up_x[i] · xn[t])      i < I
+//   k_moe_down:    ye[p, j] = down_x[j] · h[p]                                  j < H
+// and k_moe_combine: y[t, j] = Σ_k w[t, k] · ye[t·K + k, j] (experts in ascending id, as the
+// reference adds them) + sigmoid(sg[t]) · sh[t, j] (the gated shared expert).
+// CPU twin: ref_moe (moet.c). The experts' matrices come from a device table
+// experts[3·x + {0 gate, 1 up, 2 down}] (slot pool planes or checkpoint formats alike).
+//
+// Launch gate_up/down: block 256 (8 warps, one output row each), grid (ceil(rows / 8), T·K).
+// combine: block 256, grid (ceil(H / 256), T). Each pair is computed alone: batch invariant.
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(256) k_moe_gate_up(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
+                                                                 const float *__restrict__ xn, int ldx, int K, float *__restrict__ h, int I) {
+    int i = blockIdx.x * 8 + (threadIdx.x >> 5), p = blockIdx.y;
+    if (i >= I) return;
+    int x = sel[p], t = p / K;
+    gpu_mat G = experts[3 * x], U = experts[3 * x + 1];
+    float g[1], u[1];
+    row_dot<1>(G, i, xn + (size_t)t * ldx, ldx, 1, g);
+    row_dot<1>(U, i, xn + (size_t)t * ldx, ldx, 1, u);
+    if ((threadIdx.x & 31) == 0) h[(size_t)p * I + i] = silu(g[0]) * u[0];
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_moe_down(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
+                                                              const float *__restrict__ h, int I, float *__restrict__ ye, int H) {
+    int j = blockIdx.x * 8 + (threadIdx.x >> 5), p = blockIdx.y;
+    if (j >= H) return;
+    gpu_mat D = experts[3 * sel[p] + 2];
+    float d[1];
+    row_dot<1>(D, j, h + (size_t)p * I, I, 1, d);
+    if ((threadIdx.x & 31) == 0) ye[(size_t)p * H + j] = d[0];
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_moe_combine(const float *__restrict__ ye, const int *__restrict__ sel,
+                                                                 const float *__restrict__ selw, const float *__restrict__ sh,
+                                                                 const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (j >= H) return;
+    const int *s = sel + (size_t)t * K;
+    float acc = 0.f;
+    int last = -1;
+    for (int n = 0; n < K; n++) {   // ascending expert id (ids of one token are distinct)
+        int best = -1;
+        for (int k = 0; k < K; k++)
+            if (s[k] > last && (best < 0 || s[k] < s[best])) best = k;
+        last = s[best];
+        acc += ye[((size_t)t * K + best) * H + j] * selw[(size_t)t * K + best];
+    }
+    y[(size_t)t * H + j] = acc + sigm(sg[t]) * sh[(size_t)t * H + j];
+}
