@@ -2093,6 +2093,9 @@ done:
 }
 
 
+// defines: cmd_bench (moet bench: prefill / decode throughput, bytes per step, achieved GB/s)
+#include "gpu/bench.c"
+
 // ==========================================================================================
 // command line
 // ==========================================================================================
@@ -2312,7 +2315,8 @@ static void moet_usage(FILE *f) {
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
           "  info      print the header of a plane file as JSON\n"
-          "  synth     write a random checkpoint with the tensors a config describes\n"
+          "  bench     prefill and decode throughput on the GPU (or the CPU), bytes per step, GB/s\n"
+        "  synth     write a random checkpoint with the tensors a config describes\n"
           "  tokenize  text lines (JSON strings) to token ids, or back with --decode\n",
           f);
 }
@@ -2329,6 +2333,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
     if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
     if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
     moet_usage(stderr);

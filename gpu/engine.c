@@ -42,6 +42,7 @@ typedef struct {
     size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
     int bt_stride;                   // blocks per sequence = ceil(max_len / page)
     CUdeviceptr kc, vc;              // [n_full, n_pages, page, kvd]
+    CUdeviceptr ks, vs;              // fp8 only: [n_full, n_pages, page, kvh] f32 scales (sass/kv.cuh), else 0
     CUdeviceptr bt;                  // [max_seqs, bt_stride] int32
     int32_t *bt_host;                // [max_seqs, bt_stride]
     int32_t *free_pages;             // stack of free page ids
@@ -58,7 +59,8 @@ typedef struct {
     int32_t *meta_host;              // pinned
     float *logits_host;              // pinned [Tm, V]
     size_t meta_ints;
-    double bytes_per_token;          // weight bytes a batch-1 decode step reads (bench)
+    double dense_bytes;              // weight bytes every decode step reads: all but the embedding and the routed experts
+    double expert_bytes;             // bytes of one routed expert (gate, up, down with scales)
     size_t weight_bytes, pool_bytes;
 } gpu_engine;
 
@@ -218,13 +220,28 @@ static void gpu_carve_state(gpu_engine *g, arena *a) {
     if (a->base) g->win = (uintptr_t)w, g->ssm = (uintptr_t)s;
 }
 
+// Bytes of one page (GPU_KV_PAGE positions) of keys or of values over all attention layers,
+// with the fp8 scales.
+static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype) {
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t b = (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(kv_dtype);
+    if (kv_dtype == GPU_KV_FP8) b += (size_t)c->n_full * GPU_KV_PAGE * c->n_kv_heads * sizeof(float);
+    return b;
+}
+
 static void gpu_carve_kv(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
     size_t kvd = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     uint8_t *k = arena_take(a, per * g->n_pages + 4, 256, "KV keys");
     uint8_t *v = arena_take(a, per * g->n_pages + 4, 256, "KV values");
+    uint8_t *ks = NULL, *vs = NULL;
+    if (g->o.kv_dtype == GPU_KV_FP8) {
+        size_t sc = (size_t)c->n_full * GPU_KV_PAGE * c->n_kv_heads * sizeof(float) * g->n_pages + 4;
+        ks = arena_take(a, sc, 256, "KV key scales");
+        vs = arena_take(a, sc, 256, "KV value scales");
+    }
     uint8_t *bt = arena_take(a, sizeof(int32_t) * (size_t)g->o.max_seqs * g->bt_stride, 256, "block table");
-    if (a->base) g->kc = (uintptr_t)k, g->vc = (uintptr_t)v, g->bt = (uintptr_t)bt;
+    if (a->base) g->kc = (uintptr_t)k, g->vc = (uintptr_t)v, g->ks = (uintptr_t)ks, g->vs = (uintptr_t)vs, g->bt = (uintptr_t)bt;
 }
 
 static void gpu_carve_pinned(gpu_engine *g, arena *a) {
@@ -327,8 +344,7 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
         pool_bytes = g->slot_stride * g->n_slots;
         pf_close(&pf);
     }
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    g->page_bytes_all = 2 * (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(o->kv_dtype);
+    g->page_bytes_all = 2 * gpu_kv_page_bytes(c, o->kv_dtype);
     size_t want_pages = o->kv_pages ? o->kv_pages : (size_t)o->max_seqs * g->bt_stride;
     if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
@@ -386,13 +402,14 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
     CU_CHECK(cu.cuMemsetD8(g->ssm, 0, sizeof(float) * g->ssm_slot * o->max_seqs));
     if (planes && gpu_pool_load(g, planes, po, e)) return gpu_free(g), -1;
-    // bytes a batch-1 decode step reads: every dense weight but the embedding, top-k experts
-    double expert_b = planes ? (double)(g->slot_stride) * c->topk * c->n_layers : 0;
-    if (!planes)
-        for (int l = 0; l < c->n_layers; l++)
-            expert_b += (double)c->topk * (gpu_mat_bytes(&m->layers[l].gate[0]) + gpu_scale_bytes(&m->layers[l].gate[0])) * 3;
-    double dense = (double)g->weights.cap - (planes ? 0 : expert_b / c->topk * c->n_experts) - gpu_mat_bytes(&m->embed);
-    g->bytes_per_token = dense + expert_b + (double)sizeof(float) * g->ssm_slot * 2;
+    // what a decode step reads (moet bench): the dense weights but the embedding (one row per
+    // token), and per routed expert touched its three matrices
+    const ck_layer *L0 = &m->layers[0];
+    g->expert_bytes = planes ? (double)g->slot_stride
+                             : (double)(gpu_mat_bytes(&L0->gate[0]) + gpu_scale_bytes(&L0->gate[0]) + gpu_mat_bytes(&L0->up[0]) +
+                                        gpu_scale_bytes(&L0->up[0]) + gpu_mat_bytes(&L0->down[0]) + gpu_scale_bytes(&L0->down[0]));
+    g->dense_bytes = (double)g->weights.cap - (double)gpu_mat_bytes(&m->embed) -
+                     (planes ? 0 : g->expert_bytes * c->n_experts * c->n_layers);
     return 0;
 }
 
@@ -450,14 +467,16 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     gpu_linear(g, &G->v, g->xn, H, T, g->vv, kvd);
     size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
+    size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
+    CUdeviceptr ks = g->ks ? g->ks + slay : 0, vs = g->vs ? g->vs + slay : 0;
     gpu_mat qn = G->q_norm, kn = G->k_norm;
     float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
     int bts = g->bt_stride;
     gpu_launch(&g->k, K_ATTN_PREP_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)T, 1, 1}, 128, 0, g->compute,
                GPU_ARGS(P(g->proj), P(g->kk), P(g->vv), P(qn), P(kn), P(g->inv_freq), P(rot), P(tp), P(ts), P(g->bt), P(bts), P(kc),
-                        P(vc), P(nh), P(kvh), P(hd), P(eps)));
+                        P(vc), P(ks), P(vs), P(nh), P(kvh), P(hd), P(eps)));
     gpu_launch(&g->k, K_ATTENTION_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)nh, (unsigned)T, 1}, 128, 0, g->compute,
-               GPU_ARGS(P(g->proj), P(tp), P(ts), P(g->bt), P(bts), P(kc), P(vc), P(g->core), P(nh), P(kvh), P(hd), P(scale)));
+               GPU_ARGS(P(g->proj), P(tp), P(ts), P(g->bt), P(bts), P(kc), P(vc), P(ks), P(vs), P(g->core), P(nh), P(kvh), P(hd), P(scale)));
     gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
 }
 

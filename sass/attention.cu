@@ -13,7 +13,8 @@
 template <class KV>
 __device__ void attention(const float *__restrict__ proj, const int *__restrict__ tok_pos, const int *__restrict__ tok_slot,
                           const int *__restrict__ bt, int bt_stride, const typename KV::T *__restrict__ kc,
-                          const typename KV::T *__restrict__ vc, float *__restrict__ core, int nh, int kvh, int hd, float scale) {
+                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
+                          float *__restrict__ core, int nh, int kvh, int hd, float scale) {
     __shared__ float ms[ATT_WARPS], ls[ATT_WARPS];
     __shared__ float accs[ATT_WARPS][512];
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -36,13 +37,20 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
             int d = lane + i * WARP;
             if (i < nd && d < hd) s += qr[i] * KV::get(kc[base + d]);
         }
-        s = warp_sum(s) * scale;
+        float kscale = 1.f, vscale = 1.f;
+        if (KV::scaled) {
+            size_t si = kv_scale_index(btr, tau, kvh, j);
+            kscale = ks[si];
+            vscale = vs[si];
+        }
+        s = warp_sum(s) * kscale * scale;
         float mn = fmaxf(m, s), c = expf(m - mn), e = expf(s - mn);
         l = l * c + e;
+        float ev = e * vscale;
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; i++) {
             int d = lane + i * WARP;
-            if (i < nd && d < hd) acc[i] = acc[i] * c + e * KV::get(vc[base + d]);
+            if (i < nd && d < hd) acc[i] = acc[i] * c + ev * KV::get(vc[base + d]);
         }
         m = mn;
     }
@@ -70,9 +78,9 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
 
 #define ATTENTION(NAME, KV)                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128) NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, \
-                                                           int bt_stride, const void *kc, const void *vc, float *core, int nh, int kvh, \
-                                                           int hd, float scale) {                                                   \
-        attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, core, nh, kvh, hd, scale);    \
+                                                           int bt_stride, const void *kc, const void *vc, const float *ks, const float *vs, \
+                                                           float *core, int nh, int kvh, int hd, float scale) {                     \
+        attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale); \
     }
 ATTENTION(k_attention_f32, kv_f32)
 ATTENTION(k_attention_bf16, kv_bf16)

@@ -33,9 +33,8 @@ static double kv_tol(int kv) { return kv == GPU_KV_F32 ? GPU_TOL_F32 : kv == GPU
 static int argmax_row(const float *x, int n) { return moet_argmax(x, n); }
 
 // A plane file of the model's routed experts under build/ (made once per run by the CLI).
-static const char *planes_of(const char *model_dir, const char *name) {
-    static char path[512];
-    snprintf(path, sizeof path, "build/gpu_%s.planes", name);
+static const char *planes_of(const char *model_dir, const char *name, char *path, size_t cap) {
+    snprintf(path, cap, "build/gpu_%s.planes", name);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "./moet build-planes --model %s --out %s 2>/dev/null", model_dir, path);
     CHECK(system(cmd) == 0, "%s", cmd);
@@ -243,8 +242,9 @@ int main(void) {
     }
     gpu_describe(&d, stdout);
     gpu_close(&d);
-    const char *tiny_pl = planes_of("tests/fixtures/tiny/nvfp4", "tiny");
-    const char *check_pl = planes_of("tests/fixtures/check/nvfp4", "check");
+    char tp[512], cp[512];
+    const char *tiny_pl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp, sizeof tp);
+    const char *check_pl = planes_of("tests/fixtures/check/nvfp4", "check", cp, sizeof cp);
     for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) {
         variant("tests/fixtures/tiny", "bf16", "bf16", NULL, kv);
         variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, kv);

@@ -1,0 +1,247 @@
+// gpu/bench.c — `moet bench`: prefill and decode throughput of a model on the GPU (or the CPU
+// reference), with the bytes a decode step must read and the bandwidth that achieves, next to
+// the device's own copy bandwidth measured in the same run (calm's built-in profiler idea:
+// we know the bytes, so we know how far from the memory roofline we are).
+//
+// Per batch size B: B sequences get a prompt of --prompt random tokens (prefill, timed, in
+// steps of --max-batch-tokens), then are filled to --depth tokens of context (untimed), then
+// decode --gen steps of B tokens each (timed). Tokens are random ids: throughput does not
+// depend on the values (every op's work is fixed by the shapes), except the routed experts,
+// whose touched set at B > 1 follows the router.
+
+typedef struct {
+    const char *model, *planes, *backend;
+    int batches[16], n_batches;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype;
+    pf_serve_opts popt;
+} bench_opts;
+
+static void bench_usage(FILE *f) {
+    fputs("usage: moet bench --model DIR [--planes FILE] [--batch 1,16] [--prompt N] [--gen N] [--depth N] [options]\n"
+          "Prefill and decode throughput per batch size, bytes read per decode step, achieved GB/s and the\n"
+          "device's copy bandwidth measured in the same run.\n"
+          "options:\n"
+          "  --model DIR           checkpoint directory\n"
+          "  --planes FILE         routed experts from this MOET2PF1 plane file (the resident expert pool)\n"
+          "  --no-verify           with --planes: skip the SHA-256 check of every slot\n"
+          "  --batch LIST          batch sizes, comma separated (default 1,16)\n"
+          "  --prompt N            prompt tokens per sequence, prefill timed (default 512)\n"
+          "  --gen N               decode steps timed (default 64)\n"
+          "  --depth N             context length before the timed decode (default: the prompt)\n"
+          "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
+          "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
+          "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
+          "  --threads N           CPU backend: worker threads (default: the cores)\n"
+          "  -h, --help            this text\n",
+          f);
+}
+
+static int bench_kv_dtype(const char *s, int *out) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, gpu_kv_names[i])) { *out = i; return 0; }
+    fprintf(stderr, "moet: --kv-dtype %s: expected bf16, fp8 or f32\n", s);
+    return -1;
+}
+
+// The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
+static double bench_copy_gbs(gpu_engine *g) {
+    size_t n = (size_t)1 << 30;
+    arena a;
+    moet_err e;
+    if (arena_init_kind(&a, "copy probe", ARENA_DEVICE, 2 * n, &e)) return 0;
+    CUevent t0, t1;
+    CU_CHECK(cu.cuEventCreate(&t0, 0));
+    CU_CHECK(cu.cuEventCreate(&t1, 0));
+    CUdeviceptr src = (uintptr_t)a.base, dst = src + n;
+    CU_CHECK(cu.cuMemsetD8(src, 1, n));
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        CU_CHECK(cu.cuEventRecord(t0, g->compute));
+        CU_CHECK(cu.cuMemcpyDtoDAsync(dst, src, n, g->compute));
+        CU_CHECK(cu.cuEventRecord(t1, g->compute));
+        CU_CHECK(cu.cuEventSynchronize(t1));
+        float ms;
+        CU_CHECK(cu.cuEventElapsedTime(&ms, t0, t1));
+        if (i && ms < best) best = ms;   // the first copy warms up
+    }
+    CU_CHECK(cu.cuEventDestroy(t0));
+    CU_CHECK(cu.cuEventDestroy(t1));
+    arena_release(&a);
+    return 2.0 * n / (best / 1e3) / 1e9;
+}
+
+// A backend for the benchmark: the GPU engine or the CPU reference, one step at a time, waited for.
+typedef struct {
+    gpu_engine *g;
+    ref_engine *r;
+    float *cpu_logits;   // [max_seqs, V] (CPU backend)
+} bench_be;
+
+static int bench_step(bench_be *b, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
+    if (b->g) {
+        int nr;
+        if (gpu_step(b->g, n, slots, ids, off, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
+        gpu_step_logits(b->g, nr);   // the logits reach the host, as serving needs them
+        return 0;
+    }
+    return ref_forward(b->r, n, slots, ids, off, b->cpu_logits, 0, NULL, e);
+}
+
+static int cmd_bench(int argc, char **argv) {
+    bench_opts o = {.backend = "auto", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .kv_dtype = GPU_KV_BF16};
+    o.batches[0] = 1, o.batches[1] = 16, o.n_batches = 2;
+    o.popt.progress = 1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 0; }
+        if (!strcmp(a, "--no-verify")) { o.popt.no_verify = 1; continue; }
+        if (!v) { fprintf(stderr, "moet bench: unknown or incomplete option '%s'\n", a); bench_usage(stderr); return 2; }
+        i++;
+        if (!strcmp(a, "--model")) o.model = v;
+        else if (!strcmp(a, "--planes")) o.planes = v;
+        else if (!strcmp(a, "--backend")) o.backend = v;
+        else if (!strcmp(a, "--prompt")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.prompt);
+        else if (!strcmp(a, "--gen")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.gen);
+        else if (!strcmp(a, "--depth")) rc = serve_arg_int(a, v, 1, 1 << 22, &o.depth);
+        else if (!strcmp(a, "--max-batch-tokens")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.max_batch_tokens);
+        else if (!strcmp(a, "--threads")) rc = serve_arg_int(a, v, 1, MOET_MAX_THREADS, &o.threads);
+        else if (!strcmp(a, "--kv-dtype")) rc = bench_kv_dtype(v, &o.kv_dtype);
+        else if (!strcmp(a, "--batch")) {
+            o.n_batches = 0;
+            const char *p = v;
+            while (*p) {
+                char *end;
+                long b = strtol(p, &end, 10);
+                if (end == p || b < 1 || b > 1024 || o.n_batches == 16 || (*end && *end != ',')) {
+                    fprintf(stderr, "moet bench: --batch %s: expected up to 16 sizes in 1..1024, comma separated\n", v);
+                    return 2;
+                }
+                o.batches[o.n_batches++] = (int)b;
+                p = *end ? end + 1 : end;
+            }
+        } else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
+        if (rc) return 2;
+    }
+    if (!o.model) { fprintf(stderr, "moet bench: need --model DIR\n"); return 2; }
+    if (o.depth < 0) o.depth = o.prompt;
+    if (o.depth < o.prompt) { fprintf(stderr, "moet bench: --depth %d is shorter than --prompt %d\n", o.depth, o.prompt); return 2; }
+    if (strcmp(o.backend, "auto") && strcmp(o.backend, "gpu") && strcmp(o.backend, "cpu")) {
+        fprintf(stderr, "moet bench: --backend %s: expected auto, gpu or cpu\n", o.backend);
+        return 2;
+    }
+    int maxB = 0;
+    for (int i = 0; i < o.n_batches; i++) if (o.batches[i] > maxB) maxB = o.batches[i];
+    moet_err e = {{0}};
+    ck_model m;
+    if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
+    const ck_config *c = &m.cfg;
+    int max_len = o.depth + o.gen, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
+    static gpu_engine g;
+    static ref_engine r;
+    bench_be be = {0};
+    pf_attached pa = {0};
+    double copy_gbs = 0;
+    int use_gpu = strcmp(o.backend, "cpu") != 0;
+    if (use_gpu) {
+        gpu_opts go = {.max_seqs = maxB, .max_len = max_len, .max_tokens = Tm, .kv_dtype = o.kv_dtype};
+        if (gpu_init(&g, &m, &go, o.planes, &o.popt, &e)) {
+            if (!strcmp(o.backend, "gpu")) { fprintf(stderr, "moet bench: --backend gpu: %s\n", e.msg); goto out; }
+            fprintf(stderr, "moet bench: backend cpu (no GPU: %s)\n", e.msg);
+            use_gpu = 0;
+        } else {
+            gpu_describe(&g.dev, stderr);
+            gpu_print_plan(&g, stderr);
+            be.g = &g;
+            copy_gbs = bench_copy_gbs(&g);
+        }
+    }
+    if (!use_gpu) {
+        if (o.planes && pf_attach_planes(&m, o.planes, &o.popt, &pa, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+        if (ref_init(&r, &m, maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+        be.r = &r;
+        be.cpu_logits = arena_sys_alloc(sizeof(float) * (size_t)maxB * c->vocab, "bench logits");
+    }
+    int32_t *ids = arena_sys_alloc(sizeof(int32_t) * (size_t)Tm, "bench ids");
+    int *slots = arena_sys_alloc(sizeof(int) * (size_t)maxB, "bench slots"), *off = arena_sys_alloc(sizeof(int) * (size_t)(maxB + 1), "bench offsets");
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    printf("{\"object\":\"bench\",\"backend\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"experts\":\"%s\",\"kv_dtype\":\"%s\","
+           "\"copy_gbs\":%.1f,\"results\":[",
+           use_gpu ? "gpu" : "cpu", use_gpu ? g.dev.name : "cpu", o.model, o.planes ? "planes" : m.expert_format, gpu_kv_names[o.kv_dtype],
+           copy_gbs);
+    for (int bi = 0; bi < o.n_batches; bi++) {
+        int B = o.batches[bi];
+        for (int s = 0; s < B; s++) {
+            if (use_gpu && gpu_seq_start(&g, s, max_len)) { fprintf(stderr, "moet bench: KV pages for %d sequences of %d tokens do not fit\n", B, max_len); goto out; }
+            if (!use_gpu) ref_reset(&r, s);
+        }
+        // prefill: every sequence's prompt, as many whole sequences' chunks per step as fit
+        int *fed = arena_sys_alloc(sizeof(int) * (size_t)B, "bench progress");
+        double t0 = moet_now();
+        for (int phase = 0; phase < 2; phase++) {   // 0: the timed prompt, 1: untimed fill to --depth
+            int goal = phase ? o.depth : o.prompt;
+            for (;;) {
+                int n = 0, T = 0;
+                off[0] = 0;
+                for (int s = 0; s < B && T < Tm; s++) {
+                    int k = goal - fed[s];
+                    if (k <= 0) continue;
+                    if (k > Tm - T) k = Tm - T;
+                    for (int j = 0; j < k; j++) {
+                        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                        ids[T + j] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
+                    }
+                    T += k;
+                    fed[s] += k;
+                    slots[n++] = s;
+                    off[n] = T;
+                }
+                if (!n) break;
+                if (bench_step(&be, n, slots, ids, off, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+            }
+            if (phase == 0) t0 = moet_now() - t0;
+        }
+        double prefill_s = t0;
+        // decode: B tokens per step
+        double t1 = 0;
+        for (int step = 0; step < o.gen + 2; step++) {
+            if (step == 2) t1 = moet_now();   // two warm-up steps
+            for (int s = 0; s < B; s++) {
+                slots[s] = s;
+                off[s] = s;
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                ids[s] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
+            }
+            off[B] = B;
+            if (step >= o.gen) break;
+            if (bench_step(&be, B, slots, ids, off, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+        }
+        int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
+        double dec_s = moet_now() - t1;
+        // bytes one decode step reads: dense weights + the experts B tokens touch (uniform routing:
+        // E·(1 − (1 − K/E)^B) distinct experts per layer) + GDN state read and written + KV read
+        double touched = c->n_experts * (1.0 - pow(1.0 - (double)c->topk / c->n_experts, B));
+        double expert_b = use_gpu ? g.expert_bytes * touched * c->n_layers : 0;
+        double state_b = use_gpu ? 2.0 * sizeof(float) * g.ssm_slot * B : 0;
+        double kv_b = use_gpu ? (double)B * (o.depth + o.gen / 2) * 2 * gpu_kv_page_bytes(c, o.kv_dtype) / GPU_KV_PAGE : 0;
+        double dense_b = use_gpu ? g.dense_bytes : 0;
+        double step_b = dense_b + expert_b + state_b + kv_b;
+        double step_s = dec_s / timed;
+        printf("%s{\"batch\":%d,\"prompt\":%d,\"depth\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.3f,"
+               "\"bytes_per_step\":%.0f,\"bytes_per_token\":%.0f,\"achieved_gbs\":%.1f}",
+               bi ? "," : "", B, o.prompt, o.depth, (double)B * o.prompt / prefill_s, B / step_s, step_s * 1e3, step_b, step_b / B,
+               step_b / step_s / 1e9);
+        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, %.0f MB/step, %.0f GB/s of %.0f copy)\n",
+                B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3, step_b / 1e6, step_b / step_s / 1e9, copy_gbs);
+        for (int s = 0; s < B; s++) if (use_gpu) gpu_seq_end(&g, s);
+        arena_sys_free(fed, sizeof(int) * (size_t)B);
+    }
+    printf("]}\n");
+    rc = 0;
+out:
+    if (use_gpu && be.g) gpu_free(&g);
+    if (be.r) ref_free(&r);
+    pf_detach(&pa);
+    ck_close(&m);
+    return rc;
+}
