@@ -158,6 +158,7 @@ typedef struct ref_engine_s {
     int stop;
     int32_t **trace_ids; // NULL, or [L] buffers [T, K] receiving each layer's router choices (tests)
     float **trace_w;     // NULL, or [L] buffers [T, K] receiving their weights
+    int kv_round;        // GPU_KV_*: the stored keys and values rounded as the GPU's KV cache stores them (tests)
     arena mem;
 } ref_engine;
 
@@ -378,6 +379,40 @@ static void ref_rope(const ref_engine *r, float *u, int p) {
     }
 }
 
+// float → bf16 → float, round to nearest even (as __float2bfloat16_rn; no NaN here).
+static float ref_bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// float → e4m3fn → float, round to nearest even, saturating to ±448 (as __nv_fp8_e4m3(float)).
+static float ref_e4m3_round(float x) {
+    float a = fabsf(x);
+    if (a >= 448.f) return x < 0 ? -448.f : 448.f;
+    // e4m3 values of magnitude a: subnormal step 2^-9 below 2^-6, else 3 mantissa bits
+    int ex;
+    frexpf(a, &ex);   // a = f · 2^ex, f in [0.5, 1)
+    float step = a < 0.015625f ? 0.001953125f : ldexpf(1.f, ex - 4);
+    float q = nearbyintf(a / step) * step;   // the FPU's default rounding: to nearest even
+    return x < 0 ? -q : q;
+}
+
+// One head's stored keys or values as the GPU's KV cache holds them (sass/kv.cuh): bf16, or
+// e4m3 with the scale amax / 448 of the head at this position.
+static void ref_kv_round(float *x, int n, int kv) {
+    if (kv == GPU_KV_BF16) {
+        for (int i = 0; i < n; i++) x[i] = ref_bf16_round(x[i]);
+    } else if (kv == GPU_KV_FP8) {
+        float amax = 0;
+        for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float s = amax > 0 ? amax / 448.f : 1.f, inv = 1.f / s;
+        for (int i = 0; i < n; i++) x[i] = ref_e4m3_round(x[i] * inv) * s;
+    }
+}
+
 // Gated full attention for the tokens [t0, t0 + n) of one sequence (MODEL.md §3.4).
 static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
     const ck_config *c = &r->m->cfg;
@@ -401,6 +436,10 @@ static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *
         }
         memcpy(K + (size_t)p * kvd, r->kk + (size_t)t * kvd, sizeof(float) * kvd);
         memcpy(Vc + (size_t)p * kvd, r->vv + (size_t)t * kvd, sizeof(float) * kvd);
+        for (int j = 0; j < kvh && r->kv_round; j++) {
+            ref_kv_round(K + (size_t)p * kvd + (size_t)j * hd, hd, r->kv_round);
+            ref_kv_round(Vc + (size_t)p * kvd + (size_t)j * hd, hd, r->kv_round);
+        }
     }
     for (int t = t0; t < t0 + n; t++) {
         int p = q->pos + (t - t0);
