@@ -2,8 +2,8 @@
 //
 // moet serves qwen3_5_moe models (Qwen3.6-35B-A3B) with every routed expert as 2-bit planes
 // read from one MOET2PF1 file. This file is the table of contents: it includes every module in
-// dependency order, leaf modules first (arena/, format/), then holds the engine — the backend
-// interface, the reference forward pass (the CPU backend), the sampler, the scheduler and
+// dependency order, leaf modules first (arena/, format/), then holds the engine — the sampler,
+// the backend interface, the reference forward pass (the CPU backend), the scheduler and
 // serve loop — and the command line. Every function is static.
 // Tests `#define MOET_TEST` and include this file to call the internals directly.
 
@@ -63,24 +63,414 @@
 #include "format/synth.c"
 
 // ==========================================================================================
+// the sampler
+// ==========================================================================================
+//
+// From one row of logits to one token id, and the logprobs of it.
+//
+// The order is vLLM's (the reference for what these parameters mean):
+//   1. penalties on the raw logits: repetition (HF/vLLM: a token seen in the prompt or the
+//      output has its logit divided by r when positive, multiplied by r when negative), then
+//      frequency (minus f × times generated) and presence (minus p once generated), as OpenAI;
+//   2. temperature 0 → greedy: the largest penalized logit, ties to the lowest id;
+//   3. otherwise logits / temperature → softmax, then min_p (drop p < min_p × p_max), top_k
+//      (the k most likely; ties broken by lower id), top_p (the most likely tokens, renormalized,
+//      until their mass reaches top_p), then one draw from the kept tokens.
+// Each draw takes one number from the request's own generator (xoshiro256**, seeded by
+// splitmix64 from the request's seed), and the kept tokens are walked in a fixed order, so
+// the same logits and seed give the same token whatever else runs in the batch.
+// Logprobs are log-softmax of the raw logits (before penalties and temperature), as vLLM
+// reports them by default.
+//
+// The state of a sequence's sampler — its parameters, its generator, its penalty counts —
+// lives in a samp_bank, one entry per backend sequence slot: taken at admission, cleared at
+// release. Every backend picks through it, so a request samples the same way on each.
+
+typedef struct {
+    float temperature;          // 0 = greedy
+    int top_k;                  // 0 = all
+    float top_p;                // (0, 1]
+    float min_p;                // [0, 1]
+    float presence_penalty;     // [-2, 2]
+    float frequency_penalty;    // [-2, 2]
+    float repetition_penalty;   // > 0; 1 = off
+} samp_params;
+
+typedef struct {
+    uint64_t s[4];
+} samp_rng;
+
+// The sampler state of one sequence slot. Penalty state is kept only when a penalty is set,
+// and is all zero when the slot is free.
+typedef struct {
+    samp_params sp;
+    samp_rng rng;
+    int active;          // taken by a sequence
+    int penalized;       // a penalty is set: seen, count and touched are kept
+    int logprobs;        // report the picked token's logprob ...
+    int top_logprobs;    // ... and this many most likely tokens (0 .. MOET_MAX_LOGPROBS)
+    uint16_t *count;     // [V] times generated (saturates at 65535)
+    uint8_t *seen;       // [(V + 7) / 8] bit per token: in the prompt or the output
+    int32_t *touched;    // [touch_cap] the ids with a seen bit, each once (to clear them)
+    int n_touched;
+} samp_slot;
+
+// Working memory for one pick (rows are picked one at a time).
+typedef struct {
+    float *work;         // [V] penalized, tempered logits, then probabilities
+    int32_t *cand;       // [V] candidate ids
+} samp_scratch;
+
+// Sampler state of every sequence slot of a backend, planned once.
+typedef struct {
+    int n_vocab, n_slots;
+    int touch_cap;       // distinct ids one slot can note: min(V, 2 · max_len) (prompt + picks)
+    samp_slot *slot;     // [n_slots]
+    samp_scratch sc;
+    arena mem;
+} samp_bank;
+
+static uint64_t samp_splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void samp_seed(samp_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = samp_splitmix(&seed);
+}
+
+static uint64_t samp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t samp_next(samp_rng *r) {
+    uint64_t *s = r->s, out = samp_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = samp_rotl(s[3], 45);
+    return out;
+}
+
+// Uniform in [0, 1) with 53 random bits.
+static double samp_uniform(samp_rng *r) { return (double)(samp_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+static int samp_has_penalty(const samp_params *p) {
+    return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1;
+}
+
+// ---- the bank: per-slot state ---------------------------------------------------------------
+
+#define SAMP_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
+
+static void samp_bank_carve(samp_bank *b, arena *a) {
+    size_t V = (size_t)b->n_vocab;
+    SAMP_TAKE(a, b->slot, b->n_slots, "sampler slots");
+    for (int s = 0; s < b->n_slots; s++) {
+        samp_slot *q = a->base ? &b->slot[s] : &(samp_slot){0};
+        SAMP_TAKE(a, q->count, V, "penalty counts");
+        SAMP_TAKE(a, q->seen, (V + 7) / 8, "penalty bits");
+        SAMP_TAKE(a, q->touched, b->touch_cap, "penalty ids");
+    }
+    SAMP_TAKE(a, b->sc.work, V, "sampler scratch");
+    SAMP_TAKE(a, b->sc.cand, V, "sampler candidates");
+}
+
+// Plans and allocates the state of n_slots sequences of at most max_len tokens over a
+// vocabulary of n_vocab. Returns -1 with e set when the memory is refused.
+static int samp_bank_init(samp_bank *b, int n_vocab, int n_slots, int max_len, moet_err *e) {
+    memset(b, 0, sizeof *b);
+    if (n_vocab < 1 || n_slots < 1 || max_len < 1) return err_set(e, "sampler sizes must be positive");
+    b->n_vocab = n_vocab;
+    b->n_slots = n_slots;
+    b->touch_cap = (int64_t)2 * max_len < n_vocab ? 2 * max_len : n_vocab;
+    arena plan = arena_measure("sampler");
+    samp_bank_carve(b, &plan);
+    if (arena_init(&b->mem, "sampler", plan.used, e)) return -1;
+    samp_bank_carve(b, &b->mem);
+    arena_done(&b->mem);
+    for (int s = 0; s < n_slots; s++) {   // the penalty state starts (and stays, between sequences) zero
+        samp_slot *q = &b->slot[s];
+        memset(q->count, 0, sizeof(uint16_t) * (size_t)n_vocab);
+        memset(q->seen, 0, (size_t)(n_vocab + 7) / 8);
+        q->active = q->n_touched = 0;
+    }
+    return 0;
+}
+
+static void samp_bank_free(samp_bank *b) { arena_release(&b->mem); }
+
+// Marks id as seen (prompt or output); an output also counts.
+static void samp_note(const samp_bank *b, samp_slot *s, int32_t id, int output) {
+    uint8_t bit = (uint8_t)(1u << (id & 7));
+    if (!(s->seen[id >> 3] & bit)) {
+        MOET_ASSERT(s->n_touched < b->touch_cap, "sampler: more than %d distinct ids noted in one slot", b->touch_cap);
+        s->seen[id >> 3] |= bit;
+        s->touched[s->n_touched++] = id;
+    }
+    if (output && s->count[id] != UINT16_MAX) s->count[id]++;
+}
+
+// Takes slot for a new sequence: its parameters, its generator seeded, the prompt's tokens
+// seen (for the repetition penalty). Returns -1 with e set on a bad argument.
+static int samp_bank_admit(samp_bank *b, int slot, const samp_params *sp, uint64_t seed, int logprobs, int top_logprobs,
+                           const int32_t *prompt, int n_prompt, moet_err *e) {
+    if (slot < 0 || slot >= b->n_slots) return err_set(e, "sampler: slot %d out of range [0, %d)", slot, b->n_slots);
+    samp_slot *s = &b->slot[slot];
+    if (s->active) return err_set(e, "sampler: slot %d is taken", slot);
+    if (top_logprobs < 0 || top_logprobs > MOET_MAX_LOGPROBS)
+        return err_set(e, "sampler: top_logprobs %d: expected 0 .. %d", top_logprobs, MOET_MAX_LOGPROBS);
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return err_set(e, "sampler: no prompt of %d tokens", n_prompt);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= b->n_vocab)
+            return err_set(e, "sampler: prompt token %d (position %d) outside the vocabulary [0, %d)", prompt[i], i, b->n_vocab);
+    s->sp = *sp;
+    samp_seed(&s->rng, seed);
+    s->logprobs = logprobs != 0;
+    s->top_logprobs = logprobs ? top_logprobs : 0;
+    s->penalized = samp_has_penalty(sp);
+    s->active = 1;
+    if (s->penalized)
+        for (int i = 0; i < n_prompt; i++) samp_note(b, s, prompt[i], 0);
+    return 0;
+}
+
+// The slot's sequence is over: back to all zero, touching only the ids it noted.
+static void samp_bank_release(samp_bank *b, int slot) {
+    samp_slot *s = &b->slot[slot];
+    for (int i = 0; i < s->n_touched; i++) {
+        int32_t id = s->touched[i];
+        s->seen[id >> 3] = 0;
+        s->count[id] = 0;
+    }
+    s->n_touched = 0;
+    s->active = 0;
+}
+
+// ---- the pick ----------------------------------------------------------------------------
+
+// Candidate order: higher probability first, then lower id (a total order, so the result
+// does not depend on the sort algorithm).
+static const float *samp_sort_key;
+static int samp_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float px = samp_sort_key[x], py = samp_sort_key[y];
+    if (px != py) return px > py ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+// Moves the k best candidates (in samp_cmp order) to cand[0..k), sorted: a heap of the k
+// best so far whose root is the worst of them, O(n log k).
+static void samp_heap_down(int32_t *h, int k, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && samp_cmp(&h[l], &h[w]) > 0) w = l;
+        if (r < k && samp_cmp(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        int32_t t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+static void samp_select(int32_t *cand, int n, int k, const float *prob) {
+    samp_sort_key = prob;
+    for (int i = k / 2; i-- > 0;) samp_heap_down(cand, k, i);
+    for (int i = k; i < n; i++)
+        if (samp_cmp(&cand[i], &cand[0]) < 0) {
+            cand[0] = cand[i];
+            samp_heap_down(cand, k, 0);
+        }
+    qsort(cand, (size_t)k, sizeof *cand, samp_cmp);
+}
+
+// One token id from logits[0..V) for slot s.
+static int32_t samp_pick(samp_scratch *sc, int V, const samp_slot *slot, samp_rng *rng, const float *logits) {
+    const samp_params *p = &slot->sp;
+    const float *x = logits;
+    if (slot->penalized) {
+        float *w = sc->work;
+        memcpy(w, logits, (size_t)V * sizeof *w);
+        for (int t = 0; t < V; t++) {
+            if (!(slot->seen[t >> 3] & (1u << (t & 7)))) continue;
+            if (p->repetition_penalty != 1) w[t] = w[t] > 0 ? w[t] / p->repetition_penalty : w[t] * p->repetition_penalty;
+            uint16_t c = slot->count[t];
+            if (c) w[t] -= p->frequency_penalty * (float)c + p->presence_penalty;
+        }
+        x = w;
+    }
+    int32_t best = 0;
+    for (int t = 1; t < V; t++)
+        if (x[t] > x[best]) best = t;
+    if (p->temperature == 0) return best;
+
+    // probabilities relative to the most likely token: prob[best] = 1
+    float *prob = sc->work;
+    const float inv_t = 1.0f / p->temperature, top = x[best];
+    for (int t = 0; t < V; t++) prob[t] = expf((x[t] - top) * inv_t);
+    float floor_p = p->min_p > 0 ? p->min_p : 0;   // min_p × p_max, and p_max = 1 here
+    int32_t *cand = sc->cand;
+    int n = 0;
+    for (int t = 0; t < V; t++)
+        if (prob[t] > 0 && prob[t] >= floor_p) cand[n++] = t;
+    MOET_ASSERT(n > 0, "sampler: no candidate token");
+
+    int sorted = 0;
+    if (p->top_k > 0 && p->top_k < n) {
+        samp_select(cand, n, p->top_k, prob);
+        n = p->top_k;
+        sorted = 1;
+    }
+    if (p->top_p < 1) {
+        double total = 0;
+        for (int i = 0; i < n; i++) total += prob[cand[i]];
+        if (!sorted) {
+            // Only the most likely tokens can be kept: when the tokens above a threshold
+            // already hold top_p of the mass, sort just those (lower the threshold if not).
+            float th = 0;
+            for (float t2 = 1e-4f; t2 > 1e-12f && th == 0; t2 *= 1e-4f) {
+                double mass = 0;
+                for (int i = 0; i < n; i++)
+                    if (prob[cand[i]] >= t2) mass += prob[cand[i]];
+                if (mass >= p->top_p * total) th = t2;
+            }
+            if (th > 0) {
+                int k = 0;
+                for (int i = 0; i < n; i++)
+                    if (prob[cand[i]] >= th) cand[k++] = cand[i];
+                n = k;
+            }
+            samp_sort_key = prob;
+            qsort(cand, (size_t)n, sizeof *cand, samp_cmp);
+        }
+        double acc = 0, need = p->top_p * total;
+        int k = 0;
+        while (k < n) {
+            acc += prob[cand[k++]];
+            if (acc >= need) break;
+        }
+        n = k;
+    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += prob[cand[i]];
+    double u = samp_uniform(rng) * total, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += prob[cand[i]];
+        if (u < acc) return cand[i];
+    }
+    return cand[n - 1];   // u within rounding of the total
+}
+
+// ---- logprobs ----------------------------------------------------------------------------
+
+// log-softmax of the raw logits at `chosen`, and the n_top most likely tokens (ids and
+// logprobs, most likely first, ties to the lower id).
+static float samp_logprobs(const float *logits, int V, int32_t chosen, int n_top, int32_t *top_ids, float *top_lp) {
+    float mx = logits[0];
+    for (int t = 1; t < V; t++)
+        if (logits[t] > mx) mx = logits[t];
+    double sum = 0;
+    for (int t = 0; t < V; t++) sum += exp((double)logits[t] - mx);
+    const double lse = mx + log(sum);
+    int have = 0;
+    for (int t = 0; t < V && n_top > 0; t++) {
+        float v = logits[t];
+        if (have == n_top && v <= logits[top_ids[have - 1]]) continue;
+        int i = have < n_top ? have++ : have - 1;
+        while (i > 0 && logits[top_ids[i - 1]] < v) {
+            top_ids[i] = top_ids[i - 1];
+            i--;
+        }
+        top_ids[i] = t;
+    }
+    for (int i = 0; i < have; i++) top_lp[i] = (float)(logits[top_ids[i]] - lse);
+    return (float)(logits[chosen] - lse);
+}
+
+// ---- the bank's pick ------------------------------------------------------------------------
+
+// Picks the next token of the sequence in slot from its logits row [V] and notes it in the
+// slot's penalty counts. When the slot asked for logprobs, *lp gets the token's logprob and
+// top_ids / top_lp [top_logprobs] the most likely tokens; otherwise they are not written.
+static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids,
+                           float *top_lp) {
+    samp_slot *s = &b->slot[slot];
+    MOET_ASSERT(s->active, "sampler: pick from free slot %d", slot);
+    int32_t id = samp_pick(&b->sc, b->n_vocab, s, &s->rng, row);
+    if (s->logprobs) *lp = samp_logprobs(row, b->n_vocab, id, s->top_logprobs, top_ids, top_lp);
+    if (s->penalized) samp_note(b, s, id, 1);
+    *token = id;
+}
+
+// ==========================================================================================
 // engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)
 // ==========================================================================================
 //
 // A backend holds max_seqs sequence slots, each an independent token history of at most
-// max_len tokens (KV pages / recurrent state live behind it). step() runs one batched
-// forward: row i appends ids[off[i] .. off[i+1]) to slot slots[i] (a prefill chunk or one
-// decode token; each slot appears at most once per step, off[0] = 0, every row non-empty)
-// and writes the logits after that row's last token to logits[i * n_vocab ..] // [n, V] f32.
-// Row results must not depend on the other rows of the step (batch invariance).
+// max_len tokens; KV room, recurrent state and the sampler state (samp_bank) live behind it.
+// A sequence's life: admit (KV room reserved, sampler seeded) → steps → release. A step
+// appends tokens to some slots and, for the rows that want one, picks each row's next token
+// with that slot's own sampler, so logits never have to leave the backend. launch/collect
+// split a step so the host can prepare the next step while this one runs.
+//
+// Promises of every backend (tests/test_backend.c checks them through this interface):
+//  - a row's results depend only on its own slot's history and sampler state: never on the
+//    other rows of the step, nor on how a prompt was cut into chunks (batch and chunk
+//    invariance: a seeded request gives the same tokens alone or in a busy batch);
+//  - with no sequence admitted, any reserve <= max_len fits (a waiting request always gets in
+//    once the others are done);
+//  - a row that would take its sequence past its reserve is refused (-1), nothing changed;
+//  - a failing call (-1, e set) changes nothing.
+
+// What a sequence slot needs from the request that takes it (admission).
+typedef struct {
+    samp_params sp;            // temperature 0 = greedy, top_k, top_p, min_p, penalties
+    uint64_t seed;             // the request's generator seed (xoshiro256** seeded by splitmix64)
+    int logprobs;              // 0: none; 1: the chosen token's logprob (+ top_logprobs of them)
+    int top_logprobs;          // 0..MOET_MAX_LOGPROBS
+    const int32_t *prompt;     // [n_prompt] for the repetition penalty's "seen" set (may be NULL when 0)
+    int n_prompt;
+    int reserve;               // tokens this sequence may reach (prompt + max new tokens, <= max_len): KV room taken now
+} engine_admit;
+
+// One step: row i appends ids[off[i] .. off[i+1]) to slot slots[i] (a prefill chunk or one
+// decode token). The arrays stay untouched by the caller until collect.
+typedef struct {
+    int n;                     // rows
+    const int *slots;          // [n] each slot at most once per step
+    const int32_t *ids;        // [off[n]]
+    const int *off;            // [n + 1], off[0] = 0, every row non-empty
+    const uint8_t *want;       // [n] 1: pick a token after the row's last token; 0: mid-prompt chunk, no token
+} engine_step;
+
+typedef struct {               // arrays owned by the backend, valid until the next launch
+    const int32_t *token;      // [n] the picked id (rows with want)
+    const float *logprob;      // [n] its logprob (log-softmax of the raw logits), when the slot asked for logprobs
+    const int32_t *top_ids;    // [n, MOET_MAX_LOGPROBS] the slot's top_logprobs most likely ids, most likely first
+    const float *top_lp;       // [n, MOET_MAX_LOGPROBS]
+} engine_result;
+
 typedef struct {
     void *self;
-    int n_vocab;      // logits per row
-    int max_seqs;     // sequence slots
-    int max_len;      // tokens per sequence (context limit)
-    void (*reset)(void *self, int slot);   // slot becomes an empty sequence (position 0, zeroed state)
-    // One batched step: for i in [0,n): append tokens ids[off[i] .. off[i+1]) to sequence slot slots[i]
-    // and write the logits after its last appended token to logits[i * n_vocab ..]. Returns 0, or -1 with e set.
-    int (*step)(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, moet_err *e);
+    int n_vocab, max_seqs, max_len;
+    // Takes slot for a new sequence (position 0, zeroed state, sampler seeded, penalty counts from the prompt)
+    // and reserves KV room for a->reserve tokens. 0 = taken; 1 = no room now (the caller keeps the request
+    // waiting; nothing changed); -1 = error with e set.
+    int (*admit)(void *self, int slot, const engine_admit *a, moet_err *e);
+    // The slot's sequence is over: its KV room returns to the free list, its sampler state is cleared.
+    void (*release)(void *self, int slot);
+    // Starts one step (may return before it is computed). Picks tokens for rows with want; each picked
+    // token is also noted in the slot's penalty counts.
+    int (*launch)(void *self, const engine_step *s, moet_err *e);
+    // Waits for the step launched last and gives its results.
+    int (*collect)(void *self, engine_result *out, moet_err *e);
+    // Test entry (moet run, tests, eval): one batched step that writes logits for EVERY token [off[n], V]
+    // (no sampling), and when non-NULL: hidden [L + 1] buffers [off[n], H] as today's ref_forward,
+    // router_ids / router_w [L] buffers [off[n], K] (each layer's chosen experts / renormalised weights).
+    // The slots must be admitted (their reserve bounds them as in launch); not while a launch is uncollected.
+    int (*forward_all)(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
+                       float **hidden, int32_t **router_ids, float **router_w, moet_err *e);
 } engine_backend;
 
 // ==========================================================================================
@@ -112,6 +502,7 @@ typedef struct {
 
 typedef struct {
     int pos;        // tokens already in the sequence (the next token's RoPE position)
+    int limit;      // tokens it may reach: its admission's reserve (0 while the slot is free)
     float *k, *v;   // [n_full, max_len, kvh·hd] keys (after k_norm and RoPE) and values
     float *conv;    // [n_gdn, conv_k − 1, conv_dim] the last conv_k − 1 pre-conv inputs, oldest first
     float *ssm;     // [n_gdn, lv_heads, lk_dim, lv_dim] Gated DeltaNet state S (fp32)
@@ -159,6 +550,14 @@ typedef struct ref_engine_s {
     int32_t **trace_ids; // NULL, or [L] buffers [T, K] receiving each layer's router choices (tests)
     float **trace_w;     // NULL, or [L] buffers [T, K] receiving their weights
     int kv_round;        // GPU_KV_*: the stored keys and values rounded as the GPU's KV cache stores them (tests)
+    // the backend interface (engine_backend): sampler state and the results of one step
+    samp_bank bank;      // per-slot sampler state
+    float *step_logits;  // [max_seqs, V] the last-token logits of the rows that want a token
+    int32_t *res_tok;    // [max_seqs] picked ids
+    float *res_lp;       // [max_seqs] their logprobs
+    int32_t *res_top_ids;// [max_seqs, MOET_MAX_LOGPROBS]
+    float *res_top_lp;   // [max_seqs, MOET_MAX_LOGPROBS]
+    int launched;        // a step waits for collect
     arena mem;
 } ref_engine;
 
@@ -212,6 +611,11 @@ static void ref_carve(ref_engine *r, arena *a) {
     REF_TAKE(a, r->tmp, 2 * (size_t)(c->conv_dim > 2 * c->lv_dim ? c->conv_dim : 2 * c->lv_dim), "temporaries");
     REF_TAKE(a, r->inv_freq, c->rot_dim / 2, "rotary frequencies");
     REF_TAKE(a, r->jobs, r->threads, "worker jobs");
+    REF_TAKE(a, r->step_logits, (size_t)r->max_seqs * c->vocab, "step logits");
+    REF_TAKE(a, r->res_tok, r->max_seqs, "step tokens");
+    REF_TAKE(a, r->res_lp, r->max_seqs, "step logprobs");
+    REF_TAKE(a, r->res_top_ids, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprob ids");
+    REF_TAKE(a, r->res_top_lp, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprobs");
     r->stacks = arena_take(a, (size_t)(r->threads - 1) * REF_STACK, 4096, "worker stacks");
 }
 
@@ -280,6 +684,7 @@ static void ref_free(ref_engine *r) {
         pthread_cond_destroy(&r->done);
         r->n_workers = 0;
     }
+    samp_bank_free(&r->bank);
     arena_release(&r->mem);
 }
 
@@ -298,13 +703,20 @@ static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len,
     if (arena_init(&r->mem, "reference engine", plan.used, e)) return -1;
     ref_carve(r, &r->mem);
     arena_done(&r->mem);
+    if (samp_bank_init(&r->bank, m->cfg.vocab, max_seqs, max_len, e)) {
+        arena_release(&r->mem);
+        return -1;
+    }
     const ck_config *c = &m->cfg;
     int nf = 0, ng = 0;
     for (int l = 0; l < c->n_layers; l++) r->kind_index[l] = c->full_attn[l] ? nf++ : ng++;
     // transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d), all in float32
     for (int i = 0; i < c->rot_dim / 2; i++)
         r->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rot_dim);
-    for (int s = 0; s < max_seqs; s++) ref_reset(r, s);
+    for (int s = 0; s < max_seqs; s++) {
+        ref_reset(r, s);
+        r->seqs[s].limit = 0;
+    }
     if (r->threads > 1) {
         pthread_mutex_init(&r->mu, NULL);
         pthread_cond_init(&r->go, NULL);
@@ -559,10 +971,8 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
             ws += p[best];
         }
         for (int k = 0; k < Kt; k++) w[k] = (float)(w[k] / ws);
-        if (r->trace_ids) {
-            memcpy(r->trace_ids[layer] + (size_t)t * Kt, sel, sizeof(int32_t) * Kt);
-            memcpy(r->trace_w[layer] + (size_t)t * Kt, w, sizeof(float) * Kt);
-        }
+        if (r->trace_ids) memcpy(r->trace_ids[layer] + (size_t)t * Kt, sel, sizeof(int32_t) * Kt);
+        if (r->trace_w) memcpy(r->trace_w[layer] + (size_t)t * Kt, w, sizeof(float) * Kt);
     }
     memset(r->y, 0, sizeof(float) * (size_t)T * H);
     // routed experts in ascending id, each over the tokens that chose it (as transformers' loop)
@@ -600,11 +1010,12 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
 }
 
 // One batched forward step. Sequence i of n appends ids[off[i] .. off[i+1]) to slot slots[i].
-// logits: with all_logits, [off[n], V] (every token); else [n, V] (each sequence's last token).
+// logits: with all_logits, [off[n], V] (every token); else one row per sequence that wants
+// logits after its last token (want NULL: every sequence), in row order: [count, V].
 // hidden: NULL, or L + 1 buffers [off[n], H] receiving the residual stream as transformers'
 // output_hidden_states (0: embeddings, i: after layer i − 1, L: after the final norm).
-static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
-                       int all_logits, float **hidden, moet_err *e) {
+static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want,
+                       float *logits, int all_logits, float **hidden, moet_err *e) {
     const ck_model *m = r->m;
     const ck_config *c = &m->cfg;
     int H = c->hidden, V = c->vocab, T = off[n];
@@ -648,27 +1059,100 @@ static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *id
         if (hidden && l + 1 < c->n_layers) memcpy(hidden[l + 1], r->x, sizeof(float) * (size_t)T * H);
     }
     for (int i = 0; i < n; i++) r->seqs[slots[i]].pos += off[i + 1] - off[i];
-    // final norm + lm_head, for every token or only each row's last one
-    int nrows = all_logits ? T : n;
-    for (int i = 0; i < nrows; i++) {
+    // final norm + lm_head, for every token or only the last one of each row that wants it
+    int nrows = 0;
+    for (int i = 0; i < (all_logits ? T : n); i++) {
+        if (!all_logits && want && !want[i]) continue;   // a mid-prompt chunk: its logits are not needed
         int t = all_logits ? i : off[i + 1] - 1;
-        ref_rmsnorm1p(r->x + (size_t)t * H, &m->final_norm, H, c->eps, r->xn + (size_t)i * H);
+        ref_rmsnorm1p(r->x + (size_t)t * H, &m->final_norm, H, c->eps, r->xn + (size_t)nrows++ * H);
     }
     if (hidden) memcpy(hidden[c->n_layers], r->xn, sizeof(float) * (size_t)nrows * H);
-    ref_linear(r, &m->lm_head, r->xn, H, nrows, logits, V);
+    if (nrows) ref_linear(r, &m->lm_head, r->xn, H, nrows, logits, V);
     return 0;
 }
 
-// ---- the CPU backend of the scheduler ----------------------------------------------------
+// ---- the CPU backend: engine_backend over the reference forward ----------------------------
+//
+// Everything runs inside launch (the step is computed before it returns); collect hands out
+// the results. The KV of each slot is its own contiguous max_len region, so admission only
+// checks reserve <= max_len: a larger reserve can never fit, and is an error (-1) rather than
+// "no room now" (1), which would keep a request waiting forever. Each slot's reserve then
+// bounds its sequence, as the paged KV of a GPU backend would.
 
-static void ref_backend_reset(void *self, int slot) { ref_reset(self, slot); }
+// The rows of a step (or of forward_all) on admitted slots, within their reserves.
+static int ref_be_check(const ref_engine *r, int n, const int *slots, const int *off, const char *what, moet_err *e) {
+    if (n < 1 || n > r->max_seqs) return err_set(e, "%s: %d rows; expected 1 .. %d", what, n, r->max_seqs);
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        if (s < 0 || s >= r->max_seqs) return err_set(e, "%s: sequence slot %d out of range [0, %d)", what, s, r->max_seqs);
+        if (!r->bank.slot[s].active) return err_set(e, "%s: sequence slot %d was not admitted", what, s);
+        if (off[i + 1] <= off[i]) return err_set(e, "%s: row %d has no tokens", what, i);
+        if (r->seqs[s].pos + (off[i + 1] - off[i]) > r->seqs[s].limit)
+            return err_set(e, "%s: the sequence in slot %d would reach %d tokens; its reserve is %d", what, s,
+                           r->seqs[s].pos + (off[i + 1] - off[i]), r->seqs[s].limit);
+    }
+    return 0;
+}
 
-static int ref_backend_step(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, moet_err *e) {
-    return ref_forward(self, n, slots, ids, off, logits, 0, NULL, e);
+static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
+    ref_engine *r = self;
+    if (slot < 0 || slot >= r->max_seqs) return err_set(e, "admit: sequence slot %d out of range [0, %d)", slot, r->max_seqs);
+    if (a->reserve < 1 || a->reserve < a->n_prompt)
+        return err_set(e, "admit: a reserve of %d tokens does not hold the prompt of %d", a->reserve, a->n_prompt);
+    if (a->reserve > r->max_len)
+        return err_set(e, "admit: a reserve of %d tokens exceeds the context of %d", a->reserve, r->max_len);
+    if (samp_bank_admit(&r->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
+    ref_reset(r, slot);
+    r->seqs[slot].limit = a->reserve;
+    return 0;
+}
+
+static void ref_be_release(void *self, int slot) {
+    ref_engine *r = self;
+    samp_bank_release(&r->bank, slot);
+    r->seqs[slot].limit = 0;
+}
+
+static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
+    ref_engine *r = self;
+    int V = r->m->cfg.vocab;
+    if (r->launched) return err_set(e, "launch: the step launched before was not collected");
+    if (ref_be_check(r, s->n, s->slots, s->off, "launch", e)) return -1;
+    if (ref_forward(r, s->n, s->slots, s->ids, s->off, s->want, r->step_logits, 0, NULL, e)) return -1;
+    for (int i = 0, j = 0; i < s->n; i++) {
+        r->res_tok[i] = -1;   // no token for a mid-prompt chunk
+        if (!s->want[i]) continue;
+        samp_bank_pick(&r->bank, s->slots[i], r->step_logits + (size_t)j++ * V, &r->res_tok[i], &r->res_lp[i],
+                       r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+    }
+    r->launched = 1;
+    return 0;
+}
+
+static int ref_be_collect(void *self, engine_result *out, moet_err *e) {
+    ref_engine *r = self;
+    if (!r->launched) return err_set(e, "collect: no step was launched");
+    r->launched = 0;
+    *out = (engine_result){r->res_tok, r->res_lp, r->res_top_ids, r->res_top_lp};
+    return 0;
+}
+
+static int ref_be_forward_all(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
+                              float **hidden, int32_t **router_ids, float **router_w, moet_err *e) {
+    ref_engine *r = self;
+    if (r->launched) return err_set(e, "forward_all: the step launched before was not collected");
+    if (ref_be_check(r, n, slots, off, "forward_all", e)) return -1;
+    r->trace_ids = router_ids;
+    r->trace_w = router_w;
+    int rc = ref_forward(r, n, slots, ids, off, NULL, logits, 1, hidden, e);
+    r->trace_ids = NULL;
+    r->trace_w = NULL;
+    return rc;
 }
 
 static engine_backend ref_backend(ref_engine *r) {
-    engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, ref_backend_reset, ref_backend_step};
+    engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, ref_be_admit, ref_be_release,
+                        ref_be_launch, ref_be_collect, ref_be_forward_all};
     return b;
 }
 
@@ -676,246 +1160,11 @@ static engine_backend ref_backend(ref_engine *r) {
 #include "gpu/engine.c"
 // defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy stream)
 #include "gpu/pool.c"
+// defines: gpu_backend (the GPU engine_backend), engine_open (--backend auto|cpu|gpu for every command)
+#include "gpu/backend.c"
 
 // defines: chat_render (the Qwen3.6 chat template), chat_split_* (reasoning/content splitter)
 #include "format/chat.c"
-
-// ==========================================================================================
-// the sampler
-// ==========================================================================================
-//
-// From one row of logits to one token id, and the logprobs of it.
-//
-// The order is vLLM's (the reference for what these parameters mean):
-//   1. penalties on the raw logits: repetition (HF/vLLM: a token seen in the prompt or the
-//      output has its logit divided by r when positive, multiplied by r when negative), then
-//      frequency (minus f × times generated) and presence (minus p once generated), as OpenAI;
-//   2. temperature 0 → greedy: the largest penalized logit, ties to the lowest id;
-//   3. otherwise logits / temperature → softmax, then min_p (drop p < min_p × p_max), top_k
-//      (the k most likely; ties broken by lower id), top_p (the most likely tokens, renormalized,
-//      until their mass reaches top_p), then one draw from the kept tokens.
-// Each draw takes one number from the request's own generator (xoshiro256**, seeded by
-// splitmix64 from the request's seed), and the kept tokens are walked in a fixed order, so
-// the same logits and seed give the same token whatever else runs in the batch.
-// Logprobs are log-softmax of the raw logits (before penalties and temperature), as vLLM
-// reports them by default.
-
-typedef struct {
-    float temperature;          // 0 = greedy
-    int top_k;                  // 0 = all
-    float top_p;                // (0, 1]
-    float min_p;                // [0, 1]
-    float presence_penalty;     // [-2, 2]
-    float frequency_penalty;    // [-2, 2]
-    float repetition_penalty;   // > 0; 1 = off
-} samp_params;
-
-typedef struct {
-    uint64_t s[4];
-} samp_rng;
-
-// Penalty state of one sequence slot; all zero when the slot is empty.
-typedef struct {
-    uint16_t *count;   // [V] times generated (saturates at 65535)
-    uint8_t *seen;     // [(V + 7) / 8] bit per token: in the prompt or the output
-} samp_slot;
-
-// Working memory for one pick (sampling runs one row at a time).
-typedef struct {
-    int n_vocab;
-    float *work;       // [V] penalized, tempered logits, then probabilities
-    int32_t *cand;     // [V] candidate ids
-} samp_scratch;
-
-static uint64_t samp_splitmix(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void samp_seed(samp_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = samp_splitmix(&seed);
-}
-
-static uint64_t samp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t samp_next(samp_rng *r) {
-    uint64_t *s = r->s, out = samp_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = samp_rotl(s[3], 45);
-    return out;
-}
-
-// Uniform in [0, 1) with 53 random bits.
-static double samp_uniform(samp_rng *r) { return (double)(samp_next(r) >> 11) * (1.0 / 9007199254740992.0); }
-
-// ---- per-slot penalty state --------------------------------------------------------------
-
-static void samp_slot_note_prompt(samp_slot *s, const int32_t *ids, int n) {
-    for (int i = 0; i < n; i++) s->seen[ids[i] >> 3] |= (uint8_t)(1u << (ids[i] & 7));
-}
-
-static void samp_slot_note_output(samp_slot *s, int32_t id) {
-    s->seen[id >> 3] |= (uint8_t)(1u << (id & 7));
-    if (s->count[id] != UINT16_MAX) s->count[id]++;
-}
-
-// Back to all zero, touching only the tokens of the sequence's history.
-static void samp_slot_clear(samp_slot *s, const int32_t *ids, int n) {
-    for (int i = 0; i < n; i++) {
-        s->seen[ids[i] >> 3] = 0;
-        s->count[ids[i]] = 0;
-    }
-}
-
-static int samp_has_penalty(const samp_params *p) {
-    return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1;
-}
-
-// ---- the pick ----------------------------------------------------------------------------
-
-// Candidate order: higher probability first, then lower id (a total order, so the result
-// does not depend on the sort algorithm).
-static const float *samp_sort_key;
-static int samp_cmp(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    float px = samp_sort_key[x], py = samp_sort_key[y];
-    if (px != py) return px > py ? -1 : 1;
-    return (x > y) - (x < y);
-}
-
-// Moves the k best candidates (in samp_cmp order) to cand[0..k), sorted: a heap of the k
-// best so far whose root is the worst of them, O(n log k).
-static void samp_heap_down(int32_t *h, int k, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < k && samp_cmp(&h[l], &h[w]) > 0) w = l;
-        if (r < k && samp_cmp(&h[r], &h[w]) > 0) w = r;
-        if (w == i) return;
-        int32_t t = h[i]; h[i] = h[w]; h[w] = t;
-        i = w;
-    }
-}
-
-static void samp_select(int32_t *cand, int n, int k, const float *prob) {
-    samp_sort_key = prob;
-    for (int i = k / 2; i-- > 0;) samp_heap_down(cand, k, i);
-    for (int i = k; i < n; i++)
-        if (samp_cmp(&cand[i], &cand[0]) < 0) {
-            cand[0] = cand[i];
-            samp_heap_down(cand, k, 0);
-        }
-    qsort(cand, (size_t)k, sizeof *cand, samp_cmp);
-}
-
-// One token id from logits[0..V). `slot` may be NULL when no penalty is set.
-static int32_t samp_pick(samp_scratch *sc, const samp_slot *slot, const samp_params *p, samp_rng *rng,
-                         const float *logits) {
-    const int V = sc->n_vocab;
-    const float *x = logits;
-    if (samp_has_penalty(p)) {
-        float *w = sc->work;
-        memcpy(w, logits, (size_t)V * sizeof *w);
-        for (int t = 0; t < V; t++) {
-            if (!(slot->seen[t >> 3] & (1u << (t & 7)))) continue;
-            if (p->repetition_penalty != 1) w[t] = w[t] > 0 ? w[t] / p->repetition_penalty : w[t] * p->repetition_penalty;
-            uint16_t c = slot->count[t];
-            if (c) w[t] -= p->frequency_penalty * (float)c + p->presence_penalty;
-        }
-        x = w;
-    }
-    int32_t best = 0;
-    for (int t = 1; t < V; t++)
-        if (x[t] > x[best]) best = t;
-    if (p->temperature == 0) return best;
-
-    // probabilities relative to the most likely token: prob[best] = 1
-    float *prob = sc->work;
-    const float inv_t = 1.0f / p->temperature, top = x[best];
-    for (int t = 0; t < V; t++) prob[t] = expf((x[t] - top) * inv_t);
-    float floor_p = p->min_p > 0 ? p->min_p : 0;   // min_p × p_max, and p_max = 1 here
-    int32_t *cand = sc->cand;
-    int n = 0;
-    for (int t = 0; t < V; t++)
-        if (prob[t] > 0 && prob[t] >= floor_p) cand[n++] = t;
-    MOET_ASSERT(n > 0, "sampler: no candidate token");
-
-    int sorted = 0;
-    if (p->top_k > 0 && p->top_k < n) {
-        samp_select(cand, n, p->top_k, prob);
-        n = p->top_k;
-        sorted = 1;
-    }
-    if (p->top_p < 1) {
-        double total = 0;
-        for (int i = 0; i < n; i++) total += prob[cand[i]];
-        if (!sorted) {
-            // Only the most likely tokens can be kept: when the tokens above a threshold
-            // already hold top_p of the mass, sort just those (lower the threshold if not).
-            float th = 0;
-            for (float t2 = 1e-4f; t2 > 1e-12f && th == 0; t2 *= 1e-4f) {
-                double mass = 0;
-                for (int i = 0; i < n; i++)
-                    if (prob[cand[i]] >= t2) mass += prob[cand[i]];
-                if (mass >= p->top_p * total) th = t2;
-            }
-            if (th > 0) {
-                int k = 0;
-                for (int i = 0; i < n; i++)
-                    if (prob[cand[i]] >= th) cand[k++] = cand[i];
-                n = k;
-            }
-            samp_sort_key = prob;
-            qsort(cand, (size_t)n, sizeof *cand, samp_cmp);
-        }
-        double acc = 0, need = p->top_p * total;
-        int k = 0;
-        while (k < n) {
-            acc += prob[cand[k++]];
-            if (acc >= need) break;
-        }
-        n = k;
-    }
-    double total = 0;
-    for (int i = 0; i < n; i++) total += prob[cand[i]];
-    double u = samp_uniform(rng) * total, acc = 0;
-    for (int i = 0; i < n; i++) {
-        acc += prob[cand[i]];
-        if (u < acc) return cand[i];
-    }
-    return cand[n - 1];   // u within rounding of the total
-}
-
-// ---- logprobs ----------------------------------------------------------------------------
-
-// log-softmax of the raw logits at `chosen`, and the n_top most likely tokens (ids and
-// logprobs, most likely first, ties to the lower id).
-static float samp_logprobs(const float *logits, int V, int32_t chosen, int n_top, int32_t *top_ids, float *top_lp) {
-    float mx = logits[0];
-    for (int t = 1; t < V; t++)
-        if (logits[t] > mx) mx = logits[t];
-    double sum = 0;
-    for (int t = 0; t < V; t++) sum += exp((double)logits[t] - mx);
-    const double lse = mx + log(sum);
-    int have = 0;
-    for (int t = 0; t < V && n_top > 0; t++) {
-        float v = logits[t];
-        if (have == n_top && v <= logits[top_ids[have - 1]]) continue;
-        int i = have < n_top ? have++ : have - 1;
-        while (i > 0 && logits[top_ids[i - 1]] < v) {
-            top_ids[i] = top_ids[i - 1];
-            i--;
-        }
-        top_ids[i] = t;
-    }
-    for (int i = 0; i < have; i++) top_lp[i] = (float)(logits[top_ids[i]] - lse);
-    return (float)(logits[chosen] - lse);
-}
 
 // defines: proto_parse (request lines), proto_out / po_* (response writer), proto_write_error
 #include "format/protocol.c"
@@ -976,7 +1225,7 @@ typedef struct {
     uint64_t order;         // arrival order
     int64_t created;        // unix seconds at arrival
     samp_params sp;
-    samp_rng rng;
+    uint64_t seed;          // the generator's seed (the generator itself lives with the backend slot)
     int logprobs, top_logprobs, max_tokens, ignore_eos, return_token_ids;
     int n_stop;
     uint16_t stop_len[MOET_MAX_STOP];
@@ -1014,16 +1263,16 @@ typedef struct {
     int *waiting, wait_head, n_waiting;  // ring of rec indices, arrival order
     int *running, n_running;       // rec indices in admission order
     int *free_slots, n_free_slots; // stack of backend slots
-    samp_slot *pen;         // [max_num_seqs] penalty state per backend slot
     // one step
-    float *logits;          // [max_num_seqs, V]
     int32_t *ids;           // [max_batch_tokens]
     int *row_slot, *row_rec, *off;   // [max_num_seqs], [max_num_seqs], [max_num_seqs + 1]
-    samp_scratch sc;
+    uint8_t *want;          // [max_num_seqs] the row ends a prompt or decodes: a token is picked
     // one line
     char *in;               // [in_cap] bytes read, not yet consumed
     size_t in_cap, in_start, in_end;
     int skipping, in_eof;
+    int fd_in;              // where lines come from
+    int stopping;           // a signal came: stdin is no longer read
     js_doc doc;
     chat_mem cm;
     char *prompt;           // [prompt_cap] rendered chat prompt
@@ -1067,19 +1316,11 @@ static void serve_carve(serve_ctx *S, arena *a) {
     SERVE_TAKE(a, S->waiting, S->n_recs, "waiting queue");
     SERVE_TAKE(a, S->running, c->max_num_seqs, "running list");
     SERVE_TAKE(a, S->free_slots, c->max_num_seqs, "slot free list");
-    SERVE_TAKE(a, S->pen, c->max_num_seqs, "penalty state");
-    for (int s = 0; s < c->max_num_seqs; s++) {
-        samp_slot *p = a->base ? &S->pen[s] : &(samp_slot){0};
-        SERVE_TAKE(a, p->count, S->V, "penalty counts");
-        SERVE_TAKE(a, p->seen, (S->V + 7) / 8, "penalty bits");
-    }
-    SERVE_TAKE(a, S->logits, (size_t)c->max_num_seqs * S->V, "step logits");
     SERVE_TAKE(a, S->ids, c->max_batch_tokens, "step tokens");
     SERVE_TAKE(a, S->row_slot, c->max_num_seqs, "step rows");
     SERVE_TAKE(a, S->row_rec, c->max_num_seqs, "step rows");
     SERVE_TAKE(a, S->off, c->max_num_seqs + 1, "step offsets");
-    SERVE_TAKE(a, S->sc.work, S->V, "sampler scratch");
-    SERVE_TAKE(a, S->sc.cand, S->V, "sampler candidates");
+    SERVE_TAKE(a, S->want, c->max_num_seqs, "step picks");
     SERVE_TAKE(a, S->in, S->in_cap, "input buffer");
     SERVE_TAKE(a, S->doc.nodes, MOET_MAX_LINE_VALUES, "request JSON values");
     SERVE_TAKE(a, S->doc.strs, MOET_MAX_LINE + 1, "request JSON strings");
@@ -1118,7 +1359,6 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
     // separators can grow, and a prompt past this is refused with a message
     S->prompt_cap = (size_t)MOET_MAX_LINE + MOET_MAX_LINE / 2 + (64u << 10);
     S->enc_cap = (int)S->prompt_cap;   // a token is at least one byte of text
-    S->sc.n_vocab = S->V;
     S->doc.cap_nodes = MOET_MAX_LINE_VALUES;
     S->doc.cap_strs = MOET_MAX_LINE + 1;
     S->cm.scratch_cap = MOET_MAX_LINE;
@@ -1131,11 +1371,7 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
     serve_carve(S, &S->mem);
     arena_done(&S->mem);
     for (int i = 0; i < S->n_recs; i++) S->free_recs[S->n_free_recs++] = S->n_recs - 1 - i;
-    for (int s = 0; s < c->max_num_seqs; s++) {
-        S->free_slots[S->n_free_slots++] = c->max_num_seqs - 1 - s;
-        memset(S->pen[s].count, 0, sizeof(uint16_t) * (size_t)S->V);
-        memset(S->pen[s].seen, 0, (size_t)(S->V + 7) / 8);
-    }
+    for (int s = 0; s < c->max_num_seqs; s++) S->free_slots[S->n_free_slots++] = c->max_num_seqs - 1 - s;
     for (int i = 0; i < S->n_recs; i++) S->recs[i].state = REC_FREE;
     return 0;
 }
@@ -1379,7 +1615,7 @@ static void serve_stream(serve_ctx *S, serve_rec *r, int final) {
 static void serve_release(serve_ctx *S, serve_rec *r) {
     int idx = (int)(r - S->recs);
     if (r->slot >= 0) {
-        samp_slot_clear(&S->pen[r->slot], r->tok, r->n_tok);
+        S->be.release(S->be.self, r->slot);
         S->free_slots[S->n_free_slots++] = r->slot;
         for (int i = 0; i < S->n_running; i++)
             if (S->running[i] == idx) {
@@ -1428,17 +1664,20 @@ static int serve_is_stop_id(const serve_ctx *S, const serve_rec *r, int32_t id) 
     return 0;
 }
 
-// Samples the next token of r from its logits row and applies every stop rule.
-static void serve_sample(serve_ctx *S, serve_rec *r, const float *row) {
-    samp_slot *pen = &S->pen[r->slot];
-    int32_t id = samp_pick(&S->sc, pen, &r->sp, &r->rng, row);
+// Takes the token the backend picked for r (row `row` of the step's results) with its
+// logprobs, and applies every stop rule.
+static void serve_sample(serve_ctx *S, serve_rec *r, const engine_result *res, int row) {
+    int32_t id = res->token[row];
+    MOET_ASSERT(id >= 0 && id < S->V, "backend picked token %d outside the vocabulary of %d", id, S->V);
     int gen = r->n_tok - r->n_prompt;   // index of this token among the generated ones
-    if (r->logprobs)
-        r->lp[gen] = samp_logprobs(row, S->V, id, r->top_logprobs, r->lp_ids + (size_t)gen * S->cfg.max_logprobs,
-                                   r->lp_vals + (size_t)gen * S->cfg.max_logprobs);
+    if (r->logprobs) {
+        size_t K = (size_t)S->cfg.max_logprobs, src = (size_t)row * MOET_MAX_LOGPROBS;
+        r->lp[gen] = res->logprob[row];
+        memcpy(r->lp_ids + (size_t)gen * K, res->top_ids + src, sizeof(int32_t) * (size_t)r->top_logprobs);
+        memcpy(r->lp_vals + (size_t)gen * K, res->top_lp + src, sizeof(float) * (size_t)r->top_logprobs);
+    }
     if (r->t_first == 0) r->t_first = moet_now();
     r->tok[r->n_tok++] = id;
-    samp_slot_note_output(pen, id);
     gen++;
     int why = FIN_NONE;
     if (!r->ignore_eos && serve_is_stop_id(S, r, id)) why = FIN_STOP;
@@ -1470,24 +1709,41 @@ static void serve_sample(serve_ctx *S, serve_rec *r, const float *row) {
     if (r->stream && !r->batch) serve_stream(S, r, 0);
 }
 
-// Gives free backend slots to waiting requests, oldest first.
+// Gives free backend slots to waiting requests, oldest first. A request takes KV room for
+// all the tokens it may reach (prompt + max_tokens, or the context), so a running sequence
+// never runs out of it (no preemption: results stay deterministic); when the backend has no
+// room now, the request at the head waits and so do the ones behind it (first come, first served).
 static void serve_admit(serve_ctx *S) {
     while (S->n_waiting && S->n_free_slots) {
         int idx = S->waiting[S->wait_head];
+        serve_rec *r = &S->recs[idx];
+        int slot = S->free_slots[S->n_free_slots - 1];
+        int reserve = r->max_tokens && r->max_tokens < S->max_len - r->n_prompt ? r->n_prompt + r->max_tokens : S->max_len;
+        engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve};
+        moet_err e = {{0}};
+        int rc = S->be.admit(S->be.self, slot, &a, &e);
+        if (rc == 1 && S->n_running > 0) break;   // room comes back when a running sequence ends
         S->wait_head = (S->wait_head + 1) % S->n_recs;
         S->n_waiting--;
-        serve_rec *r = &S->recs[idx];
-        r->slot = S->free_slots[--S->n_free_slots];
-        S->be.reset(S->be.self, r->slot);
-        samp_slot_note_prompt(&S->pen[r->slot], r->tok, r->n_prompt);
+        if (rc != 0) {   // refused, or no room even with nothing running: it would wait forever
+            if (rc == 1) snprintf(e.msg, sizeof e.msg, "the backend has no room for %d tokens even when idle", reserve);
+            fprintf(stderr, "moet serve: request %s not admitted: %s\n", r->id, e.msg);
+            serve_fail(S, r, e.msg);
+            continue;
+        }
+        S->n_free_slots--;
+        r->slot = slot;
         r->state = REC_PREFILL;
         r->t_admit = moet_now();
         S->running[S->n_running++] = idx;
     }
 }
 
-// One batched step over the running requests. Returns 0, or -1 when the backend failed
-// (the requests of the step are answered with an error).
+static void serve_input(serve_ctx *S, int block);
+
+// One batched step over the running requests: launched, then new input lines are read while
+// it runs, then its tokens are collected. Returns 0, or -1 when the backend failed (the
+// requests of the step are answered with an error).
 static int serve_step(serve_ctx *S) {
     int n = 0, T = 0;
     S->off[0] = 0;
@@ -1496,6 +1752,7 @@ static int serve_step(serve_ctx *S) {
         if (r->state != REC_DECODE) continue;
         S->ids[T++] = r->tok[r->n_fed];
         S->row_slot[n] = r->slot;
+        S->want[n] = 1;
         S->row_rec[n++] = S->running[i];
         S->off[n] = T;
     }
@@ -1507,13 +1764,23 @@ static int serve_step(serve_ctx *S) {
         memcpy(S->ids + T, r->tok + r->n_fed, sizeof(int32_t) * (size_t)take);
         T += take;
         S->row_slot[n] = r->slot;
+        S->want[n] = r->n_fed + take == r->n_prompt;   // only the prompt's last chunk ends in a token
         S->row_rec[n++] = S->running[i];
         S->off[n] = T;
     }
     if (n == 0) return 0;
     moet_err e = {{0}};
+    engine_step st = {n, S->row_slot, S->ids, S->off, S->want};
+    engine_result res;
     S->steps++;
-    if (S->be.step(S->be.self, n, S->row_slot, S->ids, S->off, S->logits, &e) != 0) {
+    int rc = S->be.launch(S->be.self, &st, &e);
+    if (rc == 0) {
+        // host work while the step runs: new lines become requests (admitted before the next
+        // step, as when they are read after this one), cancels are marked, errors answered
+        if (!S->stopping) serve_input(S, 0);
+        rc = S->be.collect(S->be.self, &res, &e);
+    }
+    if (rc != 0) {
         fprintf(stderr, "moet serve: backend step failed: %s\n", e.msg);
         for (int i = 0; i < n; i++) serve_fail(S, &S->recs[S->row_rec[i]], e.msg);
         return -1;
@@ -1521,11 +1788,9 @@ static int serve_step(serve_ctx *S) {
     for (int i = 0; i < n; i++) {
         serve_rec *r = &S->recs[S->row_rec[i]];
         r->n_fed += S->off[i + 1] - S->off[i];
-        if (r->state == REC_PREFILL) {
-            if (r->n_fed < r->n_prompt) continue;   // more prompt to go: these logits are not needed
-            r->state = REC_DECODE;
-        }
-        serve_sample(S, r, S->logits + (size_t)i * S->V);
+        if (!S->want[i]) continue;   // more prompt to go
+        r->state = REC_DECODE;
+        serve_sample(S, r, &res, i);
     }
     return 0;
 }
@@ -1681,7 +1946,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     r->order = ++S->order;
     r->created = (int64_t)time(NULL);
     r->sp = q.sp;
-    samp_seed(&r->rng, q.has_seed ? q.seed : S->cfg.seed_base + ++S->seed_count * 0x9e3779b97f4a7c15ull);
+    r->seed = q.has_seed ? q.seed : S->cfg.seed_base + ++S->seed_count * 0x9e3779b97f4a7c15ull;
     r->logprobs = q.logprobs;
     r->top_logprobs = q.top_logprobs;
     r->max_tokens = q.max_tokens ? q.max_tokens : S->cfg.max_new_tokens;
@@ -1764,6 +2029,18 @@ static void serve_read(serve_ctx *S, int fd, int timeout_ms) {
     else if (got == 0 || (errno != EINTR && errno != EAGAIN)) S->in_eof = 1;
 }
 
+// Reads what stdin has (waiting for it only when block) and turns complete lines into
+// requests or answers while a record is free.
+static void serve_input(serve_ctx *S, int block) {
+    char *line;
+    size_t n;
+    while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
+    if (!S->in_eof && S->n_free_recs > 0) {
+        serve_read(S, S->fd_in, block ? -1 : 0);
+        while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
+    }
+}
+
 static void serve_ready(serve_ctx *S) {
     proto_out *o = &S->out;
     po_s(o, "{\"object\":\"ready\",\"model\":");
@@ -1779,18 +2056,19 @@ static void serve_ready(serve_ctx *S) {
 // Returns 1 when fd_out failed (the reader went away).
 static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->out.fd = fd_out;
+    S->fd_in = fd_in;
     S->t_start = moet_now();
     serve_ready(S);
     S->allocs_at_ready = arena_stats.allocs;
-    int stopping = 0, cancelled_all = 0;
+    int cancelled_all = 0;
     for (;;) {
         if (S->out.failed) {
             fprintf(stderr, "moet serve: writing the answers failed: %s\n", strerror(S->out.err));
             return 1;
         }
         int sig = serve_signals;
-        if (sig >= 1 && !stopping) {
-            stopping = 1;
+        if (sig >= 1 && !S->stopping) {
+            S->stopping = 1;
             if (S->in_end > S->in_start)
                 fprintf(stderr, "moet serve: signal: %zu bytes of unread input dropped\n", S->in_end - S->in_start);
             S->in_start = S->in_end = 0;
@@ -1802,17 +2080,9 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
             for (int i = 0; i < S->n_recs; i++)
                 if (S->recs[i].state != REC_FREE && !S->recs[i].cancel) S->recs[i].cancel = 1, S->n_cancel++;
         }
-        // input: lines while a record is free
-        if (!stopping) {
-            char *line;
-            size_t n;
-            while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
-            int busy = S->n_running > 0 || S->n_waiting > 0;
-            if (!S->in_eof && S->n_free_recs > 0) {
-                serve_read(S, fd_in, busy ? 0 : -1);
-                while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
-            }
-        }
+        // input: lines while a record is free (with sequences running, the step reads them
+        // while it computes); an idle server waits for input
+        if (!S->stopping && !S->n_running) serve_input(S, !S->n_waiting);
         // cancellations
         for (int i = 0; S->n_cancel > 0 && i < S->n_recs; i++)
             if (S->recs[i].state != REC_FREE && S->recs[i].cancel) serve_finish(S, &S->recs[i], FIN_CANCELLED);
@@ -1966,6 +2236,10 @@ static void serve_usage(FILE *f) {
           "  --max-queue N           requests read ahead and waiting for a free sequence (default 64);\n"
           "                          when full, stdin is not read until one finishes\n"
           "  --max-logprobs N        largest top_logprobs a request may ask for (default 20, max 20)\n"
+          "  --backend B             auto (default: the GPU when a driver and a GPU are there, else the\n"
+          "                          CPU reference), gpu (an error without one) or cpu\n"
+          "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
+          "                          and head) or f32\n"
           "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
           "  --served-model-name S   the \"model\" of every answer (default: the model directory's name)\n"
           "  --seed N                base of the seeds of requests that give none (default: from the clock)\n"
@@ -1989,8 +2263,9 @@ static int serve_arg_int(const char *flag, const char *s, long lo, long hi, int 
 }
 
 static int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *planes = NULL, *name = NULL;
+    const char *model = NULL, *planes = NULL, *name = NULL, *backend = "auto";
     int seqs = 8, batch = 256, max_len = 0, queue = 64, max_lp = MOET_MAX_LOGPROBS, threads = 1, have_seed = 0;
+    int kv_dtype = GPU_KV_BF16;
     int thinking = -1;   // -1: on, except for the bundled demo model
     uint64_t seed = 0;
     pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
@@ -2009,7 +2284,10 @@ static int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--planes")) planes = v;
         else if (!strcmp(a, "--served-model-name")) name = v;
-        else if (!strcmp(a, "--max-num-seqs")) rc = serve_arg_int(a, v, 1, MOET_MAX_SEQS, &seqs);
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--kv-dtype")) {
+            if (engine_kv_dtype(v, &kv_dtype)) { fprintf(stderr, "moet serve: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
+        } else if (!strcmp(a, "--max-num-seqs")) rc = serve_arg_int(a, v, 1, MOET_MAX_SEQS, &seqs);
         else if (!strcmp(a, "--max-batch-tokens")) rc = serve_arg_int(a, v, 1, 1 << 20, &batch);
         else if (!strcmp(a, "--max-model-len")) rc = serve_arg_int(a, v, 2, INT32_MAX, &max_len);
         else if (!strcmp(a, "--max-queue")) rc = serve_arg_int(a, v, 0, MOET_MAX_QUEUE, &queue);
@@ -2067,18 +2345,13 @@ static int cmd_serve(int argc, char **argv) {
     moet_err e = {{0}};
     static ck_model m;
     static serve_tok st;
-    static ref_engine r;
+    static engine_any E;
     static serve_ctx S;
-    pf_attached pa = {0};
     int rc = 1, have_m = 0, have_tok = 0, have_r = 0, have_s = 0;
     char tpath[MOET_MAX_PATH], cpath[MOET_MAX_PATH];
     fprintf(stderr, "moet serve: loading %s\n", model);
     if (ck_open(&m, model, &e)) goto fail;
     have_m = 1;
-    if (planes) {
-        fprintf(stderr, "moet serve: reading the routed experts from %s%s\n", planes, popt.no_verify ? " (not verified)" : "");
-        if (pf_attach_planes(&m, planes, &popt, &pa, &e)) goto fail;
-    }
     if (serve_path(tpath, sizeof tpath, model, "tokenizer.json") || serve_path(cpath, sizeof cpath, model, "tokenizer_config.json")) {
         err_set(&e, "%s: path too long", model);
         goto fail;
@@ -2093,7 +2366,8 @@ static int cmd_serve(int argc, char **argv) {
     if (max_len > m.cfg.max_pos)
         fprintf(stderr, "moet serve: warning: --max-model-len %d is above the model's max_position_embeddings %d\n", max_len,
                 m.cfg.max_pos);
-    if (ref_init(&r, &m, seqs, max_len, batch, threads, &e)) goto fail;
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt};
+    if (engine_open(&E, backend, &m, &eo, "moet serve", &e)) goto fail;
     have_r = 1;
     // names: the directory's last component
     const char *base = strrchr(model, '/');
@@ -2105,13 +2379,13 @@ static int cmd_serve(int argc, char **argv) {
     cfg.model_name = name ? name : base;
     cfg.thinking = thinking;
     cfg.seed_base = have_seed ? seed : (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
-    if (serve_init(&S, &cfg, ref_backend(&r), (serve_codec){&st, serve_tok_encode, serve_tok_piece}, &e)) goto fail;
+    if (serve_init(&S, &cfg, E.be, (serve_codec){&st, serve_tok_encode, serve_tok_piece}, &e)) goto fail;
     have_s = 1;
     if (tok_scratch_init(&st.sc, &st.sc_mem, S.prompt_cap, &e)) goto fail;
-    fprintf(stderr, "moet serve: %s (%s experts, vocab %d) ready in %.2f s: context %d, %d sequences, %d tokens per step, "
-            "queue %d, %d thread%s; host memory: engine %.1f MiB, server %.1f MiB\n",
-            cfg.model_name, m.expert_format, m.cfg.vocab, moet_now() - t0, max_len, seqs, batch, queue, threads,
-            threads > 1 ? "s" : "", r.mem.cap / 1048576.0, S.mem.cap / 1048576.0);
+    fprintf(stderr, "moet serve: %s (%s experts, vocab %d) ready in %.2f s on the %s: context %d, %d sequences, %d tokens per step, "
+            "queue %d; memory: engine %.1f MiB, server %.1f MiB\n",
+            cfg.model_name, planes ? "planes" : m.expert_format, m.cfg.vocab, moet_now() - t0, E.is_gpu ? "GPU" : "CPU", max_len,
+            seqs, batch, queue, engine_mib(&E), S.mem.cap / 1048576.0);
     arena_freeze();   // from the ready line on, nothing is allocated
     rc = serve_run(&S, 0, 1);
     fprintf(stderr, "moet serve: done: %" PRIu64 " requests answered (%" PRIu64 " cancelled), %" PRIu64 " errors, %" PRIu64
@@ -2123,10 +2397,9 @@ fail:
 done:
     arena_stats.frozen = 0;   // shutting down: releasing is not allocating
     if (have_s) serve_free(&S);
-    if (have_r) ref_free(&r);
+    if (have_r) engine_close(&E);
     arena_release(&st.sc_mem);
     if (have_tok) tok_free(&st.t);
-    pf_detach(&pa);
     if (have_m) ck_close(&m);
     return rc;
 }
@@ -2178,7 +2451,7 @@ static int moet_argmax(const float *x, int n) {
 
 static void run_usage(FILE *f) {
     fputs("usage: moet run --model DIR (--ids LIST | --ids-file FILE) [options]\n"
-          "The float32 reference forward pass over token ids: prefill, then greedy decode steps.\n"
+          "The forward pass over token ids (the GPU or the float32 reference): prefill, then greedy decode steps.\n"
           "options:\n"
           "  --model DIR          checkpoint directory (config.json, *.safetensors, hf_quant_config.json)\n"
           "  --ids LIST           prompt token ids, comma separated\n"
@@ -2189,16 +2462,17 @@ static void run_usage(FILE *f) {
           "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
           "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
           "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
-          "  --backend cpu        the backend (cpu only)\n"
-          "  --threads N          worker threads for the matrix products (default 1)\n"
+          "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
+          "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
+          "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
           "  --chunk N            prefill in chunks of N tokens (default 512)\n"
           "  -h, --help           this text\n",
           f);
 }
 
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "cpu", *planes = NULL;
-    int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512;
+    const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "auto", *planes = NULL;
+    int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512, kv_dtype = GPU_KV_BF16;
     pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -2213,7 +2487,12 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--out") && more) out = argv[++i];
         else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
         else if (!strcmp(a, "--backend") && more) backend = argv[++i];
-        else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--kv-dtype") && more) {
+            if (engine_kv_dtype(argv[++i], &kv_dtype)) {
+                fprintf(stderr, "moet run: --kv-dtype %s: expected bf16, fp8 or f32\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--chunk") && more) chunk = atoi(argv[++i]);
         else if (!strcmp(a, "--planes") && more) planes = argv[++i];
         else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
@@ -2228,8 +2507,8 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "moet run: need --model DIR and exactly one of --ids LIST / --ids-file FILE\n");
         return 2;
     }
-    if (strcmp(backend, "cpu")) {
-        fprintf(stderr, "moet run: backend '%s' is not available (cpu)\n", backend);
+    if (strcmp(backend, "cpu") && strcmp(backend, "gpu") && strcmp(backend, "auto")) {
+        fprintf(stderr, "moet run: --backend %s: expected auto, gpu or cpu\n", backend);
         return 2;
     }
     if (greedy < 0 || greedy > MOET_MAX_RUN_TOKENS || threads < 1 || threads > MOET_MAX_THREADS || chunk < 1) {
@@ -2259,12 +2538,6 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "moet run: %s\n", e.msg);
         return 1;
     }
-    pf_attached pa = {0};   // routed experts from the plane file (--planes)
-    if (planes && pf_attach_planes(&m, planes, &popt, &pa, &e)) {
-        fprintf(stderr, "moet run: %s\n", e.msg);
-        ck_close(&m);
-        return 1;
-    }
     const ck_config *c = &m.cfg;
     int V = c->vocab, H = c->hidden, L = c->n_layers;
     for (int t = 0; t < T; t++)
@@ -2274,8 +2547,9 @@ static int cmd_run(int argc, char **argv) {
             return 1;
         }
     if (chunk > T) chunk = T;
-    ref_engine r;
-    if (ref_init(&r, &m, 1, T + greedy, chunk, threads, &e)) {
+    static engine_any E;   // routed experts from the plane file with --planes
+    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt};
+    if (engine_open(&E, backend, &m, &eo, "moet run", &e)) {
         fprintf(stderr, "moet run: %s\n", e.msg);
         ck_close(&m);
         return 1;
@@ -2296,14 +2570,19 @@ static int cmd_run(int argc, char **argv) {
         for (int i = 0; dump_hidden && i <= L; i++) hid[i] = arena_take(a, sizeof(float) * (size_t)T * H, 64, "hidden");
     }
     arena_done(&mem);
+    // through the backend interface's test entry (forward_all: the logits of every token), so
+    // the same command runs on any backend
+    engine_backend be = E.be;
+    engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + greedy};   // greedy; KV room for everything
     int slot = 0, rc = 1;
+    if (be.admit(be.self, slot, &ad, &e)) goto fail;
     double t0 = moet_now();
     for (int s = 0; s < T; s += chunk) {
         int n = T - s < chunk ? T - s : chunk, off[2] = {0, n};
         float *hp[MOET_MAX_LAYERS + 1];
         for (int i = 0; dump_hidden && i <= L; i++) hp[i] = hid[i] + (size_t)s * H;
         float *lp = out ? prefill + (size_t)s * V : prefill;
-        if (ref_forward(&r, 1, &slot, ids + s, off, lp, 1, dump_hidden ? hp : NULL, &e)) goto fail;
+        if (be.forward_all(be.self, 1, &slot, ids + s, off, lp, dump_hidden ? hp : NULL, NULL, NULL, &e)) goto fail;
     }
     double t1 = moet_now();
     const float *last = prefill + (size_t)((out ? T : ((T - 1) % chunk) + 1) - 1) * V;
@@ -2311,9 +2590,10 @@ static int cmd_run(int argc, char **argv) {
     for (int s = 0; s < greedy; s++) {
         int off[2] = {0, 1};
         gids[s] = next;
-        if (ref_forward(&r, 1, &slot, &gids[s], off, decode + (size_t)s * V, 1, NULL, &e)) goto fail;
+        if (be.forward_all(be.self, 1, &slot, &gids[s], off, decode + (size_t)s * V, NULL, NULL, NULL, &e)) goto fail;
         next = moet_argmax(decode + (size_t)s * V, V);
     }
+    be.release(be.self, slot);
     double t2 = moet_now();
     fprintf(stderr, "moet run: %d prompt tokens in %.3f s (%.1f tok/s), %d greedy tokens in %.3f s (%.1f tok/s):", T, t1 - t0,
             T / (t1 - t0), greedy, t2 - t1, greedy ? greedy / (t2 - t1) : 0.0);
@@ -2340,8 +2620,7 @@ fail:
     fprintf(stderr, "moet run: %s\n", e.msg);
 done:
     arena_release(&mem);
-    ref_free(&r);
-    pf_detach(&pa);
+    engine_close(&E);
     ck_close(&m);
     return rc;
 }
@@ -2349,7 +2628,7 @@ done:
 static void moet_usage(FILE *f) {
     fputs("usage: moet <command> [options]\n"
           "commands:\n"
-          "  run       reference forward pass of a model over token ids (see README)\n"
+          "  run       forward pass of a model over token ids: logits, greedy tokens, hidden states\n"
           "  serve     JSONL requests on stdin, answers on stdout (moet serve --help)\n"
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"

@@ -36,13 +36,6 @@ static void bench_usage(FILE *f) {
           f);
 }
 
-static int bench_kv_dtype(const char *s, int *out) {
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, gpu_kv_names[i])) { *out = i; return 0; }
-    fprintf(stderr, "moet: --kv-dtype %s: expected bf16, fp8 or f32\n", s);
-    return -1;
-}
-
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
 static double bench_copy_gbs(gpu_engine *g) {
     size_t n = (size_t)1 << 30;
@@ -70,21 +63,12 @@ static double bench_copy_gbs(gpu_engine *g) {
     return 2.0 * n / (best / 1e3) / 1e9;
 }
 
-// A backend for the benchmark: the GPU engine or the CPU reference, one step at a time, waited for.
-typedef struct {
-    gpu_engine *g;
-    ref_engine *r;
-    float *cpu_logits;   // [max_seqs, V] (CPU backend)
-} bench_be;
-
-static int bench_step(bench_be *b, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
-    if (b->g) {
-        int nr;
-        if (gpu_step(b->g, n, slots, ids, off, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
-        gpu_step_logits(b->g, nr);   // the logits reach the host, as serving needs them
-        return 0;
-    }
-    return ref_forward(b->r, n, slots, ids, off, b->cpu_logits, 0, NULL, e);
+// One step through the backend interface, waited for (launch + collect): what serving does.
+static int bench_step(engine_backend *be, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, moet_err *e) {
+    engine_step st = {n, slots, ids, off, want};
+    engine_result res;
+    if (be->launch(be->self, &st, e)) return -1;
+    return be->collect(be->self, &res, e);
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -106,7 +90,9 @@ static int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--depth")) rc = serve_arg_int(a, v, 1, 1 << 22, &o.depth);
         else if (!strcmp(a, "--max-batch-tokens")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.max_batch_tokens);
         else if (!strcmp(a, "--threads")) rc = serve_arg_int(a, v, 1, MOET_MAX_THREADS, &o.threads);
-        else if (!strcmp(a, "--kv-dtype")) rc = bench_kv_dtype(v, &o.kv_dtype);
+        else if (!strcmp(a, "--kv-dtype")) {
+            if (engine_kv_dtype(v, &o.kv_dtype)) { fprintf(stderr, "moet bench: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
+        }
         else if (!strcmp(a, "--batch")) {
             o.n_batches = 0;
             const char *p = v;
@@ -137,43 +123,31 @@ static int cmd_bench(int argc, char **argv) {
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
     const ck_config *c = &m.cfg;
     int max_len = o.depth + o.gen, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
-    static gpu_engine g;
-    static ref_engine r;
-    bench_be be = {0};
-    pf_attached pa = {0};
+    static engine_any E;
     double copy_gbs = 0;
-    int use_gpu = strcmp(o.backend, "cpu") != 0;
-    if (use_gpu) {
-        gpu_opts go = {.max_seqs = maxB, .max_len = max_len, .max_tokens = Tm, .kv_dtype = o.kv_dtype};
-        if (gpu_init(&g, &m, &go, o.planes, &o.popt, &e)) {
-            if (!strcmp(o.backend, "gpu")) { fprintf(stderr, "moet bench: --backend gpu: %s\n", e.msg); goto out; }
-            fprintf(stderr, "moet bench: backend cpu (no GPU: %s)\n", e.msg);
-            use_gpu = 0;
-        } else {
-            gpu_describe(&g.dev, stderr);
-            gpu_print_plan(&g, stderr);
-            be.g = &g;
-            copy_gbs = bench_copy_gbs(&g);
-        }
-    }
-    if (!use_gpu) {
-        if (o.planes && pf_attach_planes(&m, o.planes, &o.popt, &pa, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
-        if (ref_init(&r, &m, maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
-        be.r = &r;
-        be.cpu_logits = arena_sys_alloc(sizeof(float) * (size_t)maxB * c->vocab, "bench logits");
-    }
+    engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt};
+    if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
+    engine_backend *be = &E.be;
+    int use_gpu = E.is_gpu;
+    gpu_engine *gp = use_gpu ? &E.g.g : NULL;
+    if (use_gpu) copy_gbs = bench_copy_gbs(gp);
     int32_t *ids = arena_sys_alloc(sizeof(int32_t) * (size_t)Tm, "bench ids");
     int *slots = arena_sys_alloc(sizeof(int) * (size_t)maxB, "bench slots"), *off = arena_sys_alloc(sizeof(int) * (size_t)(maxB + 1), "bench offsets");
+    uint8_t *want = arena_sys_alloc((size_t)maxB, "bench wants");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     printf("{\"object\":\"bench\",\"backend\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"experts\":\"%s\",\"kv_dtype\":\"%s\","
            "\"copy_gbs\":%.1f,\"results\":[",
-           use_gpu ? "gpu" : "cpu", use_gpu ? g.dev.name : "cpu", o.model, o.planes ? "planes" : m.expert_format, gpu_kv_names[o.kv_dtype],
+           use_gpu ? "gpu" : "cpu", use_gpu ? gp->dev.name : "cpu", o.model, o.planes ? "planes" : m.expert_format, gpu_kv_names[o.kv_dtype],
            copy_gbs);
     for (int bi = 0; bi < o.n_batches; bi++) {
         int B = o.batches[bi];
         for (int s = 0; s < B; s++) {
-            if (use_gpu && gpu_seq_start(&g, s, max_len)) { fprintf(stderr, "moet bench: KV pages for %d sequences of %d tokens do not fit\n", B, max_len); goto out; }
-            if (!use_gpu) ref_reset(&r, s);
+            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len};   // greedy
+            int ar = be->admit(be->self, s, &ad, &e);
+            if (ar) {
+                fprintf(stderr, "moet bench: %s\n", ar > 0 ? "the KV cache has no room for every sequence" : e.msg);
+                goto out;
+            }
         }
         // prefill: every sequence's prompt, as many whole sequences' chunks per step as fit
         int *fed = arena_sys_alloc(sizeof(int) * (size_t)B, "bench progress");
@@ -193,11 +167,12 @@ static int cmd_bench(int argc, char **argv) {
                     }
                     T += k;
                     fed[s] += k;
+                    want[n] = fed[s] == goal;
                     slots[n++] = s;
                     off[n] = T;
                 }
                 if (!n) break;
-                if (bench_step(&be, n, slots, ids, off, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                if (bench_step(be, n, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
             }
             if (phase == 0) t0 = moet_now() - t0;
         }
@@ -209,22 +184,23 @@ static int cmd_bench(int argc, char **argv) {
             for (int s = 0; s < B; s++) {
                 slots[s] = s;
                 off[s] = s;
+                want[s] = 1;
                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
                 ids[s] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
             }
             off[B] = B;
             if (step >= o.gen) break;
-            if (bench_step(&be, B, slots, ids, off, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+            if (bench_step(be, B, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
         // bytes one decode step reads: dense weights + the experts B tokens touch (uniform routing:
         // E·(1 − (1 − K/E)^B) distinct experts per layer) + GDN state read and written + KV read
         double touched = c->n_experts * (1.0 - pow(1.0 - (double)c->topk / c->n_experts, B));
-        double expert_b = use_gpu ? g.expert_bytes * touched * c->n_layers : 0;
-        double state_b = use_gpu ? 2.0 * sizeof(float) * g.ssm_slot * B : 0;
+        double expert_b = use_gpu ? gp->expert_bytes * touched * c->n_layers : 0;
+        double state_b = use_gpu ? 2.0 * sizeof(float) * gp->ssm_slot * B : 0;
         double kv_b = use_gpu ? (double)B * (o.depth + o.gen / 2) * 2 * gpu_kv_page_bytes(c, o.kv_dtype) / GPU_KV_PAGE : 0;
-        double dense_b = use_gpu ? g.dense_bytes : 0;
+        double dense_b = use_gpu ? gp->dense_bytes : 0;
         double step_b = dense_b + expert_b + state_b + kv_b;
         double step_s = dec_s / timed;
         printf("%s{\"batch\":%d,\"prompt\":%d,\"depth\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.3f,"
@@ -233,15 +209,14 @@ static int cmd_bench(int argc, char **argv) {
                step_b / step_s / 1e9);
         fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, %.0f MB/step, %.0f GB/s of %.0f copy)\n",
                 B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3, step_b / 1e6, step_b / step_s / 1e9, copy_gbs);
-        for (int s = 0; s < B; s++) if (use_gpu) gpu_seq_end(&g, s);
+        for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);
     }
     printf("]}\n");
     rc = 0;
 out:
-    if (use_gpu && be.g) gpu_free(&g);
-    if (be.r) ref_free(&r);
-    pf_detach(&pa);
+    engine_close(&E);
+out0:
     ck_close(&m);
     return rc;
 }

@@ -553,11 +553,12 @@ static int gpu_step_check(const gpu_engine *g, int n, const int *slots, const in
 }
 
 // Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
-// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (n logit rows), GPU_OUT_ALL (off[n] rows).
+// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
+// row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows).
 // The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
 // test entry's extras (synchronous copies, host buffers as ref_forward's).
-static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, int out, float **hidden,
-                    int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
+static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
+                    float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
     if (gpu_step_check(g, n, slots, ids, off, e)) return -1;
     const ck_config *c = &g->m->cfg;
     int T = off[n], H = c->hidden, Tm = g->o.max_tokens;
@@ -573,7 +574,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
             mh[GM_TOK_POS * Tm + t] = g->pos[s] + (t - off[i]);
             if (out == GPU_OUT_ALL) mh[GM_OUT_ROWS * Tm + nr++] = t;
         }
-        if (out == GPU_OUT_LAST) mh[GM_OUT_ROWS * Tm + nr++] = off[i + 1] - 1;
+        if (out == GPU_OUT_LAST && (!want || want[i])) mh[GM_OUT_ROWS * Tm + nr++] = off[i + 1] - 1;
         mh[GM_ROWS * Tm + 0 * g->o.max_seqs + i] = s;
         mh[GM_ROWS * Tm + 1 * g->o.max_seqs + i] = off[i];
         mh[GM_ROWS * Tm + 2 * g->o.max_seqs + i] = off[i + 1] - off[i];
@@ -615,9 +616,14 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     return 0;
 }
 
+// Queues the copy of the last step's logits (rows [0, nr)) into the pinned buffer.
+static void gpu_step_logits_async(gpu_engine *g, int nr) {
+    if (nr) CU_CHECK(cu.cuMemcpyDtoHAsync(g->logits_host, g->logits, sizeof(float) * (size_t)nr * g->m->cfg.vocab, g->compute));
+}
+
 // Copies the logits of the last step (rows [0, nr)) into the pinned buffer and waits.
 static const float *gpu_step_logits(gpu_engine *g, int nr) {
-    CU_CHECK(cu.cuMemcpyDtoHAsync(g->logits_host, g->logits, sizeof(float) * (size_t)nr * g->m->cfg.vocab, g->compute));
+    gpu_step_logits_async(g, nr);
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     return g->logits_host;
 }

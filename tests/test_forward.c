@@ -53,7 +53,7 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
     r.trace_ids = rid;
     r.trace_w = rw;
     int slot = 0, off[2] = {0, T};
-    CHECK(ref_forward(&r, 1, &slot, ids, off, logits, 1, hid, &e) == 0, "%s", e.msg);
+    CHECK(ref_forward(&r, 1, &slot, ids, off, NULL, logits, 1, hid, &e) == 0, "%s", e.msg);
     r.trace_ids = NULL;
     r.trace_w = NULL;
     for (int i = 0; i <= L; i++) {
@@ -96,7 +96,7 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
         same &= next == gids[s];
         int o1[2] = {0, 1};
         int32_t feed = gids[s];   // the golden token, so one divergence does not cascade
-        CHECK(ref_forward(&r, 1, &slot, &feed, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
+        CHECK(ref_forward(&r, 1, &slot, &feed, o1, NULL, dlog, 1, NULL, &e) == 0, "%s", e.msg);
         double de = check_nerr(dlog, (const float *)dl->data + (size_t)s * V, V);
         if (de > derr) derr = de;
         next = moet_argmax(dlog, V);
@@ -111,7 +111,7 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
     int exact = 1;
     for (int t = 0; t < T; t++) {
         int s1 = 1, o1[2] = {0, 1};
-        CHECK(ref_forward(&r, 1, &s1, ids + t, o1, dlog, 1, NULL, &e) == 0, "%s", e.msg);
+        CHECK(ref_forward(&r, 1, &s1, ids + t, o1, NULL, dlog, 1, NULL, &e) == 0, "%s", e.msg);
         exact &= !memcmp(dlog, logits + (size_t)t * V, sizeof(float) * V);
     }
     CHECK(exact, "%s: token-by-token logits differ from the prefill logits", fix);
@@ -125,7 +125,7 @@ static void run_variant(const char *fix, const char *model_sub, const char *tag,
         float *two = malloc(sizeof(float) * 2 * (size_t)V);
         memcpy(both, ids, sizeof(int32_t) * k);          // slot 0: the first k tokens
         memcpy(both + k, ids, sizeof(int32_t) * (T - k)); // slot 1: the first T−k tokens
-        CHECK(ref_forward(&r, 2, slots2, both, o2, two, 0, NULL, &e) == 0, "%s", e.msg);
+        CHECK(ref_forward(&r, 2, slots2, both, o2, NULL, two, 0, NULL, &e) == 0, "%s", e.msg);
         CHECK(!memcmp(two, logits + (size_t)(k - 1) * V, sizeof(float) * V), "%s: batched row 0 differs", fix);
         CHECK(!memcmp(two + V, logits + (size_t)(T - k - 1) * V, sizeof(float) * V), "%s: batched row 1 differs", fix);
         free(both);
@@ -154,8 +154,8 @@ static void thread_invariance(const char *dir) {
     ref_engine r1, r3;
     CHECK(ref_init(&r1, &m, 1, T, T, 1, &e) == 0 && ref_init(&r3, &m, 1, T, T, 3, &e) == 0, "%s", e.msg);
     CHECK(r3.n_workers == 2, "workers started: %d", r3.n_workers);
-    CHECK(ref_forward(&r1, 1, &slot, ids, off, a, 1, NULL, &e) == 0, "%s", e.msg);
-    CHECK(ref_forward(&r3, 1, &slot, ids, off, b, 1, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ref_forward(&r1, 1, &slot, ids, off, NULL, a, 1, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ref_forward(&r3, 1, &slot, ids, off, NULL, b, 1, NULL, &e) == 0, "%s", e.msg);
     CHECK(!memcmp(a, b, sizeof(float) * (size_t)T * V), "%s: 3 threads differ from 1", dir);
     ref_free(&r1);
     ref_free(&r3);

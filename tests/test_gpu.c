@@ -81,7 +81,7 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
     float *logits = malloc(sizeof(float) * (size_t)T * V);
     int slot = 0, off[2] = {0, T}, nr = 0;
     CHECK(gpu_seq_start(&g, slot, T + N) == 0, "pages");
-    CHECK(gpu_step(&g, 1, &slot, ids, off, GPU_OUT_ALL, hid, rid, rw, &nr, &e) == 0, "%s", e.msg);
+    CHECK(gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_ALL, hid, rid, rw, &nr, &e) == 0, "%s", e.msg);
     memcpy(logits, gpu_step_logits(&g, nr), sizeof(float) * (size_t)T * V);
     double tol = kv_tol(kv), worst_h = 0, rerr = INFINITY;
     {   // the CPU reference, its KV cache rounded as this one's
@@ -95,7 +95,7 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
                 int s0 = 0;
                 if (ref_init(&r, &m2, 1, T, T, 8, &e) == 0) {
                     r.kv_round = kv;
-                    CHECK(ref_forward(&r, 1, &s0, ids, off, cl, 1, NULL, &e) == 0, "%s", e.msg);
+                    CHECK(ref_forward(&r, 1, &s0, ids, off, NULL, cl, 1, NULL, &e) == 0, "%s", e.msg);
                     rerr = check_nerr(logits, cl, (size_t)T * V);
                     ref_free(&r);
                 }
@@ -137,7 +137,7 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
         same &= next == gids[s];
         int o1[2] = {0, 1};
         int32_t feed = gids[s];
-        CHECK(gpu_step(&g, 1, &slot, &feed, o1, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        CHECK(gpu_step(&g, 1, &slot, &feed, o1, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
         const float *row = gpu_step_logits(&g, 1);
         if (dl) {
             double de = check_nerr(row, (const float *)dl->data + (size_t)s * V, V);
@@ -159,12 +159,12 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
         float *alone = malloc(sizeof(float) * 4 * (size_t)V), *busy = malloc(sizeof(float) * 4 * (size_t)V);
         int s1 = 1;
         CHECK(gpu_seq_start(&g, s1, T + 4) == 0, "pages");
-        CHECK(gpu_step(&g, 1, &s1, ids, off, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        CHECK(gpu_step(&g, 1, &s1, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
         memcpy(alone, gpu_step_logits(&g, 1), sizeof(float) * V);
         for (int s = 0; s < 3; s++) {
             int32_t feed = gids[s % N];
             int o1[2] = {0, 1};
-            CHECK(gpu_step(&g, 1, &s1, &feed, o1, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+            CHECK(gpu_step(&g, 1, &s1, &feed, o1, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
             memcpy(alone + (size_t)(s + 1) * V, gpu_step_logits(&g, 1), sizeof(float) * V);
         }
         gpu_seq_end(&g, s1);
@@ -197,7 +197,7 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
                 rows[n] = s;
                 slots[n++] = s;
             }
-            CHECK(gpu_step(&g, n, slots, step_ids, offs, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+            CHECK(gpu_step(&g, n, slots, step_ids, offs, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
             const float *out = gpu_step_logits(&g, n);
             for (int i = 0; i < n; i++)
                 if (rows[i] == 2 && fed[2] == T) {
@@ -241,13 +241,13 @@ static void versus_reference(const char *dir, const char *planes, int T) {
     float *a = malloc(sizeof(float) * (size_t)T * V);
     ref_engine r;
     CHECK(ref_init(&r, &m2, 1, T, T, 4, &e) == 0, "%s", e.msg);
-    CHECK(ref_forward(&r, 1, &slot, ids, off, a, 1, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ref_forward(&r, 1, &slot, ids, off, NULL, a, 1, NULL, &e) == 0, "%s", e.msg);
     ref_free(&r);
     gpu_engine g;
     gpu_opts o = {.max_seqs = 1, .max_len = T, .max_tokens = T, .kv_dtype = GPU_KV_F32};
     if (gpu_init(&g, &m, &o, planes, &po, &e)) { CHECK(0, "%s", e.msg); goto out2; }
     CHECK(gpu_seq_start(&g, 0, T) == 0, "pages");
-    CHECK(gpu_step(&g, 1, &slot, ids, off, GPU_OUT_ALL, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+    CHECK(gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_ALL, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
     const float *b = gpu_step_logits(&g, nr);
     double err = check_nerr(b, a, (size_t)T * V);
     int agree = 0;

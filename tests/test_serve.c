@@ -3,7 +3,10 @@
 // The backend here is a small deterministic stand-in (defined below, for these tests only):
 // the logits of a sequence are a hash of its whole token history, so results depend only on
 // the sequence itself — never on batching or prefill chunking — and any scheduler mistake
-// (a token fed twice, to the wrong slot, a slot not reset) changes the output. The codec is
+// (a token fed twice, to the wrong slot, a slot not reset) changes the output. It picks
+// tokens with the same sampler bank as every backend, refuses a row past its sequence's
+// reserve, and can hold a limited pool of reserved tokens (admission answers "no room
+// now", as a paged KV cache would). The codec is
 // byte-level: ids 0..255 are bytes, then a few added tokens. End-to-end tests with the real
 // model and tokenizer are in test_serve_e2e.c.
 #include "../moet.c"
@@ -16,9 +19,17 @@ enum { TB_V = 300, TB_EOT = 256, TB_IM_START = 257, TB_IM_END = 258, TB_THINK = 
 typedef struct {
     int max_seqs, max_len;
     uint64_t hash[64];
-    int pos[64];
+    int pos[64], limit[64];
     long steps, rows, tokens;
     int max_rows_seen;
+    long capacity;          // tokens all reserves together may hold (0: no limit), like a KV page pool
+    long reserved, max_reserved;
+    int admitted_order[256], n_admitted;   // slots' sequences in admission order (by first prompt token)
+    samp_bank bank;
+    float row[TB_V];
+    int32_t tok[64], top_ids[64 * MOET_MAX_LOGPROBS];
+    float lp[64], top_lp[64 * MOET_MAX_LOGPROBS];
+    int launched;
 } tb_state;
 
 static uint64_t tb_mix(uint64_t h, uint64_t v) {
@@ -27,43 +38,97 @@ static uint64_t tb_mix(uint64_t h, uint64_t v) {
     return h ^ (h >> 29);
 }
 
-static void tb_reset(void *self, int slot) {
-    tb_state *t = self;
-    t->hash[slot] = 1469598103934665603ull;
-    t->pos[slot] = 0;
-}
-
 // Logits favour lowercase letters and spaces; "</think>" is likely after 6 tokens, <|im_end|>
 // after about 12, so answers have reasoning, content and an end.
-static int tb_step(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, moet_err *e) {
+static void tb_logits(const tb_state *t, int s, float *row) {
+    for (int v = 0; v < TB_V; v++) {
+        uint64_t h = tb_mix(t->hash[s], (uint64_t)v * 7919);
+        float x = (float)(h >> 40) / (float)(1 << 24) * 4.0f - 6.0f;   // [-6, -2)
+        if ((v >= 'a' && v <= 'z') || v == ' ') x += 5.0f;
+        if (v == TB_THINK_END) x += (t->pos[s] % 7 == 6) ? 12.0f : -20.0f;
+        if (v == TB_IM_END) x += (h % 12 == 0) ? 12.0f : -5.0f;
+        if (v > TB_THINK_END) x = -30.0f;
+        row[v] = x;
+    }
+}
+
+static int tb_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
     tb_state *t = self;
+    if (slot < 0 || slot >= t->max_seqs || t->limit[slot]) return err_set(e, "slot %d not free", slot);
+    if (a->reserve > t->max_len || a->reserve < a->n_prompt + 1) return err_set(e, "bad reserve %d", a->reserve);
+    if (t->capacity && t->reserved + a->reserve > t->capacity) return 1;   // no room now
+    if (samp_bank_admit(&t->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
+    t->hash[slot] = 1469598103934665603ull;
+    t->pos[slot] = 0;
+    t->limit[slot] = a->reserve;
+    t->reserved += a->reserve;
+    if (t->reserved > t->max_reserved) t->max_reserved = t->reserved;
+    if (t->n_admitted < 256) t->admitted_order[t->n_admitted++] = a->prompt[a->n_prompt - 1];
+    return 0;
+}
+
+static void tb_release(void *self, int slot) {
+    tb_state *t = self;
+    samp_bank_release(&t->bank, slot);
+    t->reserved -= t->limit[slot];
+    t->limit[slot] = 0;
+}
+
+static int tb_launch(void *self, const engine_step *st, moet_err *e) {
+    tb_state *t = self;
+    int n = st->n;
+    const int *slots = st->slots, *off = st->off;
+    const int32_t *ids = st->ids;
+    if (t->launched) return err_set(e, "launch before collect");
     t->steps++;
     t->rows += n;
     t->tokens += off[n];
     if (n > t->max_rows_seen) t->max_rows_seen = n;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {   // everything checked before anything changes
         int s = slots[i];
         for (int j = 0; j < i; j++)
             if (slots[j] == s) return err_set(e, "slot %d twice in a step", s);
+        if (!t->limit[s]) return err_set(e, "slot %d not admitted", s);
         if (off[i + 1] <= off[i]) return err_set(e, "empty row");
         for (int k = off[i]; k < off[i + 1]; k++) {
             if (ids[k] < 0 || ids[k] >= TB_V) return err_set(e, "token %d out of range", ids[k]);
             if (ids[k] == TB_V - 1) return err_set(e, "the last token id makes this backend fail (a test of the error path)");
-            t->hash[s] = tb_mix(t->hash[s], (uint64_t)ids[k]);
         }
-        t->pos[s] += off[i + 1] - off[i];
-        if (t->pos[s] > t->max_len) return err_set(e, "slot %d past max_len", s);
-        float *row = logits + (size_t)i * TB_V;
-        for (int v = 0; v < TB_V; v++) {
-            uint64_t h = tb_mix(t->hash[s], (uint64_t)v * 7919);
-            float x = (float)(h >> 40) / (float)(1 << 24) * 4.0f - 6.0f;   // [-6, -2)
-            if ((v >= 'a' && v <= 'z') || v == ' ') x += 5.0f;
-            if (v == TB_THINK_END) x += (t->pos[s] % 7 == 6) ? 12.0f : -20.0f;
-            if (v == TB_IM_END) x += (h % 12 == 0) ? 12.0f : -5.0f;
-            if (v > TB_THINK_END) x = -30.0f;
-            row[v] = x;
-        }
+        if (t->pos[s] + off[i + 1] - off[i] > t->limit[s]) return err_set(e, "slot %d past its reserve", s);
     }
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        for (int k = off[i]; k < off[i + 1]; k++) t->hash[s] = tb_mix(t->hash[s], (uint64_t)ids[k]);
+        t->pos[s] += off[i + 1] - off[i];
+        t->tok[i] = -1;
+        if (!st->want[i]) continue;
+        tb_logits(t, s, t->row);
+        samp_bank_pick(&t->bank, s, t->row, &t->tok[i], &t->lp[i], t->top_ids + (size_t)i * MOET_MAX_LOGPROBS,
+                       t->top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+    }
+    t->launched = 1;
+    return 0;
+}
+
+static int tb_collect(void *self, engine_result *out, moet_err *e) {
+    tb_state *t = self;
+    if (!t->launched) return err_set(e, "collect without launch");
+    t->launched = 0;
+    *out = (engine_result){t->tok, t->lp, t->top_ids, t->top_lp};
+    return 0;
+}
+
+static int tb_forward_all(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
+                          float **hidden, int32_t **router_ids, float **router_w, moet_err *e) {
+    tb_state *t = self;
+    (void)hidden, (void)router_ids, (void)router_w;
+    for (int i = 0; i < n; i++)
+        for (int k = off[i]; k < off[i + 1]; k++) {
+            if (t->pos[slots[i]] >= t->limit[slots[i]]) return err_set(e, "past the reserve");
+            t->hash[slots[i]] = tb_mix(t->hash[slots[i]], (uint64_t)ids[k]);
+            t->pos[slots[i]]++;
+            tb_logits(t, slots[i], logits + (size_t)k * TB_V);
+        }
     return 0;
 }
 
@@ -112,18 +177,21 @@ static void tb_piece(void *self, int32_t id, int skip_special, const char **s, s
 static tb_state tb;
 static char out_text[8 << 20];
 static int tb_max_new_tokens;   // serve_config.max_new_tokens of the next run (generation_config)
+static long tb_capacity;        // tb_state.capacity of the next run
 
 // Runs a server with the given sizes over `input`; fills out_text with everything written.
 static int run_server(const char *input, int seqs, int batch_tokens, int queue, int max_len, serve_ctx *keep) {
     static serve_ctx S;
+    samp_bank_free(&tb.bank);
     memset(&tb, 0, sizeof tb);
     tb.max_seqs = 64;
     tb.max_len = max_len;
-    engine_backend be = {&tb, TB_V, 64, max_len, tb_reset, tb_step};
+    tb.capacity = tb_capacity;
+    engine_backend be = {&tb, TB_V, 64, max_len, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all};
     serve_codec codec = {NULL, tb_encode, tb_piece};
     serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens};
     moet_err e = {{0}};
-    if (serve_init(&S, &cfg, be, codec, &e) != 0) {
+    if (samp_bank_init(&tb.bank, TB_V, 64, max_len, &e) != 0 || serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
         return -1;
     }
@@ -545,7 +613,46 @@ static void test_backend_failure(void) {
           z >= 0 ? ans_line[z] : "(none)");
 }
 
+// Admission takes the KV room a request may need; when the backend has none now, the oldest
+// waiting request waits and nothing skips ahead of it; a request that cannot fit even in an
+// idle backend is answered with an error instead of waiting forever.
+static void test_admission_room(void) {
+    // reserves: prompt + max_tokens; a pool of 100 tokens holds one of the 90-token requests
+    // and one of the 8-token ones at a time; "never" needs 203 tokens
+    const char *lines[] = {
+        "{\"id\":\"a\",\"prompt\":\"xA\",\"max_tokens\":88,\"ignore_eos\":true}",
+        "{\"id\":\"b\",\"prompt\":\"xB\",\"max_tokens\":88,\"ignore_eos\":true}",
+        "{\"id\":\"c\",\"prompt\":\"xC\",\"max_tokens\":6,\"ignore_eos\":true}",
+        "{\"id\":\"never\",\"prompt\":\"xD\",\"max_tokens\":201}",
+        "{\"id\":\"d\",\"prompt\":\"xE\",\"max_tokens\":6,\"ignore_eos\":true}",
+        "{\"id\":\"e\",\"prompt\":\"xF\",\"max_tokens\":6,\"ignore_eos\":true}",
+    };
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) at += (size_t)snprintf(input + at, sizeof input - at, "%s\n", lines[i]);
+    tb_capacity = 100;
+    int rc = run_server(input, 4, 16, 8, 512, NULL);
+    tb_capacity = 0;
+    CHECK(rc == 0, "exit %d", rc);
+    parse_answers();
+    const char *ok[] = {"a", "b", "c", "d", "e"};
+    for (int i = 0; i < 5; i++) {
+        int a = find_answer(ok[i], "text_completion");
+        CHECK(a >= 0 && count_answers(ok[i]) == 1, "%s answered once", ok[i]);
+        if (a >= 0) CHECK(path(a, "usage", "completion_tokens", 0, 0)->i64 == (i < 2 ? 88 : 6), "%s ran to max_tokens: %s", ok[i], ans_line[a]);
+    }
+    int nv = find_answer("never", NULL);
+    CHECK(nv >= 0 && js_str_is(path(nv, "error", "code", 0, 0), "server_error") && strstr(ans_line[nv], "no room"),
+          "a request that never fits: %s", nv >= 0 ? ans_line[nv] : "(none)");
+    CHECK(tb.max_reserved <= 100, "reserves stayed within the pool (%ld)", tb.max_reserved);
+    CHECK(tb.n_admitted == 5, "five admissions (%d)", tb.n_admitted);
+    int fcfs = 1;
+    for (int i = 0; i < tb.n_admitted; i++) fcfs &= tb.admitted_order[i] == "ABCEF"[i];
+    CHECK(fcfs, "admitted first come, first served: %c%c%c%c%c", tb.admitted_order[0], tb.admitted_order[1],
+          tb.admitted_order[2], tb.admitted_order[3], tb.admitted_order[4]);
+}
+
 int main(void) {
+    test_admission_room();
     test_backend_failure();
     test_default_max_tokens();
     test_mixed_lines();

@@ -20,6 +20,8 @@ static int run_moet(const char *in, const char *const *args) {
     lseek(fi, 0, SEEK_SET);
     const char *argv[32] = {"./moet", "serve"};
     int n = 2;
+    const char *backend = getenv("MOET_E2E_BACKEND");   // ./build.sh test-gpu: every run on the GPU
+    if (backend) argv[n++] = "--backend", argv[n++] = backend;
     for (int i = 0; args && args[i]; i++) argv[n++] = args[i];
     argv[n] = NULL;
     pid_t pid = fork();

@@ -1,0 +1,211 @@
+// gpu/backend.c — the GPU engine behind the scheduler's engine_backend, and the one place that
+// chooses a backend for `run`, `serve` and `bench` (--backend auto|cpu|gpu).
+//
+// launch queues the whole step on the compute stream, then the copy of the rows' logits into
+// pinned memory, and returns; collect waits for that copy and picks each wanted row's token
+// with the slot's sampler (samp_bank, the same code as the CPU backend: a request samples the
+// same way on both). Admission takes KV pages from the free list (gpu_seq_start) and answers 1
+// when there are not enough: the request waits, nothing is preempted.
+
+typedef struct {
+    gpu_engine g;
+    samp_bank bank;
+    int *reserve;            // [max_seqs] tokens each admitted sequence may reach
+    int32_t *res_tok;        // [max_seqs] results of the last step
+    float *res_lp;           // [max_seqs]
+    int32_t *res_top_ids;    // [max_seqs, MOET_MAX_LOGPROBS]
+    float *res_top_lp;       // [max_seqs, MOET_MAX_LOGPROBS]
+    int *l_slots;            // [max_seqs] the launched step's slots and wants (the caller's arrays
+    uint8_t *l_want;         // [max_seqs]  may change before collect)
+    int l_n, l_rows, launched;
+    arena mem;
+} gpu_backend;
+
+static void gpu_be_carve(gpu_backend *b, arena *a) {
+    int S = b->g.o.max_seqs;
+    REF_TAKE(a, b->reserve, S, "reserves");
+    REF_TAKE(a, b->res_tok, S, "picked ids");
+    REF_TAKE(a, b->res_lp, S, "logprobs");
+    REF_TAKE(a, b->res_top_ids, (size_t)S * MOET_MAX_LOGPROBS, "top ids");
+    REF_TAKE(a, b->res_top_lp, (size_t)S * MOET_MAX_LOGPROBS, "top logprobs");
+    REF_TAKE(a, b->l_slots, S, "step slots");
+    REF_TAKE(a, b->l_want, S, "step wants");
+}
+
+static int gpu_be_check(gpu_backend *b, int n, const int *slots, const int *off, const char *what, moet_err *e) {
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        if (s < 0 || s >= b->g.o.max_seqs) return err_set(e, "%s: sequence slot %d out of range [0, %d)", what, s, b->g.o.max_seqs);
+        if (!b->bank.slot[s].active) return err_set(e, "%s: sequence slot %d was not admitted", what, s);
+        if (off[i + 1] <= off[i]) return err_set(e, "%s: row %d has no tokens", what, i);
+        if (b->g.pos[s] + (off[i + 1] - off[i]) > b->reserve[s])
+            return err_set(e, "%s: the sequence in slot %d would reach %d tokens; its reserve is %d", what, s,
+                           b->g.pos[s] + (off[i + 1] - off[i]), b->reserve[s]);
+    }
+    return 0;
+}
+
+static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
+    gpu_backend *b = self;
+    if (slot < 0 || slot >= b->g.o.max_seqs) return err_set(e, "admit: sequence slot %d out of range [0, %d)", slot, b->g.o.max_seqs);
+    if (a->reserve < 1 || a->reserve < a->n_prompt)
+        return err_set(e, "admit: a reserve of %d tokens does not hold the prompt of %d", a->reserve, a->n_prompt);
+    if (a->reserve > b->g.o.max_len) return err_set(e, "admit: a reserve of %d tokens exceeds the context of %d", a->reserve, b->g.o.max_len);
+    if (b->bank.slot[slot].active) return err_set(e, "admit: sequence slot %d is taken", slot);
+    if (gpu_seq_start(&b->g, slot, a->reserve)) return 1;   // not enough free KV pages now
+    if (samp_bank_admit(&b->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) {
+        gpu_seq_end(&b->g, slot);
+        return -1;
+    }
+    b->reserve[slot] = a->reserve;
+    return 0;
+}
+
+static void gpu_be_release(void *self, int slot) {
+    gpu_backend *b = self;
+    samp_bank_release(&b->bank, slot);
+    gpu_seq_end(&b->g, slot);
+    b->reserve[slot] = 0;
+}
+
+static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
+    gpu_backend *b = self;
+    if (b->launched) return err_set(e, "launch: the step launched before was not collected");
+    if (gpu_be_check(b, s->n, s->slots, s->off, "launch", e)) return -1;
+    int nr;
+    if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
+    gpu_step_logits_async(&b->g, nr);
+    memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
+    memcpy(b->l_want, s->want, (size_t)s->n);
+    b->l_n = s->n;
+    b->l_rows = nr;
+    b->launched = 1;
+    return 0;
+}
+
+static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
+    gpu_backend *b = self;
+    if (!b->launched) return err_set(e, "collect: no step was launched");
+    CU_CHECK(cu.cuStreamSynchronize(b->g.compute));   // the step and its logits copy are done
+    int V = b->g.m->cfg.vocab;
+    for (int i = 0, j = 0; i < b->l_n; i++) {
+        b->res_tok[i] = -1;   // no token for a mid-prompt chunk
+        if (!b->l_want[i]) continue;
+        samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
+                       b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+    }
+    b->launched = 0;
+    *out = (engine_result){b->res_tok, b->res_lp, b->res_top_ids, b->res_top_lp};
+    return 0;
+}
+
+static int gpu_be_forward_all(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
+                              float **hidden, int32_t **router_ids, float **router_w, moet_err *e) {
+    gpu_backend *b = self;
+    if (b->launched) return err_set(e, "forward_all: the step launched before was not collected");
+    if (gpu_be_check(b, n, slots, off, "forward_all", e)) return -1;
+    int nr;
+    if (gpu_step(&b->g, n, slots, ids, off, NULL, GPU_OUT_ALL, hidden, router_ids, router_w, &nr, e)) return -1;
+    memcpy(logits, gpu_step_logits(&b->g, nr), sizeof(float) * (size_t)nr * b->g.m->cfg.vocab);
+    return 0;
+}
+
+static void gpu_be_free(gpu_backend *b) {
+    gpu_free(&b->g);
+    samp_bank_free(&b->bank);
+    arena_release(&b->mem);
+}
+
+static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+    memset(b, 0, sizeof *b);
+    if (gpu_init(&b->g, m, o, planes, po, e)) return -1;
+    arena plan = arena_measure("gpu backend");
+    gpu_be_carve(b, &plan);
+    if (arena_init(&b->mem, "gpu backend", plan.used, e) || samp_bank_init(&b->bank, m->cfg.vocab, o->max_seqs, o->max_len, e)) {
+        gpu_be_free(b);
+        return -1;
+    }
+    gpu_be_carve(b, &b->mem);
+    arena_done(&b->mem);
+    return 0;
+}
+
+static engine_backend gpu_backend_of(gpu_backend *b) {
+    engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, gpu_be_admit, gpu_be_release,
+                         gpu_be_launch, gpu_be_collect, gpu_be_forward_all};
+    return be;
+}
+
+// ---- choosing a backend ------------------------------------------------------------------------
+
+typedef struct {
+    int max_seqs, max_len, max_tokens;   // sequence slots, tokens per sequence, tokens per step
+    int threads;                         // CPU: matrix product workers
+    int kv_dtype;                        // GPU: GPU_KV_*
+    const char *planes;                  // routed experts from this plane file, or NULL
+    pf_serve_opts popt;
+} engine_opts;
+
+typedef struct {
+    int is_gpu;
+    ref_engine r;
+    gpu_backend g;
+    pf_attached pa;      // CPU: the plane slots in host memory
+    engine_backend be;
+} engine_any;
+
+// --kv-dtype: f32, bf16 or fp8.
+static int engine_kv_dtype(const char *s, int *out) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, gpu_kv_names[i])) { *out = i; return 0; }
+    return -1;
+}
+
+// Opens the backend `which` (auto | cpu | gpu) for model m (whose experts the CPU path may point
+// at the plane file). auto takes the GPU when a driver and a device are there and says on stderr
+// which backend runs and why; gpu without one is an error. `who` prefixes the messages.
+static int engine_open(engine_any *E, const char *which, ck_model *m, const engine_opts *o, const char *who, moet_err *e) {
+    memset(E, 0, sizeof *E);
+    int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
+    if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
+    if (!want_cpu) {
+        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, 0};
+        moet_err ge = {{0}};
+        if (gpu_be_init(&E->g, m, &go, o->planes, &o->popt, &ge) == 0) {
+            E->is_gpu = 1;
+            E->be = gpu_backend_of(&E->g);
+            gpu_describe(&E->g.g.dev, stderr);
+            gpu_print_plan(&E->g.g, stderr);
+            fprintf(stderr, "%s: backend gpu (%s, kernels: %s)\n", who, which, E->g.g.k.image);
+            return 0;
+        }
+        if (want_gpu) return err_set(e, "--backend gpu: %s", ge.msg);
+        fprintf(stderr, "%s: backend cpu (auto: %s)\n", who, ge.msg);
+    } else
+        fprintf(stderr, "%s: backend cpu (--backend cpu)\n", who);
+    if (o->planes) {
+        fprintf(stderr, "%s: reading the routed experts from %s%s\n", who, o->planes, o->popt.no_verify ? " (not verified)" : "");
+        if (pf_attach_planes(m, o->planes, &o->popt, &E->pa, e)) return -1;
+    }
+    if (ref_init(&E->r, m, o->max_seqs, o->max_len, o->max_tokens, o->threads, e)) {
+        pf_detach(&E->pa);
+        return -1;
+    }
+    E->be = ref_backend(&E->r);
+    return 0;
+}
+
+static void engine_close(engine_any *E) {
+    if (E->is_gpu) gpu_be_free(&E->g);
+    else {
+        ref_free(&E->r);
+        pf_detach(&E->pa);
+    }
+}
+
+// Host + device bytes the engine holds, for the boot line.
+static double engine_mib(const engine_any *E) {
+    if (!E->is_gpu) return E->r.mem.cap / 1048576.0;
+    const gpu_engine *g = &E->g.g;
+    return (double)(g->weights.cap + g->pool.cap + g->kv.cap + g->state.cap + g->act.cap) / 1048576.0;
+}
