@@ -183,8 +183,11 @@ static void cli_run(const char *fix, const char *sub, const char *tag) {
     for (size_t i = 0; i < pid->numel; i++) fprintf(f, "%s%d", i ? ", " : "", ((const int32_t *)pid->data)[i]);
     fputs("]\n", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "./moet run --model %s/%s --ids-file %s --greedy %zu --out %s --dump-hidden --chunk 33 --threads 2 2>/dev/null",
-             fix, sub, ids_path, gid->numel, out_path);
+    // MOET_RUN_BACKEND=gpu (./build.sh test-gpu): the same command on the GPU, its KV cache in f32
+    // (the reference's precision, so the same bound holds)
+    const char *be = getenv("MOET_RUN_BACKEND");
+    snprintf(cmd, sizeof cmd, "./moet run --model %s/%s --ids-file %s --greedy %zu --out %s --dump-hidden --chunk 33 --threads 2 "
+             "--backend %s --kv-dtype f32 2>/dev/null", fix, sub, ids_path, gid->numel, out_path, be ? be : "cpu");
     CHECK(system(cmd) == 0, "%s", cmd);
     if (st_open(&o, out_path, &e)) { CHECK(0, "%s", e.msg); goto out; }
     const char *names[] = {"prefill_logits", "decode_logits", "hidden.0", "hidden.2", "hidden.4"};
