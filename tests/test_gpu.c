@@ -266,6 +266,142 @@ out:
     ck_close(&m);
 }
 
+
+// A checkpoint made by `moet synth` from a flat text config (and a quantization map), under build/.
+static int synth(const char *dir, const char *config, const char *quant) {
+    char cpath[512], cmd[2048];
+    snprintf(cpath, sizeof cpath, "%s.config.json", dir);
+    FILE *f = fopen(cpath, "w");
+    MOET_ASSERT(f, "%s", cpath);
+    fputs(config, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && ./moet synth --config %s%s%s --out %s --seed 11 >/dev/null 2>&1", dir, cpath,
+             quant ? " --quant " : "", quant ? quant : "", dir);
+    int rc = system(cmd);
+    CHECK(rc == 0, "%s", cmd);
+    return rc == 0 ? 0 : -1;
+}
+
+// Every kernel on the real Qwen3.6 shapes: the first four layers of Qwen3.6-35B-A3B (three Gated
+// DeltaNet layers, then gated attention: H 2048, 256 experts top-8 of width 512, vocab 248,320,
+// head_dim 256, GDN 16 key / 32 value heads of 128) with the real ModelOpt quantization map
+// (FP8 projections, NVFP4 experts, shared experts and lm_head), random weights; its routed
+// experts also as 2-bit planes. The GPU's hidden state after every layer and its logits against
+// the CPU reference over a 48-token prompt.
+static void real_shapes(void) {
+    const char *cfg = "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048, \"num_hidden_layers\": 4, "
+                      "\"full_attention_interval\": 4, \"vocab_size\": 248320, \"num_attention_heads\": 16, "
+                      "\"num_key_value_heads\": 2, \"head_dim\": 256, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 32, "
+                      "\"linear_key_head_dim\": 128, \"linear_value_head_dim\": 128, \"linear_conv_kernel_dim\": 4, "
+                      "\"num_experts\": 256, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 512, "
+                      "\"shared_expert_intermediate_size\": 512, \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, "
+                      "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 262144, \"tie_word_embeddings\": false}\n";
+    const char *dir = "build/gpu_real4";
+    if (synth(dir, cfg, "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.hf_quant_config.json")) return;
+    char planes[512], cmd[1024];
+    snprintf(planes, sizeof planes, "%s.planes", dir);
+    snprintf(cmd, sizeof cmd, "./moet build-planes --model %s --out %s >/dev/null 2>&1", dir, planes);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    for (int v = 0; v < 2; v++) {
+        const char *pl = v ? planes : NULL;
+        ck_model m, m2;
+        moet_err e = {{0}};
+        pf_attached pa = {0};
+        pf_serve_opts po = {0};
+        if (ck_open(&m, dir, &e) || ck_open(&m2, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+        if (pl && pf_attach_planes(&m2, pl, &po, &pa, &e)) { CHECK(0, "%s", e.msg); return; }
+        const ck_config *c = &m.cfg;
+        int T = 48, V = c->vocab, H = c->hidden, L = c->n_layers, slot = 0, off[2] = {0, T}, nr;
+        int32_t ids[48];
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % V);
+        float *a = malloc(sizeof(float) * (size_t)T * V), *ha[5], *hb[5];
+        for (int i = 0; i <= L; i++) ha[i] = malloc(sizeof(float) * (size_t)T * H), hb[i] = malloc(sizeof(float) * (size_t)T * H);
+        ref_engine r;
+        CHECK(ref_init(&r, &m2, 1, T, T, 16, &e) == 0, "%s", e.msg);
+        CHECK(ref_forward(&r, 1, &slot, ids, off, NULL, a, 1, ha, &e) == 0, "%s", e.msg);
+        ref_free(&r);
+        gpu_engine g;
+        gpu_opts o = {.max_seqs = 1, .max_len = T, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+        if (gpu_init(&g, &m, &o, pl, &po, &e)) { CHECK(0, "%s", e.msg); return; }
+        CHECK(gpu_seq_start(&g, 0, T) == 0, "pages");
+        CHECK(gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_ALL, hb, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        const float *b = gpu_step_logits(&g, nr);
+        printf("real shapes%s (4 layers, FP8 / NVFP4 / %s experts), %d tokens, GPU vs reference:", pl ? " + planes" : "",
+               pl ? "2-bit" : "NVFP4", T);
+        for (int i = 0; i <= L; i++) {
+            double err = check_nerr(hb[i], ha[i], (size_t)T * H);
+            printf(" hidden.%d %.2g", i, err);
+            CHECK(err < GPU_TOL_F32, "real shapes%s: hidden.%d normalised error %.3g", pl ? " + planes" : "", i, err);
+        }
+        double err = check_nerr(b, a, (size_t)T * V);
+        int agree = 0;
+        for (int t = 0; t < T; t++) agree += argmax_row(a + (size_t)t * V, V) == argmax_row(b + (size_t)t * V, V);
+        printf(", logits %.2g, argmax %d/%d\n", err, agree, T);
+        CHECK(err < GPU_TOL_F32, "real shapes: logits normalised error %.3g", err);
+        CHECK(agree == T, "real shapes: argmax agrees at %d of %d", agree, T);
+        gpu_free(&g);
+        for (int i = 0; i <= L; i++) free(ha[i]), free(hb[i]);
+        free(a);
+        pf_detach(&pa);
+        ck_close(&m2);
+        ck_close(&m);
+    }
+}
+
+// Long context: a small model (one GDN and one attention layer) over a 33,000-token prompt in
+// chunks of 4,096 — 2,063 KV pages — against the CPU reference after every chunk, and the same
+// prompt in chunks of 3,000 on the GPU giving the same bits (chunk invariance at length).
+static void long_context(void) {
+    const char *cfg = "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                      "\"layer_types\": [\"linear_attention\", \"full_attention\"], \"vocab_size\": 256, "
+                      "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32, \"linear_num_key_heads\": 1, "
+                      "\"linear_num_value_heads\": 2, \"linear_key_head_dim\": 32, \"linear_value_head_dim\": 32, "
+                      "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 64, "
+                      "\"shared_expert_intermediate_size\": 64, \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, "
+                      "\"max_position_embeddings\": 65536}\n";
+    const char *dir = "build/gpu_long";
+    if (synth(dir, cfg, NULL)) return;
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+    enum { TL = 33000, CH = 4096 };
+    int V = m.cfg.vocab, slot = 0, nr;
+    int32_t *ids = malloc(sizeof(int32_t) * TL);
+    for (int t = 0; t < TL; t++) ids[t] = (int32_t)((t * 37 + (t >> 7) * 11 + 5) % V);
+    ref_engine r;
+    gpu_engine g;
+    gpu_opts o = {.max_seqs = 2, .max_len = TL, .max_tokens = CH, .kv_dtype = GPU_KV_F32};
+    if (ref_init(&r, &m, 1, TL, CH, 16, &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "%s", e.msg); return; }
+    float *a = malloc(sizeof(float) * V), *chunk_last = malloc(sizeof(float) * V);
+    CHECK(gpu_seq_start(&g, 0, TL) == 0 && gpu_seq_start(&g, 1, TL) == 0, "KV pages for two sequences of %d", TL);
+    double worst = 0;
+    for (int t0 = 0; t0 < TL; t0 += CH) {
+        int n = TL - t0 < CH ? TL - t0 : CH, off[2] = {0, n};
+        CHECK(ref_forward(&r, 1, &slot, ids + t0, off, NULL, a, 0, NULL, &e) == 0, "%s", e.msg);
+        CHECK(gpu_step(&g, 1, &slot, ids + t0, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        const float *b = gpu_step_logits(&g, 1);
+        double err = check_nerr(b, a, (size_t)V);
+        if (err > worst) worst = err;
+        CHECK(argmax_row(a, V) == argmax_row(b, V), "long context: argmax differs after %d tokens", t0 + n);
+        if (t0 + n == TL) memcpy(chunk_last, b, sizeof(float) * V);
+    }
+    CHECK(worst < GPU_TOL_F32, "long context: normalised error %.3g", worst);
+    int s1 = 1;
+    for (int t0 = 0; t0 < TL; t0 += 3000) {
+        int n = TL - t0 < 3000 ? TL - t0 : 3000, off[2] = {0, n};
+        CHECK(gpu_step(&g, 1, &s1, ids + t0, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+    }
+    CHECK(!memcmp(gpu_step_logits(&g, 1), chunk_last, sizeof(float) * V), "long context: chunks of 3000 and 4096 differ");
+    printf("long context: %d tokens (%d KV pages each), GPU vs reference after every chunk: worst normalised error %.2g\n", TL,
+           (TL + GPU_KV_PAGE - 1) / GPU_KV_PAGE, worst);
+    gpu_free(&g);
+    ref_free(&r);
+    free(a);
+    free(chunk_last);
+    free(ids);
+    ck_close(&m);
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
@@ -288,6 +424,8 @@ int main(void) {
         variant("tests/fixtures/check", "nvfp4", "nvfp4", NULL, kv);
         variant("tests/fixtures/check", "nvfp4", "planes", check_pl, kv);
     }
+    real_shapes();
+    long_context();
     versus_reference("tests/fixtures/demo", NULL, 200);
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
     return check_report("test_gpu");
