@@ -12,7 +12,7 @@
 typedef struct {
     const char *model, *planes, *backend;
     int batches[16], n_batches;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile;
     pf_serve_opts popt;
 } bench_opts;
 
@@ -31,6 +31,7 @@ static void bench_usage(FILE *f) {
           "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
           "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
           "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
+          "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
           "  --threads N           CPU backend: worker threads (default: the cores)\n"
           "  -h, --help            this text\n",
           f);
@@ -80,6 +81,7 @@ static int cmd_bench(int argc, char **argv) {
         int rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 0; }
         if (!strcmp(a, "--no-verify")) { o.popt.no_verify = 1; continue; }
+        if (!strcmp(a, "--profile")) { o.profile = 1; continue; }
         if (!v) { fprintf(stderr, "moet bench: unknown or incomplete option '%s'\n", a); bench_usage(stderr); return 2; }
         i++;
         if (!strcmp(a, "--model")) o.model = v;
@@ -152,6 +154,8 @@ static int cmd_bench(int argc, char **argv) {
         // prefill: every sequence's prompt, as many whole sequences' chunks per step as fit
         int *fed = arena_sys_alloc(sizeof(int) * (size_t)B, "bench progress");
         double t0 = moet_now();
+        int psteps = 0;
+        if (use_gpu && o.profile) gpu_prof_start(&gp->k);   // the prompt's steps, each kernel timed
         for (int phase = 0; phase < 2; phase++) {   // 0: the timed prompt, 1: untimed fill to --depth
             int goal = phase ? o.depth : o.prompt;
             for (;;) {
@@ -173,8 +177,17 @@ static int cmd_bench(int argc, char **argv) {
                 }
                 if (!n) break;
                 if (bench_step(be, n, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                if (use_gpu && gp->k.prof) gpu_prof_collect(&gp->k), psteps++;
             }
-            if (phase == 0) t0 = moet_now() - t0;
+            if (phase == 0) {
+                t0 = moet_now() - t0;
+                if (use_gpu && gp->k.prof) {
+                    gp->k.prof = 0;
+                    char what[64];
+                    snprintf(what, sizeof what, "batch-%d prefill (%d-token prompts)", B, o.prompt);
+                    gpu_prof_print(&gp->k, stderr, what, psteps);
+                }
+            }
         }
         double prefill_s = t0;
         // decode: B tokens per step
@@ -194,6 +207,18 @@ static int cmd_bench(int argc, char **argv) {
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
+        if (use_gpu && o.profile) {   // a few more decode steps, each kernel timed
+            gpu_prof_start(&gp->k);
+            int steps = 4;
+            for (int step = 0; step < steps; step++) {
+                if (bench_step(be, B, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                gpu_prof_collect(&gp->k);
+            }
+            gp->k.prof = 0;
+            char what[64];
+            snprintf(what, sizeof what, "batch-%d decode", B);
+            gpu_prof_print(&gp->k, stderr, what, steps);
+        }
         // bytes one decode step reads: dense weights + the experts B tokens touch (uniform routing:
         // E·(1 − (1 − K/E)^B) distinct experts per layer) + GDN state read and written + KV read
         double touched = c->n_experts * (1.0 - pow(1.0 - (double)c->topk / c->n_experts, B));

@@ -265,6 +265,8 @@ static void gpu_free(gpu_engine *g) {
     if (!g->dev.ctx) return;
     gpu_bind(&g->dev);
     CU_CHECK(cu.cuCtxSynchronize());
+    for (int i = 0; i < GPU_PROF_MAX && g->k.ev[i][0]; i++)
+        for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventDestroy(g->k.ev[i][j]));
     arena *as[] = {&g->weights, &g->pool, &g->kv, &g->state, &g->act, &g->pinned, &g->host};
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) arena_release(as[i]);
     if (g->compute) CU_CHECK(cu.cuStreamDestroy(g->compute));

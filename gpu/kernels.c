@@ -34,10 +34,22 @@ static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 #define GPU_LIN_TT 8        // tokens per block of k_linear (LIN_TT)
 #define GPU_GDN_VC 32       // value columns per block of k_gdn_rule (GDN_VC)
 
+// The kernel profiler (moet bench --profile): when on, every launch is bracketed by two events
+// and the time between them is added to its kernel's total after the step (gpu_prof_collect).
+// The launches then wait on the events' recording, so a profiled step is a little slower than a
+// plain one; the split between kernels is what it is for.
+#define GPU_PROF_MAX 8192   // launches of one profiled step
+
 typedef struct {
     CUmodule mod;
     CUfunction fn[K_COUNT];
     const char *image;     // which image was loaded, for the log
+    int prof;              // profiling on
+    int n_ev;              // launches recorded in this step
+    int ev_kernel[GPU_PROF_MAX];
+    CUevent ev[GPU_PROF_MAX][2];
+    double ms[K_COUNT];    // accumulated per kernel
+    uint64_t calls[K_COUNT];
 } gpu_kernels;
 
 static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
@@ -62,8 +74,47 @@ typedef struct {
     unsigned x, y, z;
 } gpu_dim;
 
-static void gpu_launch(const gpu_kernels *k, int fn, gpu_dim grid, unsigned block, unsigned smem, CUstream s, void **args) {
+static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, unsigned block, unsigned smem, CUstream s, void **args) {
     MOET_ASSERT(grid.x && grid.y && grid.z, "empty grid for %s", gpu_kernel_names[fn]);
+    int p = k->prof && k->n_ev < GPU_PROF_MAX ? k->n_ev++ : -1;
+    if (p >= 0) {
+        k->ev_kernel[p] = fn;
+        CU_CHECK(cu.cuEventRecord(k->ev[p][0], s));
+    }
     CU_CHECK(cu.cuLaunchKernel(k->fn[fn], grid.x, grid.y, grid.z, block, 1, 1, smem, s, args, NULL));
+    if (p >= 0) CU_CHECK(cu.cuEventRecord(k->ev[p][1], s));
+}
+
+// Turns the profiler on (events created once, before `ready`) or off.
+static void gpu_prof_start(gpu_kernels *k) {
+    for (int i = 0; i < GPU_PROF_MAX && !k->ev[0][0]; i++)
+        for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&k->ev[i][j], 0));
+    memset(k->ms, 0, sizeof k->ms);
+    memset(k->calls, 0, sizeof k->calls);
+    k->n_ev = 0;
+    k->prof = 1;
+}
+
+// After a step has finished: adds each recorded launch's time to its kernel.
+static void gpu_prof_collect(gpu_kernels *k) {
+    for (int i = 0; i < k->n_ev; i++) {
+        float ms;
+        CU_CHECK(cu.cuEventSynchronize(k->ev[i][1]));
+        CU_CHECK(cu.cuEventElapsedTime(&ms, k->ev[i][0], k->ev[i][1]));
+        k->ms[k->ev_kernel[i]] += ms;
+        k->calls[k->ev_kernel[i]]++;
+    }
+    k->n_ev = 0;
+}
+
+// The table: kernel, calls, total ms, share.
+static void gpu_prof_print(const gpu_kernels *k, FILE *f, const char *what, int steps) {
+    double total = 0;
+    for (int i = 0; i < K_COUNT; i++) total += k->ms[i];
+    fprintf(f, "moet bench: kernel time per %s step (%d steps profiled; sum of kernels %.3f ms):\n", what, steps, total / steps);
+    for (int i = 0; i < K_COUNT; i++)
+        if (k->calls[i])
+            fprintf(f, "moet bench:   %-18s %6.0f calls %9.3f ms %5.1f%%\n", gpu_kernel_names[i], (double)k->calls[i] / steps,
+                    k->ms[i] / steps, 100 * k->ms[i] / total);
 }
 #define GPU_ARGS(...) ((void *[]){__VA_ARGS__})
