@@ -87,8 +87,9 @@ static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, unsigned block, uns
 
 // Turns the profiler on (events created once, before `ready`) or off.
 static void gpu_prof_start(gpu_kernels *k) {
-    for (int i = 0; i < GPU_PROF_MAX && !k->ev[0][0]; i++)
-        for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&k->ev[i][j], 0));
+    if (!k->ev[0][0])
+        for (int i = 0; i < GPU_PROF_MAX; i++)
+            for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&k->ev[i][j], 0));
     memset(k->ms, 0, sizeof k->ms);
     memset(k->calls, 0, sizeof k->calls);
     k->n_ev = 0;
