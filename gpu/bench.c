@@ -124,7 +124,7 @@ static int cmd_bench(int argc, char **argv) {
     ck_model m;
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
     const ck_config *c = &m.cfg;
-    int max_len = o.depth + o.gen, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
+    int max_len = o.depth + o.gen + (o.profile ? 4 : 0), rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
     double copy_gbs = 0;
     engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt};
