@@ -2526,7 +2526,7 @@ static int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "moet serve: %s (%s experts, vocab %d) ready in %.2f s: context %d, %d sequences, %d tokens per step, "
             "queue %d, %d thread%s; host memory: engine %.1f MiB, server %.1f MiB\n",
             cfg.model_name, m.expert_format, m.cfg.vocab, moet_now() - t0, max_len, seqs, batch, queue, threads,
-            threads > 1 ? "s" : "", r.mem.cap / 1048576.0, S.mem.cap / 1048576.0);
+            threads > 1 ? "s" : "", (r.mem.cap + r.bank.mem.cap) / 1048576.0, S.mem.cap / 1048576.0);
     arena_freeze();   // from the ready line on, nothing is allocated
     rc = serve_run(&S, 0, 1);
     fprintf(stderr, "moet serve: done: %" PRIu64 " requests answered (%" PRIu64 " cancelled), %" PRIu64 " errors, %" PRIu64
