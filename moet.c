@@ -115,10 +115,21 @@ typedef struct {
     int n_touched;
 } samp_slot;
 
+#define SAMP_BLOCK 64   // logits per block maximum of the pick (256 bytes)
+
+// A candidate token: its value (a logit, then a probability) and its id.
+typedef struct {
+    float p;
+    int32_t id;
+} samp_cand;
+
 // Working memory for one pick (rows are picked one at a time).
 typedef struct {
-    float *work;         // [V] penalized, tempered logits, then probabilities
-    int32_t *cand;       // [V] candidate ids
+    float *work;         // [V] penalized logits
+    float *bmax;         // [n_blocks] block maxima of the penalized logits
+    float *bmax_raw;     // [n_blocks] block maxima of the raw row
+    float *heap;         // [n_blocks] order statistics of block maxima or of candidates
+    samp_cand *cand;     // [V] candidates
 } samp_scratch;
 
 // Sampler state of every sequence slot of a backend, planned once.
@@ -174,7 +185,11 @@ static void samp_bank_carve(samp_bank *b, arena *a) {
         SAMP_TAKE(a, q->seen, (V + 7) / 8, "penalty bits");
         SAMP_TAKE(a, q->touched, b->touch_cap, "penalty ids");
     }
+    size_t nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK;
     SAMP_TAKE(a, b->sc.work, V, "sampler scratch");
+    SAMP_TAKE(a, b->sc.bmax, nb, "sampler block maxima");
+    SAMP_TAKE(a, b->sc.bmax_raw, nb, "sampler block maxima");
+    SAMP_TAKE(a, b->sc.heap, nb, "sampler heap");
     SAMP_TAKE(a, b->sc.cand, V, "sampler candidates");
 }
 
@@ -220,8 +235,9 @@ static int samp_bank_admit(samp_bank *b, int slot, const samp_params *sp, uint64
     if (slot < 0 || slot >= b->n_slots) return err_set(e, "sampler: slot %d out of range [0, %d)", slot, b->n_slots);
     samp_slot *s = &b->slot[slot];
     if (s->active) return err_set(e, "sampler: slot %d is taken", slot);
-    if (top_logprobs < 0 || top_logprobs > MOET_MAX_LOGPROBS)
-        return err_set(e, "sampler: top_logprobs %d: expected 0 .. %d", top_logprobs, MOET_MAX_LOGPROBS);
+    if (top_logprobs < 0 || top_logprobs > MOET_MAX_LOGPROBS || top_logprobs > b->n_vocab)
+        return err_set(e, "sampler: top_logprobs %d: expected 0 .. %d", top_logprobs,
+                       MOET_MAX_LOGPROBS < b->n_vocab ? MOET_MAX_LOGPROBS : b->n_vocab);
     if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return err_set(e, "sampler: no prompt of %d tokens", n_prompt);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= b->n_vocab)
@@ -250,81 +266,165 @@ static void samp_bank_release(samp_bank *b, int slot) {
 }
 
 // ---- the pick ----------------------------------------------------------------------------
+//
+// Fast at Qwen3.6's vocabulary (V = 248,320, a row of 970 KiB) and exactly the tokens of the
+// plain algorithm (every probability computed, all candidates sorted; tests/samp_oracle.h
+// keeps it, and tests/test_sampler.c compares the two). One pass over the row finds the
+// maximum of each block of SAMP_BLOCK logits (vector max, no branch on the data); the rest
+// looks only at the blocks that matter:
+//  - greedy: the first block that holds the row maximum, then its first index (ties go to
+//    the lowest id);
+//  - top_k / min_p: logits below a bound `lo` (the (2k + 8)-th largest block maximum, which
+//    at least 2k + 8 logits reach; max + T·(log(min_p) − 0.001)) are never exponentiated.
+//    The probability of the gathered ones is computed with the very expression of the plain
+//    algorithm, and f(lo) bounds every probability left out (the probability never falls as
+//    the logit grows: the float difference and product are monotone, and so is glibc's expf,
+//    checked over every float <= 0); when that bound shows no left-out token can be a
+//    candidate, or none can reach the top k, the result is exact; otherwise (rare: ties
+//    across the bound) every probability is computed;
+//  - top_p alone and plain temperature sampling need the whole row's mass, summed in id
+//    order: every probability is computed (the plain path, minus the global sort);
+//  - logprobs: one vector pass for the log-sum-exp, the top_logprobs gathered from the blocks.
+// Candidates carry their own sort key (probability, then id: a total order), so no global
+// key, no qsort (glibc's may allocate), and the result never depends on the sort algorithm.
 
-// Candidate order: higher probability first, then lower id (a total order, so the result
-// does not depend on the sort algorithm).
-static const float *samp_sort_key;
-static int samp_cmp(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    float px = samp_sort_key[x], py = samp_sort_key[y];
-    if (px != py) return px > py ? -1 : 1;
-    return (x > y) - (x < y);
+// a comes before b: larger value, then lower id.
+static int samp_before(samp_cand a, samp_cand b) { return a.p > b.p || (a.p == b.p && a.id < b.id); }
+
+// Block maxima of x[0..V) into bmax[ceil(V / SAMP_BLOCK)]; returns the row maximum. `>`
+// selects on 8 independent lanes (NaN never wins), which the compiler turns into vector max.
+static float samp_block_max(const float *x, int V, float *bmax) {
+    float all = -INFINITY;
+    int b = 0;
+    for (; (b + 1) * SAMP_BLOCK <= V; b++) {
+        const float *p = x + (size_t)b * SAMP_BLOCK;
+        float l[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int i = 0; i < SAMP_BLOCK; i += 8)
+            for (int j = 0; j < 8; j++) l[j] = p[i + j] > l[j] ? p[i + j] : l[j];
+        float m01 = l[1] > l[0] ? l[1] : l[0], m23 = l[3] > l[2] ? l[3] : l[2];   // a tree over the lanes
+        float m45 = l[5] > l[4] ? l[5] : l[4], m67 = l[7] > l[6] ? l[7] : l[6];
+        m01 = m23 > m01 ? m23 : m01;
+        m45 = m67 > m45 ? m67 : m45;
+        float m = m45 > m01 ? m45 : m01;
+        bmax[b] = m;
+        all = m > all ? m : all;
+    }
+    if (b * SAMP_BLOCK < V) {   // the short last block
+        float m = -INFINITY;
+        for (int t = b * SAMP_BLOCK; t < V; t++) m = x[t] > m ? x[t] : m;
+        bmax[b] = m;
+        all = m > all ? m : all;
+    }
+    return all;
 }
 
-// Moves the k best candidates (in samp_cmp order) to cand[0..k), sorted: a heap of the k
-// best so far whose root is the worst of them, O(n log k).
-static void samp_heap_down(int32_t *h, int k, int i) {
+// The lowest id holding the row maximum mx (0 when the row holds no number).
+static int32_t samp_first_max(const float *x, int V, const float *bmax, float mx) {
+    int nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK;
+    for (int b = 0; b < nb; b++)
+        if (bmax[b] == mx) {
+            int end = (b + 1) * SAMP_BLOCK < V ? (b + 1) * SAMP_BLOCK : V;
+            for (int t = b * SAMP_BLOCK; t < end; t++)
+                if (x[t] == mx) return t;
+        }
+    return 0;
+}
+
+// Min-heaps of floats: the r largest values so far, the smallest of them at the root.
+static void samp_fheap_down(float *h, int r, int i) {
     for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < k && samp_cmp(&h[l], &h[w]) > 0) w = l;
-        if (r < k && samp_cmp(&h[r], &h[w]) > 0) w = r;
+        int l = 2 * i + 1, q = l + 1, w = i;
+        if (l < r && h[l] < h[w]) w = l;
+        if (q < r && h[q] < h[w]) w = q;
         if (w == i) return;
-        int32_t t = h[i]; h[i] = h[w]; h[w] = t;
+        float t = h[i]; h[i] = h[w]; h[w] = t;
         i = w;
     }
 }
 
-static void samp_select(int32_t *cand, int n, int k, const float *prob) {
-    samp_sort_key = prob;
-    for (int i = k / 2; i-- > 0;) samp_heap_down(cand, k, i);
-    for (int i = k; i < n; i++)
-        if (samp_cmp(&cand[i], &cand[0]) < 0) {
-            cand[0] = cand[i];
-            samp_heap_down(cand, k, 0);
+// The r-th largest of v[0..n) (1 <= r <= n); heap has room for r.
+static float samp_kth(const float *v, int n, int r, float *heap) {
+    for (int i = 0; i < r; i++) heap[i] = v[i];
+    for (int i = r / 2; i-- > 0;) samp_fheap_down(heap, r, i);
+    for (int i = r; i < n; i++)
+        if (v[i] > heap[0]) {
+            heap[0] = v[i];
+            samp_fheap_down(heap, r, 0);
         }
-    qsort(cand, (size_t)k, sizeof *cand, samp_cmp);
+    return heap[0];
 }
 
-// One token id from logits[0..V) for slot s.
-static int32_t samp_pick(samp_scratch *sc, int V, const samp_slot *slot, samp_rng *rng, const float *logits) {
-    const samp_params *p = &slot->sp;
-    const float *x = logits;
-    if (slot->penalized) {
-        float *w = sc->work;
-        memcpy(w, logits, (size_t)V * sizeof *w);
-        for (int t = 0; t < V; t++) {
-            if (!(slot->seen[t >> 3] & (1u << (t & 7)))) continue;
-            if (p->repetition_penalty != 1) w[t] = w[t] > 0 ? w[t] / p->repetition_penalty : w[t] * p->repetition_penalty;
-            uint16_t c = slot->count[t];
-            if (c) w[t] -= p->frequency_penalty * (float)c + p->presence_penalty;
+// The same over the values of candidates.
+static float samp_kth_cand(const samp_cand *c, int n, int r, float *heap) {
+    for (int i = 0; i < r; i++) heap[i] = c[i].p;
+    for (int i = r / 2; i-- > 0;) samp_fheap_down(heap, r, i);
+    for (int i = r; i < n; i++)
+        if (c[i].p > heap[0]) {
+            heap[0] = c[i].p;
+            samp_fheap_down(heap, r, 0);
         }
-        x = w;
+    return heap[0];
+}
+
+// Every logit >= lo, in id order, from the blocks whose maximum reaches it: out[i] = {x, id}.
+static int samp_gather(const float *x, int V, const float *bmax, float lo, samp_cand *out) {
+    int n = 0, nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK;
+    for (int b = 0; b < nb; b++) {
+        if (!(bmax[b] >= lo)) continue;
+        int end = (b + 1) * SAMP_BLOCK < V ? (b + 1) * SAMP_BLOCK : V;
+        for (int t = b * SAMP_BLOCK; t < end; t++) {   // written always, kept when it passes
+            out[n] = (samp_cand){x[t], t};
+            n += x[t] >= lo;
+        }
     }
-    int32_t best = 0;
-    for (int t = 1; t < V; t++)
-        if (x[t] > x[best]) best = t;
-    if (p->temperature == 0) return best;
+    return n;
+}
 
-    // probabilities relative to the most likely token: prob[best] = 1
-    float *prob = sc->work;
-    const float inv_t = 1.0f / p->temperature, top = x[best];
-    for (int t = 0; t < V; t++) prob[t] = expf((x[t] - top) * inv_t);
-    float floor_p = p->min_p > 0 ? p->min_p : 0;   // min_p × p_max, and p_max = 1 here
-    int32_t *cand = sc->cand;
-    int n = 0;
-    for (int t = 0; t < V; t++)
-        if (prob[t] > 0 && prob[t] >= floor_p) cand[n++] = t;
+// Heaps of candidates whose root is the one that comes last (the worst kept so far).
+static void samp_heap_down(samp_cand *h, int k, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && samp_before(h[w], h[l])) w = l;
+        if (r < k && samp_before(h[w], h[r])) w = r;
+        if (w == i) return;
+        samp_cand t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+// c[0..k) sorted, first the one that comes first (heapsort: no allocation, O(k log k)).
+static void samp_sort(samp_cand *c, int k) {
+    for (int i = k / 2; i-- > 0;) samp_heap_down(c, k, i);
+    for (int end = k - 1; end > 0; end--) {
+        samp_cand t = c[0]; c[0] = c[end]; c[end] = t;
+        samp_heap_down(c, end, 0);
+    }
+}
+
+// Moves the k (1 <= k <= n) candidates that come first to c[0..k), sorted: O(n log k).
+static void samp_top(samp_cand *c, int n, int k) {
+    for (int i = k / 2; i-- > 0;) samp_heap_down(c, k, i);
+    for (int i = k; i < n; i++)
+        if (samp_before(c[i], c[0])) {
+            c[0] = c[i];
+            samp_heap_down(c, k, 0);
+        }
+    samp_sort(c, k);
+}
+
+// The draw from the candidates c[0..n) (id order, probabilities relative to the most likely
+// token): top_k, top_p, then one number of the generator, as the plain algorithm.
+static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rng) {
     MOET_ASSERT(n > 0, "sampler: no candidate token");
-
     int sorted = 0;
     if (p->top_k > 0 && p->top_k < n) {
-        samp_select(cand, n, p->top_k, prob);
+        samp_top(c, n, p->top_k);
         n = p->top_k;
         sorted = 1;
     }
     if (p->top_p < 1) {
         double total = 0;
-        for (int i = 0; i < n; i++) total += prob[cand[i]];
+        for (int i = 0; i < n; i++) total += c[i].p;
         if (!sorted) {
             // Only the most likely tokens can be kept: when the tokens above a threshold
             // already hold top_p of the mass, sort just those (lower the threshold if not).
@@ -332,59 +432,136 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_slot *slot, samp_rn
             for (float t2 = 1e-4f; t2 > 1e-12f && th == 0; t2 *= 1e-4f) {
                 double mass = 0;
                 for (int i = 0; i < n; i++)
-                    if (prob[cand[i]] >= t2) mass += prob[cand[i]];
+                    if (c[i].p >= t2) mass += c[i].p;
                 if (mass >= p->top_p * total) th = t2;
             }
             if (th > 0) {
                 int k = 0;
                 for (int i = 0; i < n; i++)
-                    if (prob[cand[i]] >= th) cand[k++] = cand[i];
+                    if (c[i].p >= th) c[k++] = c[i];
                 n = k;
             }
-            samp_sort_key = prob;
-            qsort(cand, (size_t)n, sizeof *cand, samp_cmp);
+            samp_sort(c, n);
         }
         double acc = 0, need = p->top_p * total;
         int k = 0;
         while (k < n) {
-            acc += prob[cand[k++]];
+            acc += c[k++].p;
             if (acc >= need) break;
         }
         n = k;
     }
     double total = 0;
-    for (int i = 0; i < n; i++) total += prob[cand[i]];
+    for (int i = 0; i < n; i++) total += c[i].p;
     double u = samp_uniform(rng) * total, acc = 0;
     for (int i = 0; i < n; i++) {
-        acc += prob[cand[i]];
-        if (u < acc) return cand[i];
+        acc += c[i].p;
+        if (u < acc) return c[i].id;
     }
-    return cand[n - 1];   // u within rounding of the total
+    return c[n - 1].id;   // u within rounding of the total
+}
+
+// One token id from the (penalized) logits x[0..V) with block maxima bmax and maximum mx.
+static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng *rng, const float *x, const float *bmax,
+                         float mx) {
+    if (p->temperature == 0) return samp_first_max(x, V, bmax, mx);
+    // probabilities relative to the most likely token, f(x) = exp((x − top) / T): f(top) = 1
+    const float inv_t = 1.0f / p->temperature, top = mx;
+    const float floor_p = p->min_p > 0 ? p->min_p : 0;   // min_p × p_max, and p_max = 1 here
+    const int nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK, k = p->top_k;
+    samp_cand *c = sc->cand;
+    float lo = -INFINITY;   // only logits >= lo are looked at
+    if (k > 0 && 2 * k + 8 <= nb) lo = samp_kth(bmax, nb, 2 * k + 8, sc->heap);
+    if (floor_p > 0) {
+        float lm = top + (logf(floor_p) - 1e-3f) * p->temperature;
+        if (lm > lo) lo = lm;
+    }
+    if (lo > -INFINITY) {
+        int g = samp_gather(x, V, bmax, lo, c), n = 0;
+        for (int i = 0; i < g; i++) {
+            float f = expf((c[i].p - top) * inv_t);
+            c[n] = (samp_cand){f, c[i].id};
+            n += f > 0 && f >= floor_p;
+        }
+        float out = expf((lo - top) * inv_t);   // no logit left out has a larger probability
+        if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng);   // none of them is a candidate
+        if (k > 0 && n > k && k <= nb && samp_kth_cand(c, n, k, sc->heap) > out)
+            return samp_draw(c, n, p, rng);   // none of them can be among the top k
+    }
+    int n = 0;
+    for (int t = 0; t < V; t++) {
+        float f = expf((x[t] - top) * inv_t);
+        c[n] = (samp_cand){f, t};
+        n += f > 0 && f >= floor_p;
+    }
+    return samp_draw(c, n, p, rng);
 }
 
 // ---- logprobs ----------------------------------------------------------------------------
 
-// log-softmax of the raw logits at `chosen`, and the n_top most likely tokens (ids and
-// logprobs, most likely first, ties to the lower id).
-static float samp_logprobs(const float *logits, int V, int32_t chosen, int n_top, int32_t *top_ids, float *top_lp) {
-    float mx = logits[0];
-    for (int t = 1; t < V; t++)
-        if (logits[t] > mx) mx = logits[t];
-    double sum = 0;
-    for (int t = 0; t < V; t++) sum += exp((double)logits[t] - mx);
-    const double lse = mx + log(sum);
-    int have = 0;
-    for (int t = 0; t < V && n_top > 0; t++) {
-        float v = logits[t];
-        if (have == n_top && v <= logits[top_ids[have - 1]]) continue;
-        int i = have < n_top ? have++ : have - 1;
-        while (i > 0 && logits[top_ids[i - 1]] < v) {
-            top_ids[i] = top_ids[i - 1];
-            i--;
+typedef float samp_v4 __attribute__((vector_size(16)));
+typedef int32_t samp_i4 __attribute__((vector_size(16)));
+
+// exp(y) on 4 lanes for y <= 0, to about 1.2e-7 relative (1 ulp): Cody-Waite reduction to
+// [−ln2/2, ln2/2], e^r = 1 + r + r²·q(r) with q of degree 3 fitted for the least relative
+// error there, 2^n put into the exponent bits. y below −87.3 counts as −87.3 (exp of it,
+// 1e-38, is nothing beside the 1 of the row maximum in a sum).
+static inline samp_v4 samp_exp4(samp_v4 y) {
+    const samp_v4 lo = {-87.3f, -87.3f, -87.3f, -87.3f};
+    samp_i4 keep = y > lo;   // NaN takes −87.3 too
+    y = (samp_v4)(((samp_i4)y & keep) | ((samp_i4)lo & ~keep));
+    samp_v4 k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest
+    samp_v4 r = y - k * 0.693359375f + k * 2.12194440e-4f;
+    samp_v4 q = ((8.3338379501e-3f * r + 4.1898577938e-2f) * r + 1.6666886383e-1f) * r + 4.9999142573e-1f;
+    samp_v4 e = q * (r * r) + r + 1.0f;
+    samp_i4 scale = (__builtin_convertvector(k, samp_i4) + 127) << 23;
+    return e * (samp_v4)scale;
+}
+
+// Σ exp(x[t] − mx) over the row: 8 lanes summed in float within a block, blocks in double.
+static double samp_sum_exp(const float *x, int V, float mx) {
+    const samp_v4 m = {mx, mx, mx, mx};
+    double total = 0;
+    int t = 0;
+    for (; t + SAMP_BLOCK <= V; t += SAMP_BLOCK) {
+        samp_v4 a = {0, 0, 0, 0}, b = a, c = a, d = a;
+        for (int i = 0; i < SAMP_BLOCK; i += 16) {
+            samp_v4 u, v, w, z;
+            memcpy(&u, x + t + i, sizeof u);
+            memcpy(&v, x + t + i + 4, sizeof v);
+            memcpy(&w, x + t + i + 8, sizeof w);
+            memcpy(&z, x + t + i + 12, sizeof z);
+            a += samp_exp4(u - m);
+            b += samp_exp4(v - m);
+            c += samp_exp4(w - m);
+            d += samp_exp4(z - m);
         }
-        top_ids[i] = t;
+        a = (a + b) + (c + d);
+        total += (double)((a[0] + a[1]) + (a[2] + a[3]));
     }
-    for (int i = 0; i < have; i++) top_lp[i] = (float)(logits[top_ids[i]] - lse);
+    for (; t < V; t++) {
+        samp_v4 u = {x[t] - mx, 0, 0, 0};
+        total += (double)samp_exp4(u)[0];
+    }
+    return total;
+}
+
+// log-softmax of the raw logits (block maxima bmax, maximum mx) at `chosen`, and the n_top
+// most likely tokens (ids and logprobs, most likely first, ties to the lower id).
+static float samp_logprobs(samp_scratch *sc, const float *logits, int V, const float *bmax, float mx, int32_t chosen, int n_top,
+                           int32_t *top_ids, float *top_lp) {
+    const double lse = mx + log(samp_sum_exp(logits, V, mx));
+    if (n_top > 0) {
+        int nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK;
+        float lo = n_top <= nb ? samp_kth(bmax, nb, n_top, sc->heap) : -INFINITY;   // n_top logits reach it
+        int n = samp_gather(logits, V, bmax, lo, sc->cand), k = n < n_top ? n : n_top;
+        samp_top(sc->cand, n, k);
+        for (int i = 0; i < k; i++) {
+            top_ids[i] = sc->cand[i].id;
+            top_lp[i] = (float)(sc->cand[i].p - lse);
+        }
+        for (int i = k; i < n_top; i++) top_ids[i] = chosen, top_lp[i] = -INFINITY;   // a row of NaNs only
+    }
     return (float)(logits[chosen] - lse);
 }
 
@@ -396,9 +573,30 @@ static float samp_logprobs(const float *logits, int V, int32_t chosen, int n_top
 static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids,
                            float *top_lp) {
     samp_slot *s = &b->slot[slot];
+    samp_scratch *sc = &b->sc;
+    const samp_params *p = &s->sp;
+    const int V = b->n_vocab;
     MOET_ASSERT(s->active, "sampler: pick from free slot %d", slot);
-    int32_t id = samp_pick(&b->sc, b->n_vocab, s, &s->rng, row);
-    if (s->logprobs) *lp = samp_logprobs(row, b->n_vocab, id, s->top_logprobs, top_ids, top_lp);
+    const int pen = s->penalized && s->n_touched;
+    // the raw row's block maxima: for the pick without penalties, for the logprobs always
+    const float mx_raw = !pen || s->logprobs ? samp_block_max(row, V, sc->bmax_raw) : 0;
+    const float *x = row, *bmax = sc->bmax_raw;
+    float mx = mx_raw;
+    if (pen) {   // penalties change only the tokens seen
+        float *w = sc->work;
+        memcpy(w, row, sizeof(float) * (size_t)V);
+        for (int i = 0; i < s->n_touched; i++) {
+            int32_t t = s->touched[i];
+            if (p->repetition_penalty != 1) w[t] = w[t] > 0 ? w[t] / p->repetition_penalty : w[t] * p->repetition_penalty;
+            uint16_t c = s->count[t];
+            if (c) w[t] -= p->frequency_penalty * (float)c + p->presence_penalty;
+        }
+        x = w;
+        bmax = sc->bmax;
+        mx = samp_block_max(w, V, sc->bmax);
+    }
+    int32_t id = samp_pick(sc, V, p, &s->rng, x, bmax, mx);
+    if (s->logprobs) *lp = samp_logprobs(sc, row, V, sc->bmax_raw, mx_raw, id, s->top_logprobs, top_ids, top_lp);
     if (s->penalized) samp_note(b, s, id, 1);
     *token = id;
 }

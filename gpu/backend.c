@@ -203,9 +203,10 @@ static void engine_close(engine_any *E) {
     }
 }
 
-// Host + device bytes the engine holds, for the boot line.
+// Host + device bytes the engine holds (its sampler's included), for the boot line.
 static double engine_mib(const engine_any *E) {
-    if (!E->is_gpu) return E->r.mem.cap / 1048576.0;
+    if (!E->is_gpu) return (E->r.mem.cap + E->r.bank.mem.cap) / 1048576.0;
     const gpu_engine *g = &E->g.g;
-    return (double)(g->weights.cap + g->pool.cap + g->kv.cap + g->state.cap + g->act.cap) / 1048576.0;
+    return (double)(g->weights.cap + g->pool.cap + g->kv.cap + g->state.cap + g->act.cap + g->pinned.cap + E->g.mem.cap +
+                    E->g.bank.mem.cap) / 1048576.0;
 }

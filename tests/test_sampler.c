@@ -1,7 +1,9 @@
 // tests/test_sampler.c — the sampler's rules on small hand-made logits, through the per-slot
-// bank every backend picks with.
+// bank every backend picks with; then the fast sampler against the plain one it replaced
+// (tests/samp_oracle.h) on random rows: the same tokens, draw for draw.
 #include "../moet.c"
 #include "check.h"
+#include "samp_oracle.h"
 
 enum { V = 8 };
 static samp_bank B;
@@ -27,6 +29,128 @@ static int all_zero(const samp_slot *s) {
     for (int i = 0; i < V; i++) z &= s->count[i] == 0;
     for (int i = 0; i < (V + 7) / 8; i++) z &= s->seen[i] == 0;
     return z;
+}
+
+// ---- against the oracle ------------------------------------------------------------------
+
+static uint64_t rnd_state;
+static uint64_t rnd(void) { return oracle_splitmix(&rnd_state); }
+static double rnd_unit(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+
+// A row of logits of one of several shapes: 0 spread like a language model's (sd 2.5, a few
+// tokens far above); 1 the same rounded to bf16 (many exact ties); 2 with -inf entries and
+// several tokens tied at the top; 3 flat (every token tied); 4 one token far above the rest;
+// 5 the values of 0, rounded to 0.25 (ties at every level, also across any bound); 6 a
+// cluster of 300 logits one ulp apart just under the top, scattered over the row (with a tiny
+// temperature min_p's bound falls inside it, with a huge one many of them share a probability:
+// the fast sampler's bounds cut through ties and it must notice).
+static void rnd_row(float *x, int n, int kind) {
+    for (int t = 0; t < n; t++) {
+        double u1 = rnd_unit() + 1e-12, u2 = rnd_unit();
+        x[t] = (float)(2.5 * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+        if (rnd() % 1000 == 0) x[t] += 8 + (float)(rnd() % 5);
+    }
+    if (kind == 1)
+        for (int t = 0; t < n; t++) {
+            uint32_t b;
+            memcpy(&b, &x[t], 4);
+            b &= 0xffff0000u;
+            memcpy(&x[t], &b, 4);
+        }
+    if (kind == 2) {
+        for (int t = 0; t < n; t++)
+            if (rnd() % 7 == 0) x[t] = -INFINITY;
+        for (int i = 0; i < 5; i++) x[rnd() % (uint64_t)n] = 30.0f;
+    }
+    if (kind == 3)
+        for (int t = 0; t < n; t++) x[t] = 1.5f;
+    if (kind == 4) x[rnd() % (uint64_t)n] = 40.0f;
+    if (kind == 5)
+        for (int t = 0; t < n; t++) x[t] = roundf(x[t] * 4) / 4;
+    if (kind == 6) {
+        float v = 24.0f;
+        for (int i = 0; i < 300 && i < n; i++) {
+            x[rnd() % (uint64_t)n] = v;
+            v = nextafterf(v, 0);
+        }
+    }
+}
+
+static void against_oracle(int n_vocab, int rows, int kinds) {
+    static const samp_params ps[] = {
+        {0, 0, 1, 0, 0, 0, 1},                 // greedy
+        {0.7f, 20, 0.8f, 0, 0, 0, 1},          // the demo's generation_config
+        {0.6f, 20, 0.95f, 0, 0, 0, 1},         // Qwen3's recommended thinking settings
+        {1, 0, 1, 0, 0, 0, 1},                 // plain temperature: every token
+        {1, 0, 0.9f, 0, 0, 0, 1},              // top_p alone
+        {1, 0, 1, 0.05f, 0, 0, 1},             // min_p alone
+        {0.8f, 0, 0.9f, 0.1f, 0, 0, 1},        // min_p + top_p
+        {1.5f, 50, 1, 0, 0, 0, 1},             // top_k alone
+        {1, 2, 1, 0.5f, 0, 0, 1},              // top_k + min_p
+        {1, 5000, 0.97f, 0, 0, 0, 1},          // top_k too large for the block bound
+        {0.3f, 1, 1, 0, 0, 0, 1},              // top_k 1
+        {100, 20, 1, 0, 0, 0, 1},              // a huge temperature: nearly flat
+        {0.01f, 0, 0.9f, 0, 0, 0, 1},          // a tiny temperature
+        {1, 0, 1, 1e-7f, 0, 0, 1},             // a min_p that keeps nearly everything
+        {0.8f, 40, 0.9f, 0, 0.5f, 0.2f, 1.3f}, // penalties
+        {0, 0, 1, 0, 0.4f, 0, 1.5f},           // greedy with penalties
+        {1e-4f, 0, 1, 0.5f, 0, 0, 1},          // min_p's bound finer than a logit's ulp
+        {300, 20, 1, 0, 0, 0, 1},              // top_k where distinct logits share a probability
+        {1e5f, 20, 1, 0, 0, 0, 1},             // ... and where they share it across the bound
+    };
+    const int np = (int)(sizeof ps / sizeof ps[0]), Vn = n_vocab;
+    float *x = malloc(sizeof(float) * (size_t)Vn), *owork = malloc(sizeof(float) * (size_t)Vn);
+    int32_t *ocand = malloc(sizeof(int32_t) * (size_t)Vn), prompt[50];
+    uint16_t *count = calloc((size_t)Vn, sizeof(uint16_t));
+    uint8_t *seen = calloc((size_t)(Vn + 7) / 8, 1);
+    samp_bank bank;
+    moet_err e = {{0}};
+    MOET_ASSERT(samp_bank_init(&bank, Vn, 1, 4 * rows + 64, &e) == 0, "%s", e.msg);
+    int bad_tok = 0, bad_top = 0, picks = 0;
+    double lp_err = 0;
+    for (int pi = 0; pi < np; pi++)
+        for (int kind = 0; kind < kinds; kind++) {
+            uint64_t seed = rnd();
+            for (int i = 0; i < 50; i++) prompt[i] = (int32_t)(rnd() % (uint64_t)Vn);
+            CHECK(samp_bank_admit(&bank, 0, &ps[pi], seed, 1, 20, prompt, 50, &e) == 0, "%s", e.msg);
+            oracle_rng orng;
+            oracle_seed(&orng, seed);
+            oracle_scratch osc = {Vn, owork, ocand};
+            oracle_slot os = {count, seen};
+            memset(count, 0, sizeof(uint16_t) * (size_t)Vn);
+            memset(seen, 0, (size_t)(Vn + 7) / 8);
+            oracle_note_prompt(&os, prompt, 50);
+            for (int r = 0; r < rows; r++) {
+                rnd_row(x, Vn, kind);
+                if (ps[pi].repetition_penalty != 1)   // make the penalties matter: seen tokens near the top
+                    for (int i = 0; i < 10; i++) x[prompt[i]] = 9.5f - (float)i * 0.1f;
+                int32_t got, top[MOET_MAX_LOGPROBS], otop[MOET_MAX_LOGPROBS];
+                float lp, top_lp[MOET_MAX_LOGPROBS], otop_lp[MOET_MAX_LOGPROBS];
+                samp_bank_pick(&bank, 0, x, &got, &lp, top, top_lp);
+                int32_t want = oracle_pick(&osc, &os, &ps[pi], &orng, x);
+                float olp = oracle_logprobs(x, Vn, want, 20, otop, otop_lp);
+                oracle_note_output(&os, want);
+                picks++;
+                if (got != want) {
+                    if (bad_tok++ < 5) fprintf(stderr, "V %d params %d kind %d row %d: token %d, the oracle %d\n", Vn, pi, kind, r, got, want);
+                    break;   // the generators have parted: the rest of this sequence would differ too
+                }
+                bad_top += memcmp(top, otop, sizeof top) != 0;
+                if (!(fabs(lp - olp) <= lp_err)) lp_err = fabs(lp - olp);
+                for (int i = 0; i < 20; i++)
+                    if (!(fabs(top_lp[i] - otop_lp[i]) <= lp_err)) lp_err = fabs(top_lp[i] - otop_lp[i]);
+            }
+            samp_bank_release(&bank, 0);
+        }
+    CHECK(bad_tok == 0, "V %d: %d of %d sequences parted from the oracle", Vn, bad_tok, np * kinds);
+    CHECK(bad_top == 0, "V %d: top_logprobs ids differ from the oracle's in %d of %d picks", Vn, bad_top, picks);
+    // the oracle sums exp() in double; the fast log-sum-exp uses a float exp within 2 ulp and
+    // float sums of 8 per block (relative error ~1e-6 of the sum, so ~1e-6 in every logprob),
+    // and logprobs near -40 are floats with an ulp of 4e-6
+    CHECK(lp_err < 2e-5, "V %d: logprobs differ from the oracle's by %.3g", Vn, lp_err);
+    printf("V %d: %d picks as the oracle's (%d parameter sets x %d row shapes), logprobs within %.2g\n", Vn, picks, np, kinds, lp_err);
+    samp_bank_free(&bank);
+    free(x), free(owork), free(ocand), free(count), free(seen);
 }
 
 int main(void) {
@@ -126,5 +250,11 @@ int main(void) {
     admit(0, &rep, 1, prompt, 1);
     CHECK(pick(0, x) == 2 && fabs(lp_chosen - (2.0 - log(z))) < 1e-6 && lp_ids[0] == 1, "logprobs of the raw logits");
     samp_bank_free(&B);
+
+    rnd_state = 2024;
+    against_oracle(300, 30, 7);      // a vocabulary that is not a whole number of blocks
+    against_oracle(4096, 30, 7);     // the demo model's
+    against_oracle(50000, 6, 7);
+    against_oracle(248320, 2, 2);    // Qwen3.6's
     return check_report("test_sampler");
 }
