@@ -32,6 +32,9 @@ static struct {
 
 static void arena_freeze(void) { arena_stats.frozen = 1; }
 
+// System allocations of every kind so far (host, pinned, device).
+static uint64_t arena_total_allocs(void) { return arena_stats.allocs + arena_stats.pinned_allocs + arena_stats.device_allocs; }
+
 // One system allocation, zeroed, page aligned. Returns NULL when the system refuses
 // (the caller turns that into a clear "does not fit" message).
 static void *arena_sys_alloc(size_t bytes, const char *what) {
