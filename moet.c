@@ -2011,12 +2011,12 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
     po_fmt(o, ",\"running\":%d,\"waiting\":%d,\"max_num_seqs\":%d,\"requests_finished\":%" PRIu64
               ",\"requests_cancelled\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
               ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"allocations_after_ready\":%" PRIu64
-              ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64 ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"uptime_s\":",
+              ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"uptime_s\":",
            S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
-           S->gen_tokens, S->steps, arena_total_allocs() - S->allocs_at_ready, arena_stats.device_bytes, arena_stats.pinned_bytes,
-           rss * (sysconf(_SC_PAGESIZE) / 1024),
+           S->gen_tokens, S->steps, arena_total_allocs() - S->allocs_at_ready, rss * (sysconf(_SC_PAGESIZE) / 1024),
            (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024));
     po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
+    po_fmt(o, ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64, arena_stats.device_bytes, arena_stats.pinned_bytes);
     po_s(o, "}");
     po_end_line(o);
 }
