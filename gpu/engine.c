@@ -81,7 +81,9 @@ static const char *const gpu_kv_names[] = {"f32", "bf16", "fp8"};
 // ---- weights -------------------------------------------------------------------------------
 
 // Bytes of a stored matrix's values and of its scales.
-static size_t gpu_mat_bytes(const ck_mat *m) { return (size_t)m->rows * m->row_bytes; }
+static size_t gpu_mat_bytes(const ck_mat *m) {
+    return m->kind == CK_W_PLANES ? (size_t)m->rows * m->cols / 4 : (size_t)m->rows * m->row_bytes;
+}
 static size_t gpu_scale_bytes(const ck_mat *m) {
     return m->kind == CK_W_NVFP4 ? (size_t)m->rows * (m->cols / 16) : m->kind == CK_W_PLANES ? (size_t)m->rows * m->cols / 32 : 0;
 }
@@ -288,6 +290,20 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
 
 static int gpu_pool_load(gpu_engine *g, const char *path, const pf_serve_opts *po, moet_err *e);
 
+// MemAvailable of /proc/meminfo in bytes (0 when unknown): on a GPU with unified memory, what can
+// be taken without pushing the host into swap or the OOM killer.
+static size_t gpu_mem_available(void) {
+    char buf[4096];
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    const char *p = strstr(buf, "MemAvailable:");
+    unsigned long long kb = 0;
+    return p && sscanf(p + 13, "%llu", &kb) == 1 ? (size_t)kb * 1024 : 0;
+}
+
 // Opens the GPU, plans and allocates every arena, uploads the weights and (planes != NULL) loads
 // the routed experts from the plane file into the slot pool. Returns -1 with e set when there is
 // no GPU, the geometry is not supported, or the plan does not fit.
@@ -351,6 +367,10 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
+    if (g->dev.integrated) {   // GB10: device memory is the host's; leave the host what it has not yet given out
+        size_t avail = gpu_mem_available();
+        if (avail && avail < free_b) free_b = avail;
+    }
     size_t fixed = pw.used + pool_bytes + ps.used + pa.used + (64u << 20) * 6;   // + alignment slack per arena
     size_t headroom = (size_t)1 << 30;   // the driver's own needs (module, graphs, streams)
     if (fixed + headroom > free_b)

@@ -267,6 +267,92 @@ out:
 }
 
 
+
+// ---- kernels against their CPU twins on the real shapes ------------------------------------
+
+static uint64_t kt_rng = 0x2545f4914f6cdd1dull;
+static uint32_t kt_next(void) {
+    kt_rng ^= kt_rng << 13, kt_rng ^= kt_rng >> 7, kt_rng ^= kt_rng << 17;
+    return (uint32_t)(kt_rng >> 16);
+}
+static float kt_normal(void) {   // sum of four uniforms: mean 0, unit variance, enough for test data
+    float u = 0;
+    for (int i = 0; i < 4; i++) u += (float)(kt_next() & 0xffffff) / 16777216.0f;
+    return (u - 2.0f) * 1.7320508f;
+}
+
+// k_linear (every stored format) against ref_linear_rows, the reference's matrix product, on the
+// matrices of Qwen3.6-35B-A3B: the GDN in_proj_qkv (FP8 [8192, 2048]), the attention o_proj (FP8
+// [2048, 4096]), the router (BF16 [256, 2048]), the shared expert (NVFP4 [512, 2048] and
+// [2048, 512]), a routed expert's w13 and w2 as 2-bit planes ([1024, 2048], [2048, 512]) and a
+// slice of lm_head (NVFP4 [4096, 2048]); T = 1 (decode) and T = 37 (prefill tiles and a partial
+// one). Random values of each format (every code and nibble, scales over a range of exponents).
+// Tolerance: both sides sum the same exact products in f32 in different orders (8 lanes + f64
+// vs a warp butterfly of per-lane block sums); over K ≤ 4096 terms that moves a sum by a few
+// ulps of its largest partial sums: measured below 1e-6 of the outputs' spread; 1e-5 bounds it.
+static void kernel_linear(gpu_engine *g) {
+    struct { const char *what; int kind, rows, cols; } mats[] = {
+        {"GDN in_proj_qkv", CK_W_FP8, 8192, 2048},   {"attention o_proj", CK_W_FP8, 2048, 4096},
+        {"router", CK_W_BF16, 256, 2048},            {"shared expert gate", CK_W_NVFP4, 512, 2048},
+        {"shared expert down", CK_W_NVFP4, 2048, 512}, {"expert w13 (planes)", CK_W_PLANES, 1024, 2048},
+        {"expert w2 (planes)", CK_W_PLANES, 2048, 512}, {"lm_head slice", CK_W_NVFP4, 4096, 2048},
+    };
+    for (size_t mi = 0; mi < sizeof mats / sizeof mats[0]; mi++) {
+        int N = mats[mi].rows, K = mats[mi].cols, kind = mats[mi].kind;
+        ck_mat W = {0};
+        W.kind = (uint8_t)kind, W.rows = N, W.cols = K;
+        size_t wb = kind == CK_W_BF16 ? (size_t)N * K * 2 : kind == CK_W_FP8 ? (size_t)N * K : kind == CK_W_NVFP4 ? (size_t)N * K / 2 : (size_t)N * K / 4;
+        size_t sb = kind == CK_W_NVFP4 ? (size_t)N * K / 16 : kind == CK_W_PLANES ? (size_t)N * K / 32 : 0;
+        uint8_t *w = malloc(wb), *sc = sb ? malloc(sb) : NULL;
+        for (size_t i = 0; i < wb; i++) {
+            uint8_t b = (uint8_t)kt_next();
+            if (kind == CK_W_FP8 && (b & 0x7f) == 0x7f) b ^= 1;   // e4m3 0x7f / 0xff are NaN
+            w[i] = b;
+        }
+        if (kind == CK_W_BF16)
+            for (size_t i = 0; i < wb / 2; i++) {
+                float f = kt_normal() * 0.05f;
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                w[2 * i] = (uint8_t)(u >> 16), w[2 * i + 1] = (uint8_t)(u >> 24);
+            }
+        for (size_t i = 0; i < sb; i++)
+            sc[i] = kind == CK_W_NVFP4 ? (uint8_t)(0x20 + kt_next() % 0x30) : (uint8_t)(118 + kt_next() % 10);
+        W.w = w, W.scale = sc;
+        W.row_bytes = kind == CK_W_PLANES ? 0 : wb / N;
+        W.s = kind == CK_W_FP8 ? 0.002f : kind == CK_W_NVFP4 ? 0.01f : 1.f;
+        for (int T = 1; T <= 37; T += 36) {
+            float *x = malloc(sizeof(float) * (size_t)T * K), *ya = malloc(sizeof(float) * (size_t)T * N),
+                  *yb = malloc(sizeof(float) * (size_t)T * N), *row = malloc(sizeof(float) * K);
+            for (size_t i = 0; i < (size_t)T * K; i++) x[i] = kt_normal();
+            ref_linear_job j = {&W, x, ya, T, K, N, 0, N, row};
+            ref_linear_rows(&j);
+            arena a = arena_measure("kernel test"), d;
+            gpu_put(&a, &W, "matrix");
+            arena_take(&a, sizeof(float) * (size_t)T * K, 256, "x");
+            arena_take(&a, sizeof(float) * (size_t)T * N, 256, "y");
+            moet_err e = {{0}};
+            CHECK(arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e) == 0, "%s", e.msg);
+            gpu_mat gm = gpu_put(&d, &W, "matrix");
+            CUdeviceptr xd = (uintptr_t)arena_take(&d, sizeof(float) * (size_t)T * K, 256, "x");
+            CUdeviceptr yd = (uintptr_t)arena_take(&d, sizeof(float) * (size_t)T * N, 256, "y");
+            CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)T * K));
+            CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)T * N));   // NaN: an unwritten output fails
+            gpu_linear(g, &gm, xd, K, T, yd, N);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(yb, yd, sizeof(float) * (size_t)T * N));
+            double err = check_nerr(yb, ya, (size_t)T * N);
+            CHECK(err < 1e-5, "k_linear %s [%d, %d] T %d: normalised error %.3g", mats[mi].what, N, K, T, err);
+            printf("k_linear %-20s %-6s [%5d, %4d] T %2d: normalised error vs ref_linear %.2g\n", mats[mi].what,
+                   kind == CK_W_PLANES ? "planes" : kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_FP8 ? "fp8" : "bf16", N, K, T, err);
+            arena_release(&d);
+            free(x), free(ya), free(yb), free(row);
+        }
+        free(w);
+        free(sc);
+    }
+}
+
 // A checkpoint made by `moet synth` from a flat text config (and a quantization map), under build/.
 static int synth(const char *dir, const char *config, const char *quant) {
     char cpath[512], cmd[2048];
@@ -413,6 +499,17 @@ int main(void) {
     }
     gpu_describe(&d, stdout);
     gpu_close(&d);
+    {   // the kernels alone, on an engine of the tiny model (its streams and kernel table)
+        ck_model m;
+        gpu_engine g;
+        gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32};
+        if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
+        else {
+            kernel_linear(&g);
+            gpu_free(&g);
+            ck_close(&m);
+        }
+    }
     char tp[512], cp[512];
     const char *tiny_pl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp, sizeof tp);
     const char *check_pl = planes_of("tests/fixtures/check/nvfp4", "check", cp, sizeof cp);
