@@ -19,7 +19,8 @@
 //   - tool:      consecutive tool messages share one user turn, each wrapped in
 //     "\n<tool_response>\n…\n</tool_response>".
 //   - generation prompt: "<|im_start|>assistant\n<think>\n" (thinking on, the default), or
-//     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (enable_thinking false).
+//     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (enable_thinking false); none with
+//     no_generation_prompt (a finished conversation, as add_generation_prompt=false).
 // Content is a string, null, or an array of {"type":"text","text":…} parts (concatenated);
 // image and video parts are refused (text-only model). `|trim` is Python's str.strip(): it
 // removes Unicode whitespace at both ends.
@@ -32,6 +33,8 @@ enum { CHAT_MAX_SYSTEM = 2 };   // leading system/developer messages merged into
 typedef struct {
     int enable_thinking;     // 1: the generation prompt opens <think> (the template's default)
     int preserve_thinking;   // 1: every assistant turn keeps its reasoning
+    int no_generation_prompt;  // 1: end after the last message (add_generation_prompt=false), to
+                               // score a finished conversation rather than prompt for a new turn
 } chat_opts;
 
 // Caller memory for one render: a scratch area for assembling one message's content, and a
@@ -40,6 +43,11 @@ typedef struct {
     char *scratch;           // [scratch_cap]
     size_t scratch_cap;
     js_doc args;             // nodes / strs with capacities set by the caller
+    // Optional (NULL: not recorded): where each assistant turn's body lies in the output, the
+    // bytes after "<|im_start|>assistant\n" through its "<|im_end|>" — what the model itself
+    // produces, so that an evaluation can score only those tokens.
+    size_t *turns;           // [2 · max_turns] start, end byte offsets, in turn order
+    int max_turns, n_turns;
 } chat_mem;
 
 typedef struct {
@@ -381,6 +389,7 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
                        chat_mem *mem, char *out, size_t cap, size_t *len, moet_err *e) {
     chat_buf b = {out, cap, 0, 0};
     *len = 0;
+    mem->n_turns = 0;
     if (!messages || messages->type != JS_ARR)
         return err_set(e, "\"messages\": expected an array, got %s", js_type_name(messages));
     if (messages->len == 0) return err_set(e, "\"messages\" is empty");
@@ -483,6 +492,7 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
             }
             chat_trim(&rs, &rn);
             chat_puts(&b, "<|im_start|>assistant\n");
+            size_t body = b.len;
             if (opt->preserve_thinking || (int64_t)i > last_query) {
                 chat_puts(&b, "<think>\n");
                 chat_put(&b, rs, rn);
@@ -500,7 +510,15 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
                 // does not touch, so it stays valid here
                 if (chat_tool_calls(&b, d, calls, i, tk, mem, e)) return -1;
             }
-            chat_puts(&b, "<|im_end|>\n");
+            chat_puts(&b, "<|im_end|>");
+            if (mem->turns) {
+                if (mem->n_turns == mem->max_turns)
+                    return err_set(e, "more than %d assistant turns in one conversation", mem->max_turns);
+                mem->turns[2 * mem->n_turns] = body;
+                mem->turns[2 * mem->n_turns + 1] = b.len;
+                mem->n_turns++;
+            }
+            chat_puts(&b, "\n");
         } else {  // tool
             if (prev && !js_str_is(js_get(d, prev, "role"), "tool")) chat_puts(&b, "<|im_start|>user");
             chat_puts(&b, "\n<tool_response>\n");
@@ -510,8 +528,9 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
             if (!next || !js_str_is(js_get(d, next, "role"), "tool")) chat_puts(&b, "<|im_end|>\n");
         }
     }
-    chat_puts(&b, opt->enable_thinking ? "<|im_start|>assistant\n<think>\n"
-                                       : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    if (!opt->no_generation_prompt)
+        chat_puts(&b, opt->enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                                           : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     if (b.overflow) return err_set(e, "the rendered prompt is longer than %zu bytes", cap);
     *len = b.len;
     return 0;
