@@ -63,7 +63,6 @@
 #define MOET_OUT_BUFFER        (64u << 10) // stdout buffer; a line longer than it is written in pieces
 
 // ---- moet eval ---------------------------------------------------------------------------
-#define MOET_EVAL_MAX_TOPK     1024     // --top-k: log-probabilities a reference file keeps per token
 #define MOET_EVAL_MAX_TURNS    4096     // assistant turns of one conversation line
 #define MOET_EVAL_REF_PAGE     4096     // header page of a reference file (magic, length, JSON)
 

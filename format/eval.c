@@ -415,11 +415,13 @@ static int eval_load(eval_ctx *E, moet_err *e) {
             E->n_scored = scored;
             E->n_forward = forward;
             if (scored == 0) return err_set(e, "%s: no token to score in %" PRId64 " lines", E->o.data, lines);
+            if (E->max_seqs > nw) E->max_seqs = (int)nw;   // no more slots than windows
             arena p2 = arena_measure("eval");
             eval_carve(E, &p2);
             if (arena_init(&E->mem, "eval", p2.used, e)) return -1;
             eval_carve(E, &E->mem);
             arena_done(&E->mem);
+            memset(E->mark, 0, (size_t)E->V);
         } else {
             MOET_ASSERT(at == E->n_tok && nw == E->n_windows && scored == E->n_scored, "the two data passes disagree");
             int32_t cs[2] = {E->o.ctx, E->o.stride};
@@ -522,7 +524,7 @@ static int eval_ref_open(eval_ctx *E, moet_err *e) {
         goto out;
     }
     REF_INT("version", 1, 1, x);
-    REF_INT("top_k", 1, MOET_EVAL_MAX_TOPK, h->top_k);
+    REF_INT("top_k", 1, MOET_MAX_VOCAB, h->top_k);
     REF_INT("record_bytes", 0, INT32_MAX, h->rec_bytes);
     REF_INT("tokens", 1, INT64_MAX / 2, h->tokens);
     REF_INT("data_lines", 0, INT64_MAX, h->data_lines);
@@ -904,56 +906,77 @@ static int eval_tok_sha(pf_sha *s, const char *path, const char *cpath, uint8_t 
     return 0;
 }
 
+// Settles the options against the model (defaults, ranges) and reads the data into E.
+// eval_release frees what it holds, also after a failure.
+static int eval_prepare(eval_ctx *E, const eval_opts *opts, const ck_config *cfg, const tok *t, moet_err *e) {
+    memset(E, 0, sizeof *E);
+    E->o = *opts;
+    E->out_fd = -1;
+    E->cfg = cfg;
+    E->t = t;
+    E->V = cfg->vocab;
+    eval_opts *o = &E->o;
+    if (pf_sha_init(&E->sha, e)) return -1;
+    // windows of the model's context (at most 4096, as the server), half overlapping
+    if (o->ctx == 0) o->ctx = cfg->max_pos < 4096 ? cfg->max_pos : 4096;
+    if (o->ctx < 2) return err_set(e, "--ctx %d: at least 2 tokens", o->ctx);
+    if (o->stride == 0) o->stride = o->ctx / 2;
+    if (o->stride < 1 || o->stride > o->ctx) return err_set(e, "--stride %d: expected 1 .. --ctx (%d)", o->stride, o->ctx);
+    if (o->top_k < 1) return err_set(e, "--top-k %d: expected at least 1", o->top_k);
+    if (o->max_seqs < 1 || o->max_batch_tokens < 1) return err_set(e, "--max-num-seqs and --max-batch-tokens must be positive");
+    E->out_k = o->top_k < E->V ? o->top_k : E->V;
+    E->out_rec = eval_rec_bytes(E->out_k);
+    E->mbt = o->max_batch_tokens;
+    E->max_seqs = o->max_seqs;
+    return eval_load(E, e);
+}
+
+static void eval_release(eval_ctx *E) {
+    if (E->out_fd >= 0) close(E->out_fd);
+    E->out_fd = -1;
+    if (E->out_tmp[0]) unlink(E->out_tmp);   // never leave half a reference behind
+    E->out_tmp[0] = 0;
+    arena_release(&E->mem);
+    arena_release(&E->line_mem);
+    arena_release(&E->sc_mem);
+    arena_unmap(&E->refm);
+    arena_unmap(&E->data);
+    pf_sha_free(&E->sha);
+}
+
 // The whole evaluation: model (+ planes), tokenizer, data, reference checks, engine, run,
 // summary, reference file. res is filled on success.
 static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     static ck_model m;
     static tok t;
     static ref_engine r;
-    eval_ctx *E = &(eval_ctx){0};
+    static eval_ctx E;
     pf_attached pa = {0};
     int rc = -1, have_m = 0, have_t = 0, have_r = 0;
     memset(res, 0, sizeof *res);
-    E->o = *opts;
-    E->out_fd = -1;
-    eval_opts *o = &E->o;
+    memset(&E, 0, sizeof E);
+    E.out_fd = -1;
     double t0 = moet_now();
-    if (pf_sha_init(&E->sha, e)) return -1;
-    if (ck_open(&m, o->model, e)) goto out;
+    if (ck_open(&m, opts->model, e)) goto out;
     have_m = 1;
-    if (o->planes) {
-        pf_serve_opts popt = {o->no_verify, o->strict_revision, 0, o->progress};
-        if (pf_attach_planes(&m, o->planes, &popt, &pa, e)) goto out;
+    if (opts->planes) {
+        pf_serve_opts popt = {opts->no_verify, opts->strict_revision, 0, opts->progress};
+        if (pf_attach_planes(&m, opts->planes, &popt, &pa, e)) goto out;
     }
-    E->cfg = &m.cfg;
-    E->V = m.cfg.vocab;
     char tpath[MOET_MAX_PATH], cpath[MOET_MAX_PATH];
-    if (o->tokenizer) snprintf(tpath, sizeof tpath, "%s", o->tokenizer);
-    else if (serve_path(tpath, sizeof tpath, o->model, "tokenizer.json")) { err_set(e, "%s: path too long", o->model); goto out; }
+    if (opts->tokenizer) snprintf(tpath, sizeof tpath, "%s", opts->tokenizer);
+    else if (serve_path(tpath, sizeof tpath, opts->model, "tokenizer.json")) { err_set(e, "%s: path too long", opts->model); goto out; }
     int has_cfg = tok_config_beside(tpath, cpath, sizeof cpath) == 0;
     if (tok_load(&t, tpath, has_cfg ? cpath : NULL, e)) goto out;
     have_t = 1;
-    E->t = &t;
-    if (eval_tok_sha(&E->sha, tpath, has_cfg ? cpath : NULL, E->tok_sha, e)) goto out;
-    // settings: windows of the model's context (at most 4096, as the server), half overlapping
-    if (o->ctx == 0) o->ctx = m.cfg.max_pos < 4096 ? m.cfg.max_pos : 4096;
-    if (o->ctx < 2) { err_set(e, "--ctx %d: at least 2 tokens", o->ctx); goto out; }
-    if (o->stride == 0) o->stride = o->ctx / 2;
-    if (o->stride < 1 || o->stride > o->ctx) { err_set(e, "--stride %d: expected 1 .. --ctx (%d)", o->stride, o->ctx); goto out; }
-    if (o->top_k < 1 || o->top_k > MOET_EVAL_MAX_TOPK) { err_set(e, "--top-k %d: expected 1 .. %d", o->top_k, MOET_EVAL_MAX_TOPK); goto out; }
-    if (o->max_seqs < 1 || o->max_batch_tokens < 1) { err_set(e, "--max-num-seqs and --max-batch-tokens must be positive"); goto out; }
-    E->out_k = o->top_k < E->V ? o->top_k : E->V;
-    E->out_rec = eval_rec_bytes(E->out_k);
-    E->mbt = o->max_batch_tokens;
-    E->max_seqs = o->max_seqs;
-    if (eval_load(E, e)) goto out;
-    if (o->ref && eval_ref_open(E, e)) goto out;
-    if (o->save_ref && eval_out_open(E, e)) goto out;
-    // the engine: no more slots than windows, each as long as the longest window
-    int seqs = E->max_seqs < E->n_windows ? E->max_seqs : (int)E->n_windows;
-    if (ref_init(&r, &m, seqs, E->longest, E->mbt, o->threads, e)) goto out;
+    if (eval_prepare(&E, opts, &m.cfg, &t, e)) goto out;
+    const eval_opts *o = &E.o;
+    if (eval_tok_sha(&E.sha, tpath, has_cfg ? cpath : NULL, E.tok_sha, e)) goto out;
+    if (o->ref && eval_ref_open(&E, e)) goto out;
+    if (o->save_ref && eval_out_open(&E, e)) goto out;
+    // the engine: a slot per window run at once, each as long as the longest window
+    if (ref_init(&r, &m, E.max_seqs, E.longest, E.mbt, o->threads, e)) goto out;
     have_r = 1;
-    E->max_seqs = seqs;
     eval_backend be = eval_ref_backend(&r);
     const char *base = strrchr(o->model, '/');
     base = base && base[1] ? base + 1 : o->model;
@@ -963,36 +986,28 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
         fprintf(stderr, "moet eval: %s (%s experts): %" PRId64 " lines%s, %" PRId64 " tokens to score in %" PRId64
                 " windows (ctx %d, stride %d), %" PRId64 " through the forward pass; %d sequences, %d tokens per step, "
                 "%d thread%s; host memory: engine %.1f MiB, eval %.1f MiB\n",
-                res->model, res->experts, E->n_lines - E->n_skipped, E->n_skipped ? " (some skipped)" : "", E->n_scored,
-                E->n_windows, o->ctx, o->stride, E->n_forward, seqs, E->mbt, r.threads, r.threads > 1 ? "s" : "",
-                r.mem.cap / 1048576.0, (E->mem.cap + E->line_mem.cap + E->sc_mem.cap) / 1048576.0);
+                res->model, res->experts, E.n_lines - E.n_skipped, E.n_skipped ? " (some skipped)" : "", E.n_scored,
+                E.n_windows, o->ctx, o->stride, E.n_forward, E.max_seqs, E.mbt, r.threads, r.threads > 1 ? "s" : "",
+                r.mem.cap / 1048576.0, (E.mem.cap + E.line_mem.cap + E.sc_mem.cap) / 1048576.0);
     double t1 = moet_now();
-    if (eval_run(E, &be, e)) goto out;
+    if (eval_run(&E, &be, e)) goto out;
     res->seconds = moet_now() - t1;
-    res->lines = E->n_lines - E->n_skipped;
-    res->skipped = E->n_skipped;
-    res->windows = E->n_windows;
-    res->forwarded = E->n_forward;
+    res->lines = E.n_lines - E.n_skipped;
+    res->skipped = E.n_skipped;
+    res->windows = E.n_windows;
+    res->forwarded = E.n_forward;
     res->ctx = o->ctx;
     res->stride = o->stride;
-    eval_summarize(E, res);
-    if (o->save_ref && eval_out_finish(E, res, e)) goto out;
-    if (o->progress)
-        fprintf(stderr, "moet eval: done in %.1f s (%.1f s loading)\n", moet_now() - t0, t1 - t0);
+    eval_summarize(&E, res);
+    if (o->save_ref && eval_out_finish(&E, res, e)) goto out;
+    if (o->progress) fprintf(stderr, "moet eval: done in %.1f s (%.1f s loading)\n", moet_now() - t0, t1 - t0);
     rc = 0;
 out:
-    if (E->out_fd >= 0) close(E->out_fd);
-    if (E->out_tmp[0]) unlink(E->out_tmp);   // never leave half a reference behind
+    eval_release(&E);
     if (have_r) ref_free(&r);
-    arena_release(&E->mem);
-    arena_release(&E->line_mem);
-    arena_release(&E->sc_mem);
-    arena_unmap(&E->refm);
-    arena_unmap(&E->data);
     if (have_t) tok_free(&t);
     pf_detach(&pa);
     if (have_m) ck_close(&m);
-    pf_sha_free(&E->sha);
     return rc;
 }
 
@@ -1070,7 +1085,8 @@ static void eval_usage(FILE *f) {
           "                          first token is context only)\n"
           "  --save-ref FILE         write a reference file: per scored token the top-k log-probabilities,\n"
           "                          the log of the rest's mass and log p(target) (24 + 8k bytes)\n"
-          "  --top-k K               log-probabilities kept per token by --save-ref (default 32)\n"
+          "  --top-k K               log-probabilities kept per token by --save-ref (default 32; the\n"
+          "                          vocabulary size or more keeps whole distributions: exact KL)\n"
           "  --ref FILE              compare with a reference of the same model geometry, tokenizer, data\n"
           "                          and windows: KL(ref || run) mean and 99th percentile, top-1\n"
           "                          agreement, perplexity difference. The KL is exact over the\n"
@@ -1128,7 +1144,7 @@ static int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--limit")) { rc = eval_arg_int(a, v, 1, INT64_MAX, &x); o.limit = x; }
         else if (!strcmp(a, "--ctx")) { rc = eval_arg_int(a, v, 2, INT32_MAX, &x); o.ctx = (int)x; }
         else if (!strcmp(a, "--stride")) { rc = eval_arg_int(a, v, 1, INT32_MAX, &x); o.stride = (int)x; }
-        else if (!strcmp(a, "--top-k")) { rc = eval_arg_int(a, v, 1, MOET_EVAL_MAX_TOPK, &x); o.top_k = (int)x; }
+        else if (!strcmp(a, "--top-k")) { rc = eval_arg_int(a, v, 1, MOET_MAX_VOCAB, &x); o.top_k = (int)x; }
         else if (!strcmp(a, "--max-num-seqs")) { rc = eval_arg_int(a, v, 1, MOET_MAX_SEQS, &x); o.max_seqs = (int)x; }
         else if (!strcmp(a, "--max-batch-tokens")) { rc = eval_arg_int(a, v, 1, 1 << 20, &x); o.max_batch_tokens = (int)x; }
         else if (!strcmp(a, "--threads")) { rc = eval_arg_int(a, v, 1, MOET_MAX_THREADS, &x); o.threads = (int)x; }
