@@ -167,6 +167,7 @@ typedef struct {
     chat_mem cm;
     char *text;                  // [text_cap] the rendered conversation
     int32_t *enc;                // [text_cap] a line's tokens (a token is at least one byte of text)
+    int32_t *whole;              // [text_cap] a conversation's tokens encoded in one piece
     uint8_t *enc_mask;           // [text_cap] 1: a target to score
     tok_scratch sc;
     arena line_mem, sc_mem;
@@ -267,10 +268,11 @@ static int eval_line_tokens(eval_ctx *E, const char *s, size_t len, int *n, moet
         if (E->o.score_all) {
             if (eval_encode(E, E->text, tl, 1, &k, e)) return -1;
         } else {
-            // Each turn boundary falls right after "assistant\n" (the body never starts with
-            // whitespace: the template trims it, or an added token follows) or right after
-            // "<|im_end|>" (an added token), so the pre-tokenizer cuts the text there anyway:
-            // encoding the pieces one by one gives exactly the tokens of the whole text.
+            // A turn boundary falls right after "assistant\n" or right after "<|im_end|>" (an
+            // added token), where the pre-tokenizer cuts the text anyway, so encoding the pieces
+            // one by one gives the tokens of the whole text. Not when a body starts with a line
+            // break the template leaves ("\r\n" after a </think>): "\n\r\n" is one piece. That
+            // is checked, and such a line refused rather than scored on other tokens.
             size_t at = 0;
             for (int i = 0; i < E->cm.n_turns; i++) {
                 size_t a = E->cm.turns[2 * i], b = E->cm.turns[2 * i + 1];
@@ -280,6 +282,11 @@ static int eval_line_tokens(eval_ctx *E, const char *s, size_t len, int *n, moet
             }
             if (eval_encode(E, E->text + at, tl - at, 0, &k, e)) return -1;
             if (E->cm.n_turns == 0) return err_set(e, "the conversation has no assistant turn to score");
+            size_t whole = 0;
+            if (tok_encode(E->t, &E->sc, E->text, tl, E->whole, E->text_cap, &whole, e)) return -1;
+            if (whole != k || memcmp(E->whole, E->enc, sizeof(int32_t) * k))
+                return err_set(e, "an assistant turn starts inside a token of the rendered conversation (a body that "
+                               "begins with a line break?); --score-all scores the whole conversation");
         }
     } else {
         return err_set(e, "expected {\"text\": ...} or {\"messages\": [...]}");
@@ -345,6 +352,7 @@ static void eval_carve_line(eval_ctx *E, arena *a) {
     EVAL_TAKE(a, E->cm.turns, 2 * (size_t)E->cm.max_turns, "assistant turns");
     EVAL_TAKE(a, E->text, E->text_cap, "rendered conversation");
     EVAL_TAKE(a, E->enc, E->text_cap, "line tokens");
+    EVAL_TAKE(a, E->whole, E->text_cap, "conversation tokens");
     EVAL_TAKE(a, E->enc_mask, E->text_cap, "line mask");
 }
 
@@ -735,6 +743,8 @@ static int eval_run(eval_ctx *E, const eval_backend *be, moet_err *e) {
     int V = E->V, ns = E->max_seqs;
     int64_t next_w = 0, done_w = 0, scored = 0, fed = 0;
     double t0 = moet_now(), last_report = t0;
+    MOET_ASSERT(be->n_vocab == V && be->max_seqs >= ns && be->max_tokens >= E->mbt && be->max_len >= E->longest,
+                "the backend was made for another plan");
     for (int s = 0; s < ns; s++) E->slots[s].w = -1;
     while (done_w < E->n_windows) {
         if (eval_interrupted) return err_set(e, "interrupted");
@@ -1085,7 +1095,7 @@ static void eval_usage(FILE *f) {
           "                          first token is context only)\n"
           "  --save-ref FILE         write a reference file: per scored token the top-k log-probabilities,\n"
           "                          the log of the rest's mass and log p(target) (24 + 8k bytes)\n"
-          "  --top-k K               log-probabilities kept per token by --save-ref (default 32; the\n"
+          "  --top-k K               log-probabilities kept per token by --save-ref (default 128; the\n"
           "                          vocabulary size or more keeps whole distributions: exact KL)\n"
           "  --ref FILE              compare with a reference of the same model geometry, tokenizer, data\n"
           "                          and windows: KL(ref || run) mean and 99th percentile, top-1\n"
@@ -1118,7 +1128,7 @@ static int cmd_eval(int argc, char **argv) {
     o.max_seqs = 8;
     o.max_batch_tokens = 512;
     o.threads = 1;
-    o.top_k = 32;
+    o.top_k = 128;
     o.progress = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1179,7 +1189,7 @@ static int cmd_eval(int argc, char **argv) {
                 "top-1 agreement %.2f %%, perplexity difference %+.4f ± %.4f\n",
                 res.ref_model, res.ref_experts, res.ref_ppl, res.kl_mean, res.kl_se, res.kl_upper_mean, res.kl_p99,
                 100 * res.top1, res.ppl_diff, res.ppl_diff_se);
-    char line[4096];
+    static char line[16 * MOET_MAX_PATH];   // two paths, each escaped to at most 6 bytes per byte (\u00XX), and numbers
     eval_json(&o, &res, line, sizeof line);
     printf("%s\n", line);
     return 0;
