@@ -165,6 +165,7 @@ typedef struct {
     size_t line_cap, text_cap;
     js_doc doc;
     chat_mem cm;
+    chat_turns turns;            // a conversation's assistant turns
     char *text;                  // [text_cap] the rendered conversation
     int32_t *enc;                // [text_cap] a line's tokens (a token is at least one byte of text)
     int32_t *whole;              // [text_cap] a conversation's tokens encoded in one piece
@@ -261,9 +262,11 @@ static int eval_line_tokens(eval_ctx *E, const char *s, size_t len, int *n, moet
         if (text->len == 0) return err_set(e, "\"text\" is empty");
         if (eval_encode(E, text->str, text->len, 1, &k, e)) return -1;
     } else if (msgs) {
-        chat_opts co = {0, 0, 1};   // no generation prompt: the conversation is complete
+        chat_opts co = {0, 0};
         size_t tl;
-        if (chat_render(&E->doc, msgs, js_get(&E->doc, root, "tools"), &co, &E->cm, E->text, E->text_cap, &tl, e))
+        // no generation prompt: the conversation is complete
+        if (chat_render_turns(&E->doc, msgs, js_get(&E->doc, root, "tools"), &co, 0, &E->turns, &E->cm, E->text,
+                              E->text_cap, &tl, e))
             return -1;
         if (E->o.score_all) {
             if (eval_encode(E, E->text, tl, 1, &k, e)) return -1;
@@ -274,14 +277,14 @@ static int eval_line_tokens(eval_ctx *E, const char *s, size_t len, int *n, moet
             // break the template leaves ("\r\n" after a </think>): "\n\r\n" is one piece. That
             // is checked, and such a line refused rather than scored on other tokens.
             size_t at = 0;
-            for (int i = 0; i < E->cm.n_turns; i++) {
-                size_t a = E->cm.turns[2 * i], b = E->cm.turns[2 * i + 1];
+            for (int i = 0; i < E->turns.n; i++) {
+                size_t a = E->turns.at[2 * i], b = E->turns.at[2 * i + 1];
                 if (eval_encode(E, E->text + at, a - at, 0, &k, e) || eval_encode(E, E->text + a, b - a, 1, &k, e))
                     return -1;
                 at = b;
             }
             if (eval_encode(E, E->text + at, tl - at, 0, &k, e)) return -1;
-            if (E->cm.n_turns == 0) return err_set(e, "the conversation has no assistant turn to score");
+            if (E->turns.n == 0) return err_set(e, "the conversation has no assistant turn to score");
             size_t whole = 0;
             if (tok_encode(E->t, &E->sc, E->text, tl, E->whole, E->text_cap, &whole, e)) return -1;
             if (whole != k || memcmp(E->whole, E->enc, sizeof(int32_t) * k))
@@ -349,7 +352,7 @@ static void eval_carve_line(eval_ctx *E, arena *a) {
     EVAL_TAKE(a, E->cm.scratch, E->cm.scratch_cap, "message text");
     EVAL_TAKE(a, E->cm.args.nodes, E->cm.args.cap_nodes, "tool argument values");
     EVAL_TAKE(a, E->cm.args.strs, E->cm.args.cap_strs, "tool argument strings");
-    EVAL_TAKE(a, E->cm.turns, 2 * (size_t)E->cm.max_turns, "assistant turns");
+    EVAL_TAKE(a, E->turns.at, 2 * (size_t)E->turns.max, "assistant turns");
     EVAL_TAKE(a, E->text, E->text_cap, "rendered conversation");
     EVAL_TAKE(a, E->enc, E->text_cap, "line tokens");
     EVAL_TAKE(a, E->whole, E->text_cap, "conversation tokens");
@@ -380,7 +383,7 @@ static int eval_load(eval_ctx *E, moet_err *e) {
     E->doc.cap_nodes = E->cm.args.cap_nodes = (uint32_t)(longest + 1 < MOET_MAX_LINE_VALUES ? longest + 1 : MOET_MAX_LINE_VALUES);
     E->doc.cap_strs = E->cm.args.cap_strs = longest + 1;
     E->cm.scratch_cap = longest;
-    E->cm.max_turns = MOET_EVAL_MAX_TURNS;
+    E->turns.max = MOET_EVAL_MAX_TURNS;
     arena plan = arena_measure("eval lines");
     eval_carve_line(E, &plan);
     if (arena_init(&E->line_mem, "eval lines", plan.used, e)) return -1;

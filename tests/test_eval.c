@@ -199,7 +199,7 @@ static void test_ppl_and_refs(void) {
 
     // the NVFP4 experts, saving a top-8 reference
     eval_opts o = opts(TEXT);
-    o.save_ref = "build/test_eval.k8.ref";
+    o.save_ref = "build/evaltest.k8.ref";
     o.top_k = 8;
     CHECK(run(&o, &a, &e) == 0, "%s", e.msg);
     CHECK(a.tokens == n_nv && fabs(a.ppl / want_nv - 1) < PPL_TOL, "perplexity %.15g over %" PRId64 " tokens, the float64 sum gives %.15g over %" PRId64,
@@ -209,8 +209,8 @@ static void test_ppl_and_refs(void) {
 
     // the same run against its own reference, batched differently (3 windows, 40 tokens a
     // step: windows split over steps), saving a reference of the whole vocabulary
-    o.ref = "build/test_eval.k8.ref";
-    o.save_ref = "build/test_eval.full.ref";
+    o.ref = "build/evaltest.k8.ref";
+    o.save_ref = "build/evaltest.full.ref";
     o.top_k = V;
     o.max_seqs = 3;
     o.max_batch_tokens = 40;
@@ -223,10 +223,10 @@ static void test_ppl_and_refs(void) {
     // the 2-bit planes against the whole-vocabulary reference: the exact KL
     o = opts(TEXT);
     o.planes = PLANES;
-    o.ref = "build/test_eval.full.ref";
+    o.ref = "build/evaltest.full.ref";
     CHECK(run(&o, &c, &e) == 0, "%s", e.msg);
     CHECK(fabs(c.ppl / want_pl - 1) < PPL_TOL, "planes perplexity %.15g, the float64 sum gives %.15g", c.ppl, want_pl);
-    double kl = 0, kl_sorted_max = 0;
+    double kl = 0, kl_max = 0;
     int64_t agree = 0;
     for (int64_t t = 0; t < n_nv; t++) {
         const double *p = lp_nv + (size_t)t * V, *q = lp_pl + (size_t)t * V;
@@ -239,20 +239,20 @@ static void test_ppl_and_refs(void) {
         }
         kl += k1;
         agree += bp == bq;
-        kl_sorted_max = k1 > kl_sorted_max ? k1 : kl_sorted_max;
+        kl_max = k1 > kl_max ? k1 : kl_max;
     }
     kl /= n_nv;
     // eval rounds both log-probabilities of each term to float32 (relative 6e-8, |log p| < 40 for
     // the tokens that carry mass): < 1e-5 absolute on the mean
     CHECK(c.has_ref && c.ref_top_k == V && fabs(c.kl_mean - kl) < 1e-5, "KL %.9g, exact %.9g", c.kl_mean, kl);
     CHECK(fabs(c.kl_upper_mean - c.kl_mean) < 1e-12 && c.tail_mass_mean == 0, "no tail: upper %g, KL %g", c.kl_upper_mean, c.kl_mean);
-    CHECK(c.kl_p99 > c.kl_mean && c.kl_p99 <= kl_sorted_max + 1e-5, "p99 %g, mean %g, max %g", c.kl_p99, c.kl_mean, kl_sorted_max);
+    CHECK(c.kl_p99 > c.kl_mean && c.kl_p99 <= kl_max + 1e-5, "p99 %g, mean %g, max %g", c.kl_p99, c.kl_mean, kl_max);
     CHECK(c.top1 == (double)agree / n_nv && c.top1 < 1, "top-1 %g, expected %g", c.top1, (double)agree / n_nv);
     CHECK(c.ref_ppl == a.ppl && c.ppl_diff == c.ppl - a.ppl && c.ppl_diff_se > 0,
           "reference perplexity %.17g (run %.17g), difference %g ± %g", c.ref_ppl, a.ppl, c.ppl_diff, c.ppl_diff_se);
 
     // against the top-8 reference: the coarse KL is a lower bound, kl_upper an upper bound
-    o.ref = "build/test_eval.k8.ref";
+    o.ref = "build/evaltest.k8.ref";
     CHECK(run(&o, &d, &e) == 0, "%s", e.msg);
     CHECK(d.ref_top_k == 8 && d.kl_mean <= kl + 1e-5 && d.kl_upper_mean >= kl - 1e-5 && d.kl_mean < d.kl_upper_mean,
           "top-8: KL %g, upper %g, exact %g", d.kl_mean, d.kl_upper_mean, kl);
@@ -300,53 +300,53 @@ static void test_refusals(void) {
     eval_result r;
     moet_err e;
     eval_opts o = opts(TEXT);
-    o.ref = "build/test_eval.k8.ref";
+    o.ref = "build/evaltest.k8.ref";
     // another model: the tiny fixture (other geometry) with its own tokenizer
     o.model = "tests/fixtures/tiny/nvfp4";
     o.tokenizer = "tests/fixtures/tok/tiny-tokenizer.json";
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "another model") && strstr(e.msg, "vocab is 4096, this model's is 512"), "%s", e.msg);
     // another tokenizer file
     o = opts(TEXT);
-    o.ref = "build/test_eval.k8.ref";
+    o.ref = "build/evaltest.k8.ref";
     size_t n;
     char *tj = read_file(DEMO "/tokenizer.json", &n);
-    mkdir("build/test_eval_tok", 0755);
+    mkdir("build/evaltest_tok", 0755);
     tj[n] = ' ';   // one more byte of whitespace: the same tokenizer, another file
-    write_file("build/test_eval_tok/tokenizer.json", tj, n + 1);
+    write_file("build/evaltest_tok/tokenizer.json", tj, n + 1);
     arena_sys_free(tj, n + 1);
-    o.tokenizer = "build/test_eval_tok/tokenizer.json";
+    o.tokenizer = "build/evaltest_tok/tokenizer.json";
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "another tokenizer"), "%s", e.msg);
     // other data: the first two lines only
     char *data = read_file(TEXT, &n);
     char *second = strchr(strchr(data, '\n') + 1, '\n');
-    write_file("build/test_eval_other.jsonl", data, (size_t)(second + 1 - data));
+    write_file("build/evaltest_other.jsonl", data, (size_t)(second + 1 - data));
     arena_sys_free(data, n + 1);
-    o = opts("build/test_eval_other.jsonl");
-    o.ref = "build/test_eval.k8.ref";
+    o = opts("build/evaltest_other.jsonl");
+    o.ref = "build/evaltest.k8.ref";
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "other data") && strstr(e.msg, "5 lines of text.jsonl"), "%s", e.msg);
     // other windows
     o = opts(TEXT);
-    o.ref = "build/test_eval.k8.ref";
+    o.ref = "build/evaltest.k8.ref";
     o.ctx = 64;
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "other windows") && strstr(e.msg, "--ctx 4096"), "%s", e.msg);
     // damaged, truncated, not a reference at all
-    char *ref = read_file("build/test_eval.k8.ref", &n);
+    char *ref = read_file("build/evaltest.k8.ref", &n);
     ref[n - 5] ^= 1;
-    write_file("build/test_eval.bad.ref", ref, n);
+    write_file("build/evaltest.bad.ref", ref, n);
     o.ctx = 0;
-    o.ref = "build/test_eval.bad.ref";
+    o.ref = "build/evaltest.bad.ref";
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "damaged"), "%s", e.msg);
-    write_file("build/test_eval.bad.ref", ref, n - 8);
+    write_file("build/evaltest.bad.ref", ref, n - 8);
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "truncated"), "%s", e.msg);
     arena_sys_free(ref, n + 1);
     o.ref = TEXT;
     CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "not a moet eval reference file"), "%s", e.msg);
     // a failed --save-ref leaves nothing behind
     o = opts(TEXT);
-    o.ref = "build/test_eval.bad.ref";
-    o.save_ref = "build/test_eval.never.ref";
+    o.ref = "build/evaltest.bad.ref";
+    o.save_ref = "build/evaltest.never.ref";
     struct stat sb;
-    CHECK(run(&o, &r, &e) != 0 && stat("build/test_eval.never.ref", &sb) != 0, "%s", e.msg);
+    CHECK(run(&o, &r, &e) != 0 && stat("build/evaltest.never.ref", &sb) != 0, "%s", e.msg);
 }
 
 // Bad lines: one error naming file and line; the run stops, or with skip_bad goes on.
@@ -363,15 +363,15 @@ static void test_bad_lines(void) {
     strcat(all, good);
     for (int i = 0; i < 5; i++) {
         snprintf(buf, sizeof buf, "%s\n%s\n%s", good, bad[i][0], good);   // the bad line is line 3
-        write_file("build/test_eval_bad.jsonl", buf, strlen(buf));
-        eval_opts o = opts("build/test_eval_bad.jsonl");
-        CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "test_eval_bad.jsonl:3: ") && strstr(e.msg, bad[i][1]), "%s", e.msg);
+        write_file("build/evaltest_bad.jsonl", buf, strlen(buf));
+        eval_opts o = opts("build/evaltest_bad.jsonl");
+        CHECK(run(&o, &r, &e) != 0 && strstr(e.msg, "evaltest_bad.jsonl:3: ") && strstr(e.msg, bad[i][1]), "%s", e.msg);
         strcat(all, bad[i][0]);
         strcat(all, "\n");
     }
     strcat(all, good);
-    write_file("build/test_eval_bad.jsonl", all, strlen(all));
-    eval_opts o = opts("build/test_eval_bad.jsonl");
+    write_file("build/evaltest_bad.jsonl", all, strlen(all));
+    eval_opts o = opts("build/evaltest_bad.jsonl");
     o.skip_bad = 1;
     CHECK(run(&o, &r, &e) == 0 && r.lines == 2 && r.skipped == 5 && r.windows == 2, "%s: %" PRId64 " lines, %" PRId64 " skipped",
           e.msg, r.lines, r.skipped);
