@@ -2603,6 +2603,9 @@ done:
     return rc;
 }
 
+// defines: eval_main, cmd_eval (perplexity of a JSONL data set; MOETREF1 reference files for
+//          KL divergence and top-1 agreement between runs)
+#include "format/eval.c"
 
 // defines: cmd_bench (moet bench: prefill / decode throughput, bytes per step, achieved GB/s)
 #include "gpu/bench.c"
@@ -2829,6 +2832,7 @@ static void moet_usage(FILE *f) {
           "commands:\n"
           "  run       forward pass of a model over token ids: logits, greedy tokens, hidden states\n"
           "  serve     JSONL requests on stdin, answers on stdout (moet serve --help)\n"
+          "  eval      perplexity of a JSONL data set, KL divergence against a reference run (moet eval --help)\n"
           "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
           "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
           "  info      print the header of a plane file as JSON\n"
@@ -2846,6 +2850,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "run")) return cmd_run(argc, argv);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc, argv);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
     if (!strcmp(argv[1], "build-planes")) return cmd_build_planes(argc, argv);
     if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
     if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);

@@ -62,6 +62,10 @@
 #define MOET_TEXT_PER_TOKEN    8        // planned output text bytes per token (past it: "length")
 #define MOET_OUT_BUFFER        (64u << 10) // stdout buffer; a line longer than it is written in pieces
 
+// ---- moet eval ---------------------------------------------------------------------------
+#define MOET_EVAL_MAX_TURNS    4096     // assistant turns of one conversation line
+#define MOET_EVAL_REF_PAGE     4096     // header page of a reference file (magic, length, JSON)
+
 _Static_assert(MOET_MAX_HEAD_DIM % 2 == 0, "rotary pairs need an even head dim");
 _Static_assert(MOET_MAX_TOPK <= MOET_MAX_EXPERTS, "top-k cannot exceed the experts");
 

@@ -19,7 +19,8 @@
 //   - tool:      consecutive tool messages share one user turn, each wrapped in
 //     "\n<tool_response>\n…\n</tool_response>".
 //   - generation prompt: "<|im_start|>assistant\n<think>\n" (thinking on, the default), or
-//     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (enable_thinking false).
+//     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (enable_thinking false); none from
+//     chat_render_turns without gen_prompt (a finished conversation, add_generation_prompt=false).
 // Content is a string, null, or an array of {"type":"text","text":…} parts (concatenated);
 // image and video parts are refused (text-only model). `|trim` is Python's str.strip(): it
 // removes Unicode whitespace at both ends.
@@ -41,6 +42,13 @@ typedef struct {
     size_t scratch_cap;
     js_doc args;             // nodes / strs with capacities set by the caller
 } chat_mem;
+
+// Where each assistant turn's body lies in a render: the bytes after "<|im_start|>assistant\n"
+// through its "<|im_end|>", what the model itself produces (so an evaluation can score only them).
+typedef struct {
+    size_t *at;              // [2 · max] start, end byte offsets into the output, in turn order
+    int max, n;
+} chat_turns;
 
 typedef struct {
     char *p;
@@ -375,12 +383,16 @@ static int chat_tool_calls(chat_buf *b, const js_doc *d, const js_node *calls, u
     return 0;
 }
 
-// Renders the prompt into out[0..cap) (not NUL-terminated) and sets *len. Returns 0, or -1
-// with e set: a malformed message list, or a prompt longer than cap.
-static int chat_render(const js_doc *d, const js_node *messages, const js_node *tools, const chat_opts *opt,
-                       chat_mem *mem, char *out, size_t cap, size_t *len, moet_err *e) {
+// Renders the conversation into out[0..cap) (not NUL-terminated) and sets *len, followed by the
+// generation prompt when gen_prompt is set (add_generation_prompt); records the assistant turns
+// in *turns unless it is NULL. Returns 0, or -1 with e set: a malformed message list, or a
+// prompt longer than cap.
+static int chat_render_turns(const js_doc *d, const js_node *messages, const js_node *tools, const chat_opts *opt,
+                             int gen_prompt, chat_turns *turns, chat_mem *mem, char *out, size_t cap, size_t *len,
+                             moet_err *e) {
     chat_buf b = {out, cap, 0, 0};
     *len = 0;
+    if (turns) turns->n = 0;
     if (!messages || messages->type != JS_ARR)
         return err_set(e, "\"messages\": expected an array, got %s", js_type_name(messages));
     if (messages->len == 0) return err_set(e, "\"messages\" is empty");
@@ -483,6 +495,7 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
             }
             chat_trim(&rs, &rn);
             chat_puts(&b, "<|im_start|>assistant\n");
+            size_t body = b.len;
             if (opt->preserve_thinking || (int64_t)i > last_query) {
                 chat_puts(&b, "<think>\n");
                 chat_put(&b, rs, rn);
@@ -500,7 +513,14 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
                 // does not touch, so it stays valid here
                 if (chat_tool_calls(&b, d, calls, i, tk, mem, e)) return -1;
             }
-            chat_puts(&b, "<|im_end|>\n");
+            chat_puts(&b, "<|im_end|>");
+            if (turns) {
+                if (turns->n == turns->max) return err_set(e, "more than %d assistant turns in one conversation", turns->max);
+                turns->at[2 * turns->n] = body;
+                turns->at[2 * turns->n + 1] = b.len;
+                turns->n++;
+            }
+            chat_puts(&b, "\n");
         } else {  // tool
             if (prev && !js_str_is(js_get(d, prev, "role"), "tool")) chat_puts(&b, "<|im_start|>user");
             chat_puts(&b, "\n<tool_response>\n");
@@ -510,11 +530,18 @@ static int chat_render(const js_doc *d, const js_node *messages, const js_node *
             if (!next || !js_str_is(js_get(d, next, "role"), "tool")) chat_puts(&b, "<|im_end|>\n");
         }
     }
-    chat_puts(&b, opt->enable_thinking ? "<|im_start|>assistant\n<think>\n"
-                                       : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    if (gen_prompt)
+        chat_puts(&b, opt->enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                                           : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     if (b.overflow) return err_set(e, "the rendered prompt is longer than %zu bytes", cap);
     *len = b.len;
     return 0;
+}
+
+// The prompt for a new assistant turn: the conversation and the generation prompt.
+static int chat_render(const js_doc *d, const js_node *messages, const js_node *tools, const chat_opts *opt,
+                       chat_mem *mem, char *out, size_t cap, size_t *len, moet_err *e) {
+    return chat_render_turns(d, messages, tools, opt, 1, NULL, mem, out, cap, len, e);
 }
 
 // ---- the answer splitter -------------------------------------------------------------------
