@@ -597,10 +597,10 @@ static void tt_limits(void) {
 
 // ---- the demo model's tokenizer: special ids, and the prompts in its golden.safetensors
 
-static void tt_demo(const char *shared) {
-    char path[1024], cfg[1024];
-    snprintf(path, sizeof path, "%s/fixtures/demo/nvfp4/tokenizer.json", shared);
-    snprintf(cfg, sizeof cfg, "%s/fixtures/demo/nvfp4/tokenizer_config.json", shared);
+static void tt_demo(void) {
+    char path[1024];
+    const char *cfg = "tests/fixtures/demo/tokenizer_config.json";
+    snprintf(path, sizeof path, "tests/fixtures/demo/tokenizer.json");
     tok t;
     if (tt_load(&t, path, cfg)) return;
     // ids and flags as the file lists them (read here with the JSON reader)
@@ -628,7 +628,7 @@ static void tt_demo(const char *shared) {
     // with enable_thinking = false) of its three questions, tokenized by transformers
     static const char *q[3] = {"What does numpy.linalg.solve do?", "Explain torch.nn.functional.softmax.",
                                "How do I use json.dumps?"};
-    snprintf(path, sizeof path, "%s/fixtures/demo/golden.safetensors", shared);
+    snprintf(path, sizeof path, "tests/fixtures/demo_golden.safetensors");
     char *st = tt_read(path, &len);
     if (!st || len < 8) { tok_free(&t); return; }
     uint64_t hl;
@@ -703,21 +703,15 @@ int main(void) {
     tt_tiny = tt_read("tests/fixtures/tok/tiny-tokenizer.json", &tt_tiny_len);
     if (!tt_tiny) return check_report("test_tokenizer");
 
-    const char *shared = check_shared();
-    char tk[1024], gd[1024];
+    const char *qwen3 = "tests/fixtures/tok/qwen3-tokenizer.json", *qwen35 = "tests/fixtures/tok/qwen35-regex-on-qwen3.json";
     tt_golden_file("tests/fixtures/tok/tiny-tokenizer.json", NULL, "tests/fixtures/tok/golden_tiny.jsonl", "golden_tiny");
-    snprintf(tk, sizeof tk, "%s/fixtures/tok/qwen3-tokenizer.json", shared);
-    snprintf(gd, sizeof gd, "%s/fixtures/tok/golden_qwen3.jsonl", shared);
     // the emoji, Thai and Devanagari cases split characters across tokens: the holdback runs
-    CHECK(tt_golden_file(tk, NULL, gd, "golden_qwen3") > 0, "no character of golden_qwen3 was held back");
-    snprintf(tk, sizeof tk, "%s/fixtures/tok/qwen35-regex-on-qwen3.json", shared);
-    snprintf(gd, sizeof gd, "%s/fixtures/tok/golden_qwen35-regex-on-qwen3.jsonl", shared);
-    tt_golden_file(tk, NULL, gd, "golden_qwen35");
+    CHECK(tt_golden_file(qwen3, NULL, "tests/fixtures/tok/golden_qwen3.jsonl", "golden_qwen3") > 0,
+          "no character of golden_qwen3 was held back");
+    tt_golden_file(qwen35, NULL, "tests/fixtures/tok/golden_qwen35-regex-on-qwen3.jsonl", "golden_qwen35");
     tt_golden_file("tests/fixtures/tok/tiny-tokenizer.json", NULL, "tests/fixtures/tok/golden_extra_tiny.jsonl", "golden_extra_tiny");
-    snprintf(tk, sizeof tk, "%s/fixtures/tok/qwen3-tokenizer.json", shared);
-    tt_golden_file(tk, NULL, "tests/fixtures/tok/golden_extra_qwen3.jsonl", "golden_extra_qwen3");
-    snprintf(tk, sizeof tk, "%s/fixtures/tok/qwen35-regex-on-qwen3.json", shared);
-    tt_golden_file(tk, NULL, "tests/fixtures/tok/golden_extra_qwen35.jsonl", "golden_extra_qwen35");
+    tt_golden_file(qwen3, NULL, "tests/fixtures/tok/golden_extra_qwen3.jsonl", "golden_extra_qwen3");
+    tt_golden_file(qwen35, NULL, "tests/fixtures/tok/golden_extra_qwen35.jsonl", "golden_extra_qwen35");
     tt_pieces_file("tests/fixtures/tok/golden_pieces_qwen3.jsonl", 0, "golden_pieces_qwen3");
     tt_pieces_file("tests/fixtures/tok/golden_pieces_qwen35.jsonl", 1, "golden_pieces_qwen35");
     tt_string_merges("tests/fixtures/tok/golden_tiny.jsonl");
@@ -727,7 +721,7 @@ int main(void) {
     tt_split();
     tt_nfc();
     tt_limits();
-    tt_demo(shared);
+    tt_demo();
     tt_cli();
     arena_sys_free(tt_tiny, tt_tiny_len + 1);
     arena_release(&tt_scr_mem);
