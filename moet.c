@@ -37,6 +37,9 @@
 #include "arena/arena.c"
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
+// defines: of_begin, of_write, of_commit, of_abort (an output file: temporary file + rename,
+//          only over a regular file, removed on every error and fatal signal)
+#include "format/outfile.c"
 // defines: uni_props, uni_nfc (Unicode properties and NFC, tables from format/unicode_tables.h)
 #include "format/unicode.c"
 // defines: tok, tok_load, tok_encode, tok_decode, tok_decode_stream, tok_find, cmd_tokenize
@@ -1821,6 +1824,29 @@ static int serve_path(char *out, size_t cap, const char *dir, const char *file) 
     return 0;
 }
 
+// The "model" of the answers when --served-model-name is not given: ORG/NAME for a Hugging Face
+// cache snapshot (…/models--ORG--NAME/snapshots/REV, whose last component is only the revision),
+// else the directory's own name — never the path as typed, which would put a local path in
+// every answer ("dir/" and "a/b/." name "dir" and "b").
+static void serve_model_name(const char *dir, char *out, size_t cap) {
+    char repo[256], rev[256];
+    if (pf_hf_snapshot(dir, repo, sizeof repo, rev, sizeof rev)) {
+        snprintf(out, cap, "%s", repo);
+        return;
+    }
+    char p[MOET_MAX_PATH];
+    snprintf(p, sizeof p, "%s", dir);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = 0;
+    const char *b = strrchr(p, '/');
+    b = b && b[1] ? b + 1 : p;
+    if ((!strcmp(b, ".") || !strcmp(b, "..")) && realpath(dir, p)) {   // the name of what "." is
+        b = strrchr(p, '/');
+        b = b && b[1] ? b + 1 : p;
+    }
+    snprintf(out, cap, "%s", b);
+}
+
 // ---- generation_config.json: sampling defaults and stop ids ---------------------------------
 
 static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet_err *e) {
@@ -1971,7 +1997,11 @@ static int cmd_serve(int argc, char **argv) {
             char *end;
             errno = 0;
             seed = strtoull(v, &end, 10);
-            if (!*v || *end || errno) { fprintf(stderr, "moet serve: --seed %s: expected an unsigned integer\n", v); return 2; }
+            // strtoull would take "-5" as 2^64 - 5 and " 5" as 5: digits only
+            if (!isdigit((unsigned char)v[0]) || *end || errno) {
+                fprintf(stderr, "moet serve: --seed %s: expected an unsigned integer in 0..%llu\n", v, (unsigned long long)UINT64_MAX);
+                return 2;
+            }
             have_seed = 1;
         } else {
             fprintf(stderr, "moet serve: unknown option '%s'\n", a);
@@ -2044,9 +2074,8 @@ static int cmd_serve(int argc, char **argv) {
                 m.cfg.max_pos);
     if (ref_init(&r, &m, seqs, max_len, batch, threads, &e)) goto fail;
     have_r = 1;
-    // names: the directory's last component
-    const char *base = strrchr(model, '/');
-    base = base && base[1] ? base + 1 : model;
+    char base[MOET_MAX_PATH];
+    serve_model_name(model, base, sizeof base);
     cfg.max_num_seqs = seqs;
     cfg.max_batch_tokens = batch;
     cfg.max_queue = queue;
@@ -2131,6 +2160,8 @@ static void run_usage(FILE *f) {
           "  --ids-file FILE      prompt token ids: a JSON array, or ids separated by commas/whitespace\n"
           "  --greedy N           greedy decode steps after the prompt (default 0)\n"
           "  --out FILE           write prefill_logits [T,V], greedy_ids [N], decode_logits [N,V] (safetensors)\n"
+          "                       through FILE.tmp.PID renamed over FILE; an existing FILE must be a\n"
+          "                       regular file (a symbolic link, FIFO or device is refused, not followed)\n"
           "  --dump-hidden        also write hidden.<i> [T,H] (embeddings, each layer's output, final norm)\n"
           "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
           "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
@@ -2140,6 +2171,19 @@ static void run_usage(FILE *f) {
           "  --chunk N            prefill in chunks of N tokens (default 512)\n"
           "  -h, --help           this text\n",
           f);
+}
+
+// The integer value s of a flag, in lo..hi; else a message naming the flag and -1.
+static int run_arg_int(const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "moet run: %s %s: expected an integer in %ld..%ld\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -2155,12 +2199,12 @@ static int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--model") && more) model = argv[++i];
         else if (!strcmp(a, "--ids") && more) ids_arg = argv[++i];
         else if (!strcmp(a, "--ids-file") && more) ids_file = argv[++i];
-        else if (!strcmp(a, "--greedy") && more) greedy = atoi(argv[++i]);
+        else if (!strcmp(a, "--greedy") && more) { if (run_arg_int(a, argv[++i], 0, MOET_MAX_RUN_TOKENS, &greedy)) return 2; }
         else if (!strcmp(a, "--out") && more) out = argv[++i];
         else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
         else if (!strcmp(a, "--backend") && more) backend = argv[++i];
-        else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--chunk") && more) chunk = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && more) { if (run_arg_int(a, argv[++i], 1, MOET_MAX_THREADS, &threads)) return 2; }
+        else if (!strcmp(a, "--chunk") && more) { if (run_arg_int(a, argv[++i], 1, INT32_MAX, &chunk)) return 2; }
         else if (!strcmp(a, "--planes") && more) planes = argv[++i];
         else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
         else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;
@@ -2178,11 +2222,11 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "moet run: backend '%s' is not available (cpu)\n", backend);
         return 2;
     }
-    if (greedy < 0 || greedy > MOET_MAX_RUN_TOKENS || threads < 1 || threads > MOET_MAX_THREADS || chunk < 1) {
-        fprintf(stderr, "moet run: --greedy must be in [0, %d], --threads in [1, %d], --chunk >= 1\n", MOET_MAX_RUN_TOKENS, MOET_MAX_THREADS);
-        return 2;
-    }
     moet_err e = {{0}};
+    if (out && of_check_target(out, &e)) {   // before the work (and again when the file is put in place)
+        fprintf(stderr, "moet run: %s\n", e.msg);
+        return 1;
+    }
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;
     if (ids_arg) T = moet_parse_ids(ids_arg, strlen(ids_arg), ids, MOET_MAX_RUN_TOKENS, "--ids", &e);

@@ -267,7 +267,7 @@ static int tok_check_pipeline(tok *t, const js_doc *d, const js_node *root, cons
                        "(the Qwen2/Qwen3 one, or the Qwen3.5/3.6 one with \\p{M})", what, tok_show(re->str, re->len, b));
     if (!js_str_is(js_get(d, split, "behavior"), "Isolated"))
         return err_set(e, "%s: pre_tokenizer Split.behavior: expected \"Isolated\"", what);
-    int inv;
+    int inv = 0;   // (set by tok_flag on success; the compiler cannot always see it)
     if (tok_flag(d, split, "invert", 0, &inv, what, "pre_tokenizer Split", e)) return -1;
     if (inv) return err_set(e, "%s: pre_tokenizer Split.invert: expected false, got true", what);
     if (!tok_type_is(d, bl, "ByteLevel"))
