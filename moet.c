@@ -976,6 +976,7 @@ typedef struct {
     char *in;               // [in_cap] bytes read, not yet consumed
     size_t in_cap, in_start, in_end;
     int skipping, in_eof;
+    int in_errno;           // reading the input failed with this errno (0: it ended normally)
     js_doc doc;
     chat_mem cm;
     char *prompt;           // [prompt_cap] rendered chat prompt
@@ -1520,13 +1521,23 @@ static serve_rec *serve_find(serve_ctx *S, const char *id) {
     return NULL;
 }
 
+// The id of a request whose line gives none: "req-<line number>", or, when a request that named
+// itself so is still running, "req-<line number>.<k>" with the smallest k not in use, so an
+// answer or a cancel can never match two requests.
+static void serve_auto_id(serve_ctx *S, char *id, size_t cap) {
+    snprintf(id, cap, "req-%" PRIu64, S->lines);
+    for (uint64_t k = 1; serve_find(S, id); k++) snprintf(id, cap, "req-%" PRIu64 ".%" PRIu64, S->lines, k);
+}
+
 // One complete input line (without its "\n"). Needs a free record (the caller checks).
 static void serve_line(serve_ctx *S, char *line, size_t n) {
     S->lines++;
     double t_read = moet_now();
     if (n && line[n - 1] == '\r') n--;
-    char auto_id[32];
-    snprintf(auto_id, sizeof auto_id, "req-%" PRIu64, S->lines);
+    // a UTF-8 byte order mark (a file saved by some editors) is not part of the JSON text
+    if (n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) line += 3, n -= 3;
+    char auto_id[48];
+    serve_auto_id(S, auto_id, sizeof auto_id);
     char msg[512];
     int64_t bad = proto_bad_utf8(line, n);
     if (bad >= 0) {
@@ -1650,7 +1661,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     if (ids) memcpy(r->tok, ids, sizeof(int32_t) * (size_t)n_ids);
     else {
         const js_node *t = js_first(q.input_ids);
-        for (int k = 0; k < n_ids; k++, t = js_next(&S->doc, t)) r->tok[k] = (int32_t)t->i64;
+        for (int k = 0; k < n_ids; k++, t = js_next(&S->doc, t)) r->tok[k] = (int32_t)(t->is_int ? t->i64 : (int64_t)t->num);
     }
     r->n_prompt = r->n_tok = n_ids;
     r->slot = -1;
@@ -1713,7 +1724,11 @@ static void serve_read(serve_ctx *S, int fd, int timeout_ms) {
     if (k <= 0) return;   // nothing yet, or a signal
     ssize_t got = read(fd, S->in + S->in_end, S->in_cap - S->in_end);
     if (got > 0) S->in_end += (size_t)got;
-    else if (got == 0 || (errno != EINTR && errno != EAGAIN)) S->in_eof = 1;
+    else if (got == 0) S->in_eof = 1;
+    else if (errno != EINTR && errno != EAGAIN) {   // no more input either, but not a normal end
+        S->in_eof = 1;
+        S->in_errno = errno;
+    }
 }
 
 static void serve_ready(serve_ctx *S) {
@@ -1728,7 +1743,8 @@ static void serve_ready(serve_ctx *S) {
 
 // The server: answers every line of fd_in on fd_out until EOF (then finishes what was read
 // and returns 0) or signals (first: stop reading and finish; second: cancel what runs).
-// Returns 1 when fd_out failed (the reader went away).
+// Returns 1 when fd_out failed (the reader went away), or when reading fd_in failed (after
+// answering every request read before the failure).
 static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->out.fd = fd_out;
     S->t_start = moet_now();
@@ -1776,6 +1792,11 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
         if (S->in_eof && !S->n_waiting && !(S->in_end > S->in_start)) break;
     }
     po_flush(&S->out);
+    if (S->in_errno) {
+        fprintf(stderr, "moet serve: reading the requests failed: %s (the %" PRIu64 " lines read before were answered)\n",
+                strerror(S->in_errno), S->lines);
+        return 1;
+    }
     return S->out.failed;
 }
 

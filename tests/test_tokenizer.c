@@ -664,7 +664,8 @@ static void tt_cli(void) {
     FILE *f = fopen("build/tok_cli_in.txt", "w");
     CHECK(f != NULL, "temp file");
     if (!f) return;
-    // line 2 is not JSON, line 3 is not a string: errors naming lines 2 and 3, the rest printed
+    // line 2 is not JSON, line 3 is not a string: errors naming lines 2 and 3 in their places,
+    // so output line i answers input line i
     fputs("\"Hello world\"\n{bad\n[1,2]\n\"a\\n\\n<|im_end|>\"\n", f);
     fclose(f);
     int rc = system("./moet tokenize --tokenizer tests/fixtures/tok/tiny-tokenizer.json < build/tok_cli_in.txt "
@@ -673,7 +674,10 @@ static void tt_cli(void) {
     size_t len;
     char *out = tt_read("build/tok_cli_out.txt", &len);
     // golden_tiny: "Hello world" = [326,324], "a" = [64], "\n\n" = 446 (in "<think>\n\n</think>\n\n")
-    const char *want_ids = "[326,324]\n[64,446,502]\n";
+    const char *want_ids = "[326,324]\n"
+                           "{\"error\":{\"line\":2,\"message\":\"invalid JSON: object key must be a string at byte 1\"}}\n"
+                           "{\"error\":{\"line\":3,\"message\":\"expected a JSON string, got array\"}}\n"
+                           "[64,446,502]\n";
     CHECK(out && len == strlen(want_ids) && !memcmp(out, want_ids, len), "stdout: %.*s", out ? (int)len : 0, out ? out : "");
     if (out) arena_sys_free(out, len + 1);
     char *err = tt_read("build/tok_cli_err.txt", &len);
@@ -687,7 +691,9 @@ static void tt_cli(void) {
                 "< build/tok_cli_in.txt > build/tok_cli_out.txt 2> build/tok_cli_err.txt");
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "decode exit status %d", WEXITSTATUS(rc));
     out = tt_read("build/tok_cli_out.txt", &len);
-    const char *want = "\"Hello world\"\n\"Hello\"\n";
+    const char *want = "\"Hello world\"\n"
+                       "{\"error\":{\"line\":2,\"message\":\"element 2: id 9999 is not in the vocabulary (ids 0..506)\"}}\n"
+                       "\"Hello\"\n";
     CHECK(out && len == strlen(want) && !memcmp(out, want, len), "decode stdout: %.*s", out ? (int)len : 0, out ? out : "");
     if (out) arena_sys_free(out, len + 1);
     err = tt_read("build/tok_cli_err.txt", &len);
