@@ -877,7 +877,7 @@ static float samp_logprobs(const float *logits, int V, int32_t chosen, int n_top
 // ==========================================================================================
 //
 // The scheduler (continuous batching over an engine_backend) and the line loop of
-// docs/PROTOCOL.md.
+// format/PROTOCOL.md.
 //
 // One thread does everything, in this order, forever: read what stdin has (poll, so decoding
 // never waits for input and an idle server sleeps), turn complete lines into requests or

@@ -1,4 +1,4 @@
-// format/planes.c — MOET2PF1 v1, the 2-bit expert plane file (docs/PLANES.md, a binding contract).
+// format/planes.c — MOET2PF1 v1, the 2-bit expert plane file (format/PLANES.md, a binding contract).
 //
 // One file holds every routed expert of a model as sign-symmetric 2-bit planes: a header page,
 // a table of 48-byte slot entries, then one page-aligned slot per (layer, expert). This module is

@@ -1,4 +1,4 @@
-// format/protocol.c — the JSONL protocol of `moet serve` (docs/PROTOCOL.md): one request
+// format/protocol.c — the JSONL protocol of `moet serve` (format/PROTOCOL.md): one request
 // line in, validated into a proto_req; responses out as JSON lines.
 //
 // Parsing never allocates: the caller owns the line, the JSON document memory and the

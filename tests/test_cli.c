@@ -1,7 +1,8 @@
 // tests/test_cli.c — the command line as a new user meets it: where commands write (--out of
 // build-planes, run and synth: only a new path or a regular file is replaced, never half-written,
 // no temporary file left by an error or a fatal signal), the flags and paths they refuse (each
-// message naming the bad one), and the model name `moet serve` reports.
+// message naming the bad one), the model name `moet serve` reports, and the documents the
+// README points to (they must be in the repository).
 #include "../moet.c"
 #include "check.h"
 #include <sys/sysmacros.h>
@@ -363,6 +364,47 @@ static void test_model_name(void) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+// ---- the documents ---------------------------------------------------------------------------
+
+// Every relative link of a Markdown file (](target)), and every path-like name of a .md file in
+// its text (format/PLANES.md, docs/X.md), must name a file of the repository. Links resolve
+// from the file's directory, names in the text from the repository root.
+static void check_doc(const char *md, const char *dir) {
+    size_t len;
+    moet_err e = {{0}};
+    char *text = arena_read_small(md, 1 << 20, &len, &e);
+    CHECK(text != NULL, "%s", e.msg);
+    if (!text) return;
+    int links = 0;
+    for (const char *p = text; (p = strstr(p, "](")) != NULL; p += 2) {
+        const char *a = p + 2, *b = a;
+        while (*b && *b != ')' && *b != '#' && *b != ' ') b++;
+        if (b == a || !strncmp(a, "http://", 7) || !strncmp(a, "https://", 8)) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s%.*s", dir, (int)(b - a), a);
+        CHECK(access(path, F_OK) == 0, "%s: the link %.*s does not resolve (%s)", md, (int)(b - a), a, path);
+        links++;
+    }
+    int names = 0;
+    for (const char *p = text; (p = strstr(p, ".md")) != NULL; p += 3) {
+        const char *a = p;
+        while (a > text && (isalnum((unsigned char)a[-1]) || a[-1] == '_' || a[-1] == '-' || a[-1] == '/' || a[-1] == '.')) a--;
+        if (!memchr(a, '/', (size_t)(p - a))) continue;   // a bare name (README.md): not a path
+        char path[512];
+        snprintf(path, sizeof path, "%.*s", (int)(p + 3 - a), a);
+        CHECK(access(path, F_OK) == 0, "%s names %s, which is not in the repository", md, path);
+        names++;
+    }
+    fprintf(stderr, "test_cli: %s: %d links, %d document paths checked\n", md, links, names);
+    arena_sys_free(text, len + 1);
+}
+
+static void test_docs(void) {
+    check_doc("README.md", "");
+    check_doc("format/PROTOCOL.md", "format/");
+    check_doc("format/PLANES.md", "format/");
+}
+
 int main(void) {
     snprintf(tdir, sizeof tdir, "/tmp/moet_test_cli.XXXXXX");
     MOET_ASSERT(mkdtemp(tdir), "mkdtemp");
@@ -371,6 +413,7 @@ int main(void) {
     test_synth_out();
     test_build_signals();
     test_flags();
+    test_docs();
     if (access("./moet", X_OK) == 0) test_model_name();
     else CHECK(0, "./moet is missing: build it first (./build.sh)");
     rmdir(tdir);
