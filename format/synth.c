@@ -396,7 +396,8 @@ static int cmd_synth(int argc, char **argv) {
     char path[MOET_MAX_PATH + 64];
     if (syn_enumerate(&L)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
     uint32_t n = L.n;
-    mem_bytes = sizeof(syn_tensor) * n + L.name_bytes + sizeof(stw_tensor) * n;
+    // the names rounded up to 8 bytes, so the stw_tensor array after them is aligned
+    mem_bytes = sizeof(syn_tensor) * n + ((L.name_bytes + 7) & ~(size_t)7) + sizeof(stw_tensor) * n;
     mem = arena_sys_alloc(mem_bytes, "synth tensor list");
     if (!mem) { fprintf(stderr, "moet synth: out of memory for %u tensors\n", n); goto out_q; }
     L = (syn_list){&c, &q, per_expert, mtp, (syn_tensor *)mem, 0, (char *)mem + sizeof(syn_tensor) * n, 0, 0, &e};
