@@ -922,7 +922,7 @@ static int pf_open(pf_file *f, const char *path, moet_err *e) {
     uint8_t *page = NULL, *tab = NULL;
     size_t tab_alloc = 0;
     int rc = -1;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   // a FIFO is refused below, not waited on
     if (f->fd < 0) { err_set(e, "%s: cannot open: %s", path, strerror(errno)); goto out; }
     struct stat st;
     if (fstat(f->fd, &st) || !S_ISREG(st.st_mode)) { err_set(e, "%s: not a regular file", path); goto out; }

@@ -317,6 +317,15 @@ static void test_flags(void) {
     unlink(fifo);
     char *argv_verify[] = {"moet", "verify", tdir};
     CHECK(CAPTURE(cmd_verify, argv_verify) == 1 && strstr(cap_err, "not a regular file"), "verify on a directory: %s", cap_err);
+    // a FIFO given where a file is read is refused at once, not waited on
+    MOET_ASSERT(mkfifo(fifo, 0600) == 0, "mkfifo");
+    char *argv_vf[] = {"moet", "verify", fifo};
+    CHECK(CAPTURE(cmd_verify, argv_vf) == 1 && strstr(cap_err, "not a regular file"), "verify on a FIFO: %s", cap_err);
+    char *argv_rf[] = {"moet", "run", "--model", "tests/fixtures/tiny/nvfp4", "--ids-file", fifo};
+    CHECK(CAPTURE(cmd_run, argv_rf) == 1 && strstr(cap_err, "not a regular file"), "run --ids-file FIFO: %s", cap_err);
+    char *argv_tf[] = {"moet", "tokenize", "--tokenizer", fifo};
+    CHECK(CAPTURE(cmd_tokenize, argv_tf) == 2 && strstr(cap_err, "not a regular file"), "tokenize --tokenizer FIFO: %s", cap_err);
+    unlink(fifo);
 }
 
 // ---- the model name -----------------------------------------------------------------------------
