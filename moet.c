@@ -44,6 +44,9 @@
 #include "arena/arena.c"
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
+// defines: of_begin, of_write, of_commit, of_abort (an output file: temporary file + rename,
+//          only over a regular file, removed on every error and fatal signal)
+#include "format/outfile.c"
 // defines: uni_props, uni_nfc (Unicode properties and NFC, tables from format/unicode_tables.h)
 #include "format/unicode.c"
 // defines: tok, tok_load, tok_encode, tok_decode, tok_decode_stream, tok_find, cmd_tokenize
@@ -1372,7 +1375,7 @@ static engine_backend ref_backend(ref_engine *r) {
 // ==========================================================================================
 //
 // The scheduler (continuous batching over an engine_backend) and the line loop of
-// docs/PROTOCOL.md.
+// format/PROTOCOL.md.
 //
 // One thread does everything, in this order, forever: read what stdin has (poll, so decoding
 // never waits for input and an idle server sleeps), turn complete lines into requests or
@@ -1471,6 +1474,7 @@ typedef struct {
     int skipping, in_eof;
     int fd_in;              // where lines come from
     int stopping;           // a signal came: stdin is no longer read
+    int in_errno;           // reading the input failed with this errno (0: it ended normally)
     js_doc doc;
     chat_mem cm;
     char *prompt;           // [prompt_cap] rendered chat prompt
@@ -2032,13 +2036,23 @@ static serve_rec *serve_find(serve_ctx *S, const char *id) {
     return NULL;
 }
 
+// The id of a request whose line gives none: "req-<line number>", or, when a request that named
+// itself so is still running, "req-<line number>.<k>" with the smallest k not in use, so an
+// answer or a cancel can never match two requests.
+static void serve_auto_id(serve_ctx *S, char *id, size_t cap) {
+    snprintf(id, cap, "req-%" PRIu64, S->lines);
+    for (uint64_t k = 1; serve_find(S, id); k++) snprintf(id, cap, "req-%" PRIu64 ".%" PRIu64, S->lines, k);
+}
+
 // One complete input line (without its "\n"). Needs a free record (the caller checks).
 static void serve_line(serve_ctx *S, char *line, size_t n) {
     S->lines++;
     double t_read = moet_now();
     if (n && line[n - 1] == '\r') n--;
-    char auto_id[32];
-    snprintf(auto_id, sizeof auto_id, "req-%" PRIu64, S->lines);
+    // a UTF-8 byte order mark (a file saved by some editors) is not part of the JSON text
+    if (n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) line += 3, n -= 3;
+    char auto_id[48];
+    serve_auto_id(S, auto_id, sizeof auto_id);
     char msg[512];
     int64_t bad = proto_bad_utf8(line, n);
     if (bad >= 0) {
@@ -2162,7 +2176,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     if (ids) memcpy(r->tok, ids, sizeof(int32_t) * (size_t)n_ids);
     else {
         const js_node *t = js_first(q.input_ids);
-        for (int k = 0; k < n_ids; k++, t = js_next(&S->doc, t)) r->tok[k] = (int32_t)t->i64;
+        for (int k = 0; k < n_ids; k++, t = js_next(&S->doc, t)) r->tok[k] = (int32_t)(t->is_int ? t->i64 : (int64_t)t->num);
     }
     r->n_prompt = r->n_tok = n_ids;
     r->slot = -1;
@@ -2225,7 +2239,11 @@ static void serve_read(serve_ctx *S, int fd, int timeout_ms) {
     if (k <= 0) return;   // nothing yet, or a signal
     ssize_t got = read(fd, S->in + S->in_end, S->in_cap - S->in_end);
     if (got > 0) S->in_end += (size_t)got;
-    else if (got == 0 || (errno != EINTR && errno != EAGAIN)) S->in_eof = 1;
+    else if (got == 0) S->in_eof = 1;
+    else if (errno != EINTR && errno != EAGAIN) {   // no more input either, but not a normal end
+        S->in_eof = 1;
+        S->in_errno = errno;
+    }
 }
 
 // Reads what stdin has (waiting for it only when block) and turns complete lines into
@@ -2252,7 +2270,8 @@ static void serve_ready(serve_ctx *S) {
 
 // The server: answers every line of fd_in on fd_out until EOF (then finishes what was read
 // and returns 0) or signals (first: stop reading and finish; second: cancel what runs).
-// Returns 1 when fd_out failed (the reader went away).
+// Returns 1 when fd_out failed (the reader went away), or when reading fd_in failed (after
+// answering every request read before the failure).
 static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->out.fd = fd_out;
     S->fd_in = fd_in;
@@ -2293,6 +2312,11 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
         if (S->in_eof && !S->n_waiting && !(S->in_end > S->in_start)) break;
     }
     po_flush(&S->out);
+    if (S->in_errno) {
+        fprintf(stderr, "moet serve: reading the requests failed: %s (the %" PRIu64 " lines read before were answered)\n",
+                strerror(S->in_errno), S->lines);
+        return 1;
+    }
     return S->out.failed;
 }
 
@@ -2339,6 +2363,29 @@ static int serve_path(char *out, size_t cap, const char *dir, const char *file) 
     out[a] = '/';
     memcpy(out + a + 1, file, b + 1);
     return 0;
+}
+
+// The "model" of the answers when --served-model-name is not given: ORG/NAME for a Hugging Face
+// cache snapshot (…/models--ORG--NAME/snapshots/REV, whose last component is only the revision),
+// else the directory's own name — never the path as typed, which would put a local path in
+// every answer ("dir/" and "a/b/." name "dir" and "b").
+static void serve_model_name(const char *dir, char *out, size_t cap) {
+    char repo[256], rev[256];
+    if (pf_hf_snapshot(dir, repo, sizeof repo, rev, sizeof rev)) {
+        snprintf(out, cap, "%s", repo);
+        return;
+    }
+    char p[MOET_MAX_PATH];
+    snprintf(p, sizeof p, "%s", dir);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = 0;
+    const char *b = strrchr(p, '/');
+    b = b && b[1] ? b + 1 : p;
+    if ((!strcmp(b, ".") || !strcmp(b, "..")) && realpath(dir, p)) {   // the name of what "." is
+        b = strrchr(p, '/');
+        b = b && b[1] ? b + 1 : p;
+    }
+    snprintf(out, cap, "%s", b);
 }
 
 // ---- generation_config.json: sampling defaults and stop ids ---------------------------------
@@ -2499,7 +2546,11 @@ static int cmd_serve(int argc, char **argv) {
             char *end;
             errno = 0;
             seed = strtoull(v, &end, 10);
-            if (!*v || *end || errno) { fprintf(stderr, "moet serve: --seed %s: expected an unsigned integer\n", v); return 2; }
+            // strtoull would take "-5" as 2^64 - 5 and " 5" as 5: digits only
+            if (!isdigit((unsigned char)v[0]) || *end || errno) {
+                fprintf(stderr, "moet serve: --seed %s: expected an unsigned integer in 0..%llu\n", v, (unsigned long long)UINT64_MAX);
+                return 2;
+            }
             have_seed = 1;
         } else {
             fprintf(stderr, "moet serve: unknown option '%s'\n", a);
@@ -2568,9 +2619,8 @@ static int cmd_serve(int argc, char **argv) {
     engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt};
     if (engine_open(&E, backend, &m, &eo, "moet serve", &e)) goto fail;
     have_r = 1;
-    // names: the directory's last component
-    const char *base = strrchr(model, '/');
-    base = base && base[1] ? base + 1 : model;
+    char base[MOET_MAX_PATH];
+    serve_model_name(model, base, sizeof base);
     cfg.max_num_seqs = seqs;
     cfg.max_batch_tokens = batch;
     cfg.max_queue = queue;
@@ -2660,6 +2710,8 @@ static void run_usage(FILE *f) {
           "  --ids-file FILE      prompt token ids: a JSON array, or ids separated by commas/whitespace\n"
           "  --greedy N           greedy decode steps after the prompt (default 0)\n"
           "  --out FILE           write prefill_logits [T,V], greedy_ids [N], decode_logits [N,V] (safetensors)\n"
+          "                       through FILE.tmp.PID renamed over FILE; an existing FILE must be a\n"
+          "                       regular file (a symbolic link, FIFO or device is refused, not followed)\n"
           "  --dump-hidden        also write hidden.<i> [T,H] (embeddings, each layer's output, final norm)\n"
           "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
           "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
@@ -2670,6 +2722,19 @@ static void run_usage(FILE *f) {
           "  --chunk N            prefill in chunks of N tokens (default 512)\n"
           "  -h, --help           this text\n",
           f);
+}
+
+// The integer value s of a flag, in lo..hi; else a message naming the flag and -1.
+static int run_arg_int(const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "moet run: %s %s: expected an integer in %ld..%ld\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -2685,7 +2750,7 @@ static int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--model") && more) model = argv[++i];
         else if (!strcmp(a, "--ids") && more) ids_arg = argv[++i];
         else if (!strcmp(a, "--ids-file") && more) ids_file = argv[++i];
-        else if (!strcmp(a, "--greedy") && more) greedy = atoi(argv[++i]);
+        else if (!strcmp(a, "--greedy") && more) { if (run_arg_int(a, argv[++i], 0, MOET_MAX_RUN_TOKENS, &greedy)) return 2; }
         else if (!strcmp(a, "--out") && more) out = argv[++i];
         else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
         else if (!strcmp(a, "--backend") && more) backend = argv[++i];
@@ -2694,8 +2759,9 @@ static int cmd_run(int argc, char **argv) {
                 fprintf(stderr, "moet run: --kv-dtype %s: expected bf16, fp8 or f32\n", argv[i]);
                 return 2;
             }
-        } else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--chunk") && more) chunk = atoi(argv[++i]);
+        }
+        else if (!strcmp(a, "--threads") && more) { if (run_arg_int(a, argv[++i], 1, MOET_MAX_THREADS, &threads)) return 2; }
+        else if (!strcmp(a, "--chunk") && more) { if (run_arg_int(a, argv[++i], 1, INT32_MAX, &chunk)) return 2; }
         else if (!strcmp(a, "--planes") && more) planes = argv[++i];
         else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
         else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;
@@ -2713,11 +2779,11 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "moet run: --backend %s: expected auto, gpu or cpu\n", backend);
         return 2;
     }
-    if (greedy < 0 || greedy > MOET_MAX_RUN_TOKENS || threads < 1 || threads > MOET_MAX_THREADS || chunk < 1) {
-        fprintf(stderr, "moet run: --greedy must be in [0, %d], --threads in [1, %d], --chunk >= 1\n", MOET_MAX_RUN_TOKENS, MOET_MAX_THREADS);
-        return 2;
-    }
     moet_err e = {{0}};
+    if (out && of_check_target(out, &e)) {   // before the work (and again when the file is put in place)
+        fprintf(stderr, "moet run: %s\n", e.msg);
+        return 1;
+    }
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;
     if (ids_arg) T = moet_parse_ids(ids_arg, strlen(ids_arg), ids, MOET_MAX_RUN_TOKENS, "--ids", &e);

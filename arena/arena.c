@@ -148,7 +148,9 @@ static int arena_map_file(arena_map *m, const char *path, moet_err *e) {
     MOET_ASSERT(!arena_stats.frozen, "mapping %s after ready", path);
     m->data = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below like every
+    // non-file (the flag does nothing to a regular file)
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return err_set(e, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -405,14 +405,11 @@ static int ck_quant_algo(const ck_quant *q, const char *module, moet_err *e) {
 
 static void ck_quant_free(ck_quant *q) { js_free_doc(&q->doc); q->layers = NULL; }
 
-// hf_quant_config.json when present, else config.json's quantization_config, else none.
-static int ck_quant_read(ck_quant *q, const char *dir, moet_err *e) {
+// The quantization map of one file: an hf_quant_config.json (from_hf: its "quantization"
+// object) or a config.json (its quantization_config); a config without one means none.
+static int ck_quant_read_file(ck_quant *q, const char *path, int from_hf, moet_err *e) {
     memset(q, 0, sizeof *q);
-    char path[MOET_MAX_PATH];
     const js_node *qc = NULL;
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
-    int from_hf = access(path, F_OK) == 0;
-    if (!from_hf) snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(q->source, sizeof q->source, "%s", path);
     if (js_load_file(&q->doc, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
     const js_node *root = js_root(&q->doc);
@@ -444,6 +441,15 @@ static int ck_quant_read(ck_quant *q, const char *dir, moet_err *e) {
         return err_set(e, "%s: MIXED_PRECISION without a quantized_layers object", path);
     }
     return 0;
+}
+
+// hf_quant_config.json when present, else config.json's quantization_config, else none.
+static int ck_quant_read(ck_quant *q, const char *dir, moet_err *e) {
+    char path[MOET_MAX_PATH];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    int from_hf = access(path, F_OK) == 0;
+    if (!from_hf) snprintf(path, sizeof path, "%s/config.json", dir);
+    return ck_quant_read_file(q, path, from_hf, e);
 }
 
 static const char *ck_algo_name(int algo) { return algo == CK_Q_FP8 ? "FP8" : algo == CK_Q_NVFP4 ? "W4A16_NVFP4" : "unquantized"; }

@@ -1,4 +1,4 @@
-// format/planes.c — MOET2PF1 v1, the 2-bit expert plane file (docs/PLANES.md, a binding contract).
+// format/planes.c — MOET2PF1 v1, the 2-bit expert plane file (format/PLANES.md, a binding contract).
 //
 // One file holds every routed expert of a model as sign-symmetric 2-bit planes: a header page,
 // a table of 48-byte slot entries, then one page-aligned slot per (layer, expert). This module is
@@ -606,7 +606,8 @@ static void pf_progress_show(pf_progress *p, uint64_t done, uint64_t total, cons
 // only once slot i - B is written, so at most B slots are in flight and the memory (B slot
 // buffers + one f64 expert and one code scratch per worker) is planned before the first byte.
 // The file is written as <out>.tmp.<pid> in the same directory, fsync'ed, then renamed over
-// <out>; on any failure (or SIGINT/SIGTERM) the temporary file is removed.
+// <out> (format/outfile.c: <out> must be absent or a regular file); on any failure, and on any
+// signal that ends the process, the temporary file is removed.
 
 // Decodes one routed expert of the source checkpoint to f64: w13 = gate_proj rows then up_proj
 // rows [2I, H], w2 = down_proj [H, I]. Called from several threads at once.
@@ -693,16 +694,6 @@ static void *pf_build_worker(void *arg) {
     return NULL;
 }
 
-// The temporary file being written, removed by the signal handler on SIGINT/SIGTERM.
-static char pf_tmp_path[MOET_MAX_PATH + 32];
-static volatile sig_atomic_t pf_tmp_live;
-
-static void pf_on_signal(int sig) {
-    if (pf_tmp_live) unlink(pf_tmp_path);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 typedef struct {
     uint8_t **ring;      // [B] slot buffers
     uint8_t *ready;      // [B]
@@ -740,9 +731,9 @@ static void pf_build_carve(arena *a, const pf_layout *L, int T, uint32_t B, pf_b
     }
 }
 
-// Runs the workers and writes their slots in order to fd (the calling thread is the writer).
-// 0, or -1 with b->err set. secs: wall time of the whole run.
-static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, int progress, double *secs) {
+// Runs the workers and writes their slots in order to fd, the file `name` (the calling thread
+// is the writer). 0, or -1 with b->err set. secs: wall time of the whole run.
+static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, const char *name, int progress, double *secs) {
     const pf_layout *L = b->L;
     uint32_t B = b->B;
     int n_started = 0;
@@ -776,7 +767,7 @@ static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, int progr
             if (wr) {
                 if (!b->failed) {
                     b->failed = 1;
-                    err_set(&b->err, "%s: write of slot %" PRIu64 " failed: %s", pf_tmp_path, i, strerror(werr));
+                    err_set(&b->err, "%s: write of slot %" PRIu64 " failed: %s", name, i, strerror(werr));
                 }
                 pthread_cond_broadcast(&b->cv);
                 break;
@@ -859,27 +850,20 @@ static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
     for (uint64_t i = 0; i < L->n_slots; i++) b.table[i] = pf_entry_expected(L, i);
 
     pf_sha sha = {0};
-    int rc = -1, fd = -1;
+    int rc = -1;
+    of_file out = {.fd = -1};
     if (pf_sha_init(&sha, e)) goto out_mem;
     for (int t = 0; t < T; t++)
         if (pf_sha_init(&wk[t].sha, e)) goto out_mem;
 
-    snprintf(pf_tmp_path, sizeof pf_tmp_path, "%s.tmp.%ld", o->out_path, (long)getpid());
-    fd = open(pf_tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) { err_set(e, "%s: cannot create: %s", pf_tmp_path, strerror(errno)); goto out_mem; }
-    pf_tmp_live = 1;
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = pf_on_signal;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    if (of_begin(&out, o->out_path, e)) goto out_mem;
     // reserve the whole file now: a full disk shows up before hours of work, not after
-    int fr = posix_fallocate(fd, 0, (off_t)L->file_bytes);
-    if (fr == EOPNOTSUPP || fr == EINVAL) fr = ftruncate(fd, (off_t)L->file_bytes) ? errno : 0;
-    if (fr) { err_set(e, "%s: cannot reserve %" PRIu64 " bytes: %s", pf_tmp_path, L->file_bytes, strerror(fr)); goto out_file; }
+    int fr = posix_fallocate(out.fd, 0, (off_t)L->file_bytes);
+    if (fr == EOPNOTSUPP || fr == EINVAL) fr = ftruncate(out.fd, (off_t)L->file_bytes) ? errno : 0;
+    if (fr) { err_set(e, "%s: cannot reserve %" PRIu64 " bytes: %s", out.tmp, L->file_bytes, strerror(fr)); goto out_file; }
 
     double secs = 0;
-    if (pf_build_run(&b, wk, T, fd, o->progress, &secs)) {
+    if (pf_build_run(&b, wk, T, out.fd, out.tmp, o->progress, &secs)) {
         if (e) *e = b.err;
         goto out_file;
     }
@@ -889,36 +873,14 @@ static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
     }
     pf_table_encode(L, b.table, tab, &sha, h.table_sha256);
     pf_header_encode(&h, &sha, page);
-    if (pf_pwrite_full(fd, tab, L->table_bytes, L->table_offset) || pf_pwrite_full(fd, page, PF_PAGE, 0)) {
-        err_set(e, "%s: write of the header/table failed: %s", pf_tmp_path, strerror(errno));
+    if (pf_pwrite_full(out.fd, tab, L->table_bytes, L->table_offset) || pf_pwrite_full(out.fd, page, PF_PAGE, 0)) {
+        err_set(e, "%s: write of the header/table failed: %s", out.tmp, strerror(errno));
         goto out_file;
     }
-    if (fsync(fd)) { err_set(e, "%s: fsync failed: %s", pf_tmp_path, strerror(errno)); goto out_file; }
-    if (close(fd)) { fd = -1; err_set(e, "%s: close failed: %s", pf_tmp_path, strerror(errno)); goto out_file; }
-    fd = -1;
-    if (rename(pf_tmp_path, o->out_path)) {
-        err_set(e, "cannot rename %s to %s: %s", pf_tmp_path, o->out_path, strerror(errno));
-        goto out_file;
-    }
-    pf_tmp_live = 0;
-    {   // make the rename durable: fsync the directory
-        char dir[MOET_MAX_PATH];
-        snprintf(dir, sizeof dir, "%s", o->out_path);
-        char *slash = strrchr(dir, '/');
-        if (slash) { if (slash == dir) slash[1] = 0; else *slash = 0; }
-        else snprintf(dir, sizeof dir, ".");
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) { fsync(dfd); close(dfd); }
-    }
+    if (of_commit(&out, e)) goto out_mem;
     rc = 0;
 out_file:
-    if (fd >= 0) close(fd);
-    if (pf_tmp_live) {
-        unlink(pf_tmp_path);
-        pf_tmp_live = 0;
-    }
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    of_abort(&out);   // nothing once committed
 out_mem:
     for (int t = 0; t < T; t++) pf_sha_free(&wk[t].sha);
     pf_sha_free(&sha);
@@ -960,7 +922,7 @@ static int pf_open(pf_file *f, const char *path, moet_err *e) {
     uint8_t *page = NULL, *tab = NULL;
     size_t tab_alloc = 0;
     int rc = -1;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   // a FIFO is refused below, not waited on
     if (f->fd < 0) { err_set(e, "%s: cannot open: %s", path, strerror(errno)); goto out; }
     struct stat st;
     if (fstat(f->fd, &st) || !S_ISREG(st.st_mode)) { err_set(e, "%s: not a regular file", path); goto out; }

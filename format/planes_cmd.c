@@ -256,7 +256,9 @@ static void pf_build_usage(FILE *f) {
     fputs("usage: moet build-planes --model DIR --out FILE [--source-repo R] [--source-revision REV] [--threads N]\n"
           "       moet build-planes --model DIR|CONFIG.json --plan\n"
           "  Requantizes every routed expert of the checkpoint in DIR to 2-bit planes and writes the\n"
-          "  MOET2PF1 file FILE (through FILE.tmp.PID, fsync'ed and renamed). The source repo/revision\n"
+          "  MOET2PF1 file FILE (through FILE.tmp.PID, fsync'ed and renamed; removed on any failure or\n"
+          "  fatal signal). An existing FILE must be a regular file: a symbolic link (not followed), a\n"
+          "  FIFO, a device or a directory is refused. The source repo/revision\n"
           "  come from DIR when it is a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REV).\n"
           "  --plan prints the file layout from the config alone.\n", f);
 }
@@ -301,6 +303,10 @@ static int cmd_build_planes(int argc, char **argv) {
         fprintf(stderr, "moet build-planes: --out is required\n");
         pf_build_usage(stderr);
         return 2;
+    }
+    if (of_check_target(out, &e)) {   // before the work (and again when the file is put in place)
+        fprintf(stderr, "moet build-planes: %s\n", e.msg);
+        return 1;
     }
     char repo[256] = "", rev[256] = "";
     if (pf_hf_snapshot(model, repo, sizeof repo, rev, sizeof rev)) {
@@ -475,9 +481,16 @@ static int cmd_info(int argc, char **argv) {
     }
     const char *file = argv[2];
     moet_err e = {{0}};
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO must not hang the open; it is refused below like every non-file
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         fprintf(stderr, "moet info: %s: cannot open: %s\n", file, strerror(errno));
+        return 1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "moet info: %s: not a regular file\n", file);
+        close(fd);
         return 1;
     }
     uint8_t page[PF_PAGE];
@@ -485,7 +498,12 @@ static int cmd_info(int argc, char **argv) {
     while ((size_t)n < sizeof page) {
         ssize_t r = pread(fd, page + n, sizeof page - (size_t)n, n);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
+        if (r < 0) {
+            fprintf(stderr, "moet info: %s: cannot read: %s\n", file, strerror(errno));
+            close(fd);
+            return 1;
+        }
+        if (r == 0) break;
         n += r;
     }
     close(fd);

@@ -1,4 +1,4 @@
-// format/protocol.c — the JSONL protocol of `moet serve` (docs/PROTOCOL.md): one request
+// format/protocol.c — the JSONL protocol of `moet serve` (format/PROTOCOL.md): one request
 // line in, validated into a proto_req; responses out as JSON lines.
 //
 // Parsing never allocates: the caller owns the line, the JSON document memory and the
@@ -67,6 +67,30 @@ static int64_t proto_bad_utf8(const char *s, size_t n) {
         i += k;
     }
     return -1;
+}
+
+// A token id: an integer in [0, n_vocab), written as an integer or as an integral number such
+// as 5.0 (as proto_intv accepts for every integer field). 0 with *v, else -1 with why[cap]
+// saying what the value is instead ("1.5, not an integer", "-3, outside [0, 512)").
+static int proto_token_id(const js_node *t, int n_vocab, int64_t *v, char *why, size_t cap) {
+    if (t->type != JS_NUM) {
+        snprintf(why, cap, "%s, not an integer", js_type_name(t));
+        return -1;
+    }
+    if (t->is_int) *v = t->i64;
+    else if (t->num != floor(t->num)) {
+        snprintf(why, cap, "%.17g, not an integer", t->num);
+        return -1;
+    } else if (fabs(t->num) < 9e18) *v = (int64_t)t->num;
+    else {
+        snprintf(why, cap, "%g, outside [0, %d)", t->num, n_vocab);
+        return -1;
+    }
+    if (*v < 0 || *v >= n_vocab) {
+        snprintf(why, cap, "%" PRId64 ", outside [0, %d)", *v, n_vocab);
+        return -1;
+    }
+    return 0;
 }
 
 // ---- typed field readers: absent → keep the default; present with the wrong type or out of
@@ -211,8 +235,10 @@ static int proto_params(const js_doc *d, const js_node *b, int chat, const proto
         const js_node *t = js_first(sti);
         for (uint32_t k = 0; k < sti->len; k++, t = js_next(d, t)) {
             int64_t v;
-            if (js_int(t, &v) != 0 || v < 0 || v >= lim->n_vocab)
-                return proto_fail(pe, "invalid_value", "\"stop_token_ids\"[%u]: expected a token id in [0, %d)", k, lim->n_vocab);
+            char why[96];
+            if (proto_token_id(t, lim->n_vocab, &v, why, sizeof why))
+                return proto_fail(pe, t->type == JS_NUM ? "invalid_value" : "invalid_type",
+                                  "\"stop_token_ids\"[%u] is %s; expected a token id in [0, %d)", k, why, lim->n_vocab);
             r->stop_ids[r->n_stop_ids++] = (int32_t)v;
         }
     }
@@ -312,9 +338,10 @@ static int proto_parse(const js_doc *d, const proto_limits *lim, const char *aut
             const js_node *t = js_first(ids);
             for (uint32_t k = 0; k < ids->len; k++, t = js_next(d, t)) {
                 int64_t v;
-                if (js_int(t, &v) != 0 || v < 0 || v >= lim->n_vocab)
-                    return proto_fail(pe, "invalid_value", "token id [%u] is %s; expected an integer in [0, %d)", k,
-                                      t->type == JS_NUM ? "out of range" : js_type_name(t), lim->n_vocab);
+                char why[96];
+                if (proto_token_id(t, lim->n_vocab, &v, why, sizeof why))
+                    return proto_fail(pe, t->type == JS_NUM ? "invalid_value" : "invalid_type",
+                                      "token id [%u] is %s; expected an integer in [0, %d)", k, why, lim->n_vocab);
             }
             r->input_ids = ids;
         }

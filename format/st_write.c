@@ -4,7 +4,9 @@
 // (JSON through js_writer, offsets tiling the data buffer in the declared order, padded with
 // spaces to a multiple of 8 as the reference writer does), then the data is appended in that
 // order with stw_write, through a large buffer, and stw_end checks that exactly the declared
-// bytes arrived. st_save writes tensors that are already in memory with it.
+// bytes arrived. The file is written through format/outfile.c: the path must be absent or a
+// regular file, it is replaced only by a complete file, and the temporary file never outlives
+// an error or a fatal signal. st_save writes tensors that are already in memory with it.
 
 typedef struct {
     const char *name;
@@ -16,7 +18,7 @@ typedef struct {
 #define STW_BUF_BYTES (8u << 20)    // write() size: large sequential writes
 
 typedef struct {
-    int fd;
+    of_file of;                      // the temporary file being written (of.fd)
     char path[MOET_MAX_PATH];
     uint64_t data_bytes;             // declared size of the data buffer
     uint64_t written;                // data bytes accepted so far
@@ -33,7 +35,7 @@ static uint64_t stw_bytes(const stw_tensor *t) {
 static int stw_flush(stw_file *f, moet_err *e) {
     size_t off = 0;
     while (off < f->used) {
-        ssize_t r = write(f->fd, f->buf + off, f->used - off);
+        ssize_t r = write(f->of.fd, f->buf + off, f->used - off);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return err_set(e, "%s: write failed: %s", f->path, r < 0 ? strerror(errno) : "no progress");
         off += (size_t)r;
@@ -42,17 +44,22 @@ static int stw_flush(stw_file *f, moet_err *e) {
     return 0;
 }
 
-static void stw_abort(stw_file *f) {
-    if (f->fd >= 0) close(f->fd);
+static void stw_free(stw_file *f) {
     if (f->buf) arena_sys_free(f->buf, STW_BUF_BYTES);
-    f->fd = -1;
     f->buf = NULL;
 }
 
-// Creates path and writes the header of n tensors (data in the given order).
+// Gives up: the temporary file is removed, path is left as it was. Safe to call twice.
+static void stw_abort(stw_file *f) {
+    of_abort(&f->of);
+    stw_free(f);
+}
+
+// Starts path (through its temporary file) and writes the header of n tensors (data in the
+// given order).
 static int stw_begin(stw_file *f, const char *path, const stw_tensor *t, uint32_t n, moet_err *e) {
     memset(f, 0, sizeof *f);
-    f->fd = -1;
+    f->of.fd = -1;
     if (strlen(path) >= sizeof f->path) return err_set(e, "%s: path too long", path);
     snprintf(f->path, sizeof f->path, "%s", path);
     size_t cap = 256;
@@ -93,19 +100,10 @@ static int stw_begin(stw_file *f, const char *path, const stw_tensor *t, uint32_
     for (int i = 0; i < 8; i++) hdr[i] = (char)((uint64_t)len >> (8 * i));
     f->data_bytes = at;
     f->buf = arena_sys_alloc(STW_BUF_BYTES, "safetensors write buffer");
-    f->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int rc = 0;
     if (!f->buf) rc = err_set(e, "%s: out of memory for the write buffer", path);
-    else if (f->fd < 0) rc = err_set(e, "%s: cannot create: %s", path, strerror(errno));
-    else {
-        size_t off = 0;
-        while (rc == 0 && off < len + 8) {
-            ssize_t r = write(f->fd, hdr + off, len + 8 - off);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) rc = err_set(e, "%s: write failed: %s", path, r < 0 ? strerror(errno) : "no progress");
-            else off += (size_t)r;
-        }
-    }
+    else if (of_begin(&f->of, path, e)) rc = -1;
+    else rc = of_write(&f->of, hdr, len + 8, e);
     arena_sys_free(hdr, cap + 8);
     if (rc) stw_abort(f);
     return rc;
@@ -144,16 +142,15 @@ static int stw_commit(stw_file *f, size_t n, moet_err *e) {
     return 0;
 }
 
-// Flushes and closes; the data must be exactly the declared size.
+// Flushes and puts the file in place; the data must be exactly the declared size. On failure
+// the temporary file is removed and path is left as it was.
 static int stw_end(stw_file *f, moet_err *e) {
     int rc = 0;
     if (f->written != f->data_bytes)
         rc = err_set(e, "%s: %" PRIu64 " data bytes written, %" PRIu64 " declared", f->path, f->written, f->data_bytes);
     if (!rc) rc = stw_flush(f, e);
-    if (!rc && close(f->fd)) rc = err_set(e, "%s: close failed: %s", f->path, strerror(errno));
-    else if (rc) close(f->fd);
-    f->fd = -1;
-    stw_abort(f);
+    if (!rc) rc = of_commit(&f->of, e);
+    stw_abort(f);   // after a commit only the buffer is left to free
     return rc;
 }
 
@@ -168,7 +165,7 @@ typedef struct {
 } st_out;
 
 // Writes the tensors to `path` as one safetensors file, through a temporary file renamed into
-// place, so `path` is never half-written.
+// place, so `path` is never half-written (and must be absent or a regular file).
 static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
     stw_tensor decl[MOET_ST_SAVE_MAX];
     if (n < 0 || n > MOET_ST_SAVE_MAX) return err_set(e, "%s: %d tensors, at most %d can be saved at once", path, n, MOET_ST_SAVE_MAX);
@@ -178,20 +175,12 @@ static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
         decl[i].ndim = t[i].ndim;
         memcpy(decl[i].shape, t[i].shape, sizeof decl[i].shape);
     }
-    char tmp[MOET_MAX_PATH + 16];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid()) >= (int)sizeof tmp) return err_set(e, "%s: path too long", path);
     stw_file f;
-    if (stw_begin(&f, tmp, decl, (uint32_t)n, e)) return -1;
+    if (stw_begin(&f, path, decl, (uint32_t)n, e)) return -1;
     for (int i = 0; i < n; i++)
         if (stw_write(&f, t[i].data, (size_t)stw_bytes(&decl[i]), e)) {
             stw_abort(&f);
-            unlink(tmp);
             return -1;
         }
-    if (stw_end(&f, e)) { unlink(tmp); return -1; }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        return err_set(e, "%s: cannot rename into place: %s", path, strerror(errno));
-    }
-    return 0;
+    return stw_end(&f, e);
 }

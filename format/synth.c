@@ -287,14 +287,16 @@ static void syn_fill(const syn_tensor *t, uint64_t *s, uint8_t *p, size_t n) {
 
 // ---- the command -------------------------------------------------------------------------
 
+// Copies the file `from` to `to` (through format/outfile.c).
 static int syn_copy(const char *from, const char *to, moet_err *e) {
     size_t len;
     char *text = arena_read_small(from, MOET_MAX_CONFIG_BYTES, &len, e);
     if (!text) return -1;
-    int fd = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int rc = fd < 0 ? err_set(e, "%s: cannot create: %s", to, strerror(errno)) : 0;
-    if (!rc && pf_pwrite_full(fd, text, len, 0)) rc = err_set(e, "%s: write failed: %s", to, strerror(errno));
-    if (fd >= 0) close(fd);
+    of_file f;
+    int rc = of_begin(&f, to, e);
+    if (!rc && of_write(&f, text, len, e)) rc = -1;
+    if (!rc) rc = of_commit(&f, e);
+    of_abort(&f);   // nothing once committed
     arena_sys_free(text, len + 1);
     return rc;
 }
@@ -305,7 +307,32 @@ static void syn_usage(FILE *f) {
           "  Writes a random checkpoint with the tensor names, dtypes and shapes the config and its\n"
           "  quantization map describe (ModelOpt MIXED_PRECISION or BF16), in shards of at most G GB\n"
           "  (default 5) with model.safetensors.index.json. --per-expert stores BF16 routed experts\n"
-          "  per expert instead of fused; --mtp adds the BF16 mtp.* head (one layer).\n", f);
+          "  per expert instead of fused; --mtp adds the BF16 mtp.* head (one layer).\n"
+          "  DIR is created when missing; an existing DIR must be a directory (not a symbolic link),\n"
+          "  and each file written in it replaces only a regular file, through a temporary file.\n"
+          "  Everything is checked before DIR is touched; on a failure the files written are removed\n"
+          "  (and DIR, when this run created it).\n", f);
+}
+
+// The names this run places in the output directory, removed again when it fails.
+typedef struct {
+    const char *dir;
+    int created;          // the directory was made by this run
+    int config, quant, index;
+    uint32_t shards;      // shards 1..shards of n_shards are in place
+    uint32_t n_shards;
+} syn_placed;
+
+static void syn_undo(const syn_placed *p) {
+    char path[MOET_MAX_PATH + 64];
+    if (p->config) { snprintf(path, sizeof path, "%s/config.json", p->dir); unlink(path); }
+    if (p->quant) { snprintf(path, sizeof path, "%s/hf_quant_config.json", p->dir); unlink(path); }
+    if (p->index) { snprintf(path, sizeof path, "%s/model.safetensors.index.json", p->dir); unlink(path); }
+    for (uint32_t sh = 0; sh < p->shards; sh++) {
+        snprintf(path, sizeof path, "%s/model-%05u-of-%05u.safetensors", p->dir, sh + 1, p->n_shards);
+        unlink(path);
+    }
+    if (p->created) rmdir(p->dir);
 }
 
 static int cmd_synth(int argc, char **argv) {
@@ -322,8 +349,13 @@ static int cmd_synth(int argc, char **argv) {
             const char *v = pf_arg_value(argc, argv, &i);
             char *end;
             if (!v) return 2;
+            errno = 0;
             seed = strtoull(v, &end, 10);
-            if (!*v || *end) { fprintf(stderr, "moet synth: --seed %s: expected an unsigned integer\n", v); return 2; }
+            // strtoull would take "-5" as 2^64 - 5 and " 5" as 5: digits only
+            if (!isdigit((unsigned char)v[0]) || *end || errno) {
+                fprintf(stderr, "moet synth: --seed %s: expected an unsigned integer in 0..%llu\n", v, (unsigned long long)UINT64_MAX);
+                return 2;
+            }
         } else if (!strcmp(a, "--shard-gb")) {
             const char *v = pf_arg_value(argc, argv, &i);
             char *end;
@@ -347,29 +379,25 @@ static int cmd_synth(int argc, char **argv) {
         syn_usage(stderr);
         return 2;
     }
+    if (strlen(out) >= MOET_MAX_PATH) { fprintf(stderr, "moet synth: --out is longer than %d bytes\n", MOET_MAX_PATH - 1); return 2; }
     moet_err e = {{0}};
     ck_config c;
     if (ck_config_read(&c, config, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
-    if (mkdir(out, 0755) && errno != EEXIST) { fprintf(stderr, "moet synth: %s: cannot create: %s\n", out, strerror(errno)); return 1; }
-    char path[MOET_MAX_PATH + 64];
-    // the quantization map the checkpoint reader will see: copied first, then read back from DIR
-    snprintf(path, sizeof path, "%s/config.json", out);
-    if (syn_copy(config, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", out);
-    if (quant) {
-        if (syn_copy(quant, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
-    } else unlink(path);
+    // the quantization map, read from the given file (what the written checkpoint will carry)
     ck_quant q;
-    if (ck_quant_read(&q, out, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
+    if (ck_quant_read_file(&q, quant ? quant : config, quant != NULL, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
 
     // the tensor list: count, allocate once, fill
     syn_list L = {&c, &q, per_expert, mtp, NULL, 0, NULL, 0, 0, &e};
     int rc = 1;
     uint8_t *mem = NULL;
     size_t mem_bytes = 0;
+    syn_placed placed = {out, 0, 0, 0, 0, 0, 0};
+    char path[MOET_MAX_PATH + 64];
     if (syn_enumerate(&L)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
     uint32_t n = L.n;
-    mem_bytes = sizeof(syn_tensor) * n + L.name_bytes + sizeof(stw_tensor) * n;
+    // the names rounded up to 8 bytes, so the stw_tensor array after them is aligned
+    mem_bytes = sizeof(syn_tensor) * n + ((L.name_bytes + 7) & ~(size_t)7) + sizeof(stw_tensor) * n;
     mem = arena_sys_alloc(mem_bytes, "synth tensor list");
     if (!mem) { fprintf(stderr, "moet synth: out of memory for %u tensors\n", n); goto out_q; }
     L = (syn_list){&c, &q, per_expert, mtp, (syn_tensor *)mem, 0, (char *)mem + sizeof(syn_tensor) * n, 0, 0, &e};
@@ -384,6 +412,32 @@ static int cmd_synth(int argc, char **argv) {
         in_shard += L.t[i].bytes;
         total += L.t[i].bytes;
     }
+    placed.n_shards = n_shards;
+
+    // the output directory: only now, with everything checked
+    struct stat ds;
+    if (lstat(out, &ds) == 0) {
+        if (!S_ISDIR(ds.st_mode)) {
+            fprintf(stderr, "moet synth: %s exists and is %s; --out must be a directory or a new path\n", out, of_kind(ds.st_mode));
+            goto out_q;
+        }
+    } else if (errno != ENOENT || mkdir(out, 0755)) {
+        fprintf(stderr, "moet synth: %s: cannot create: %s\n", out, strerror(errno));
+        goto out_q;
+    } else placed.created = 1;
+    snprintf(path, sizeof path, "%s/config.json", out);
+    if (syn_copy(config, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+    placed.config = 1;
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", out);
+    if (quant) {
+        if (syn_copy(quant, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+        placed.quant = 1;
+    } else {
+        // a map left by an earlier run would override config.json's for every reader
+        if (of_check_target(path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+        unlink(path);
+    }
+
     fprintf(stderr, "synth: %u tensors, %.2f GB in %u shard%s -> %s\n", n, (double)total / 1e9, n_shards, n_shards > 1 ? "s" : "", out);
     double t0 = moet_now();
     uint64_t done = 0;
@@ -426,10 +480,11 @@ static int cmd_synth(int argc, char **argv) {
             if (e.msg[0]) break;
         }
         if (e.msg[0] || stw_end(&f, &e)) {
-            if (f.fd >= 0) stw_abort(&f);
+            stw_abort(&f);
             fprintf(stderr, "moet synth: %s\n", e.msg);
             goto out_q;
         }
+        placed.shards = sh + 1;
         first = end;
     }
     {
@@ -463,15 +518,18 @@ static int cmd_synth(int argc, char **argv) {
         js_w_end_obj(&w);
         MOET_ASSERT(!w.overflow, "index exceeds its planned %zu bytes", cap);
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        int bad = fd < 0 || pf_pwrite_full(fd, buf, w.len, 0) || close(fd);
+        of_file f;
+        int bad = of_begin(&f, path, &e) || of_write(&f, buf, w.len, &e) || of_commit(&f, &e);
+        of_abort(&f);   // nothing once committed
         arena_sys_free(buf, cap);
-        if (bad) { fprintf(stderr, "moet synth: %s: cannot write: %s\n", path, strerror(errno)); goto out_q; }
+        if (bad) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+        placed.index = 1;
     }
     fprintf(stderr, "synth: wrote %s: %u tensors, %" PRIu64 " bytes in %.1f s (%.2f GB/s)\n", out, n, total, moet_now() - t0,
             (double)total / 1e9 / (moet_now() - t0 + 1e-9));
     rc = 0;
 out_q:
+    if (rc) syn_undo(&placed);
     if (mem) arena_sys_free(mem, mem_bytes);
     ck_quant_free(&q);
     return rc;

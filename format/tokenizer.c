@@ -1265,8 +1265,9 @@ static void tok_cli_usage(FILE *f) {
           "  the decoded text as a JSON string (--skip-special drops special added tokens).\n"
           "  FILE is a tokenizer.json; a tokenizer_config.json beside it (or --config FILE) adds the\n"
           "  added tokens of its added_tokens_decoder. DIR means DIR/tokenizer.json.\n"
-          "  A bad line prints an error naming its number on stderr, the others go on; the exit\n"
-          "  status is then 1.\n",
+          "  Every input line gives exactly one output line: a bad line gives\n"
+          "  {\"error\":{\"line\":N,\"message\":\"...\"}} (and the message on stderr), the others go on;\n"
+          "  the exit status is then 1.\n",
           f);
 }
 
@@ -1281,6 +1282,32 @@ static long tok_read_line(FILE *in, char *buf, size_t cap) {
     }
     if (c == EOF && n == 0 && !over) return -1;
     return over ? -2 : (long)n;
+}
+
+// A bad input line: the message on stderr, and in the line's place on stdout an error object,
+// {"error":{"line":N,"message":"..."}}, so output line i always answers input line i.
+static void tok_cli_bad(size_t lineno, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tok_cli_bad(size_t lineno, const char *fmt, ...) {
+    char msg[1200], out[6 * sizeof msg + 64];   // a JSON escape is at most 6 bytes per byte
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "moet tokenize: line %zu: %s\n", lineno, msg);
+    js_writer w;
+    js_w_init(&w, out, sizeof out);
+    js_w_obj(&w);
+    js_w_key(&w, "error");
+    js_w_obj(&w);
+    js_w_key(&w, "line");
+    js_w_int(&w, (int64_t)lineno);
+    js_w_key(&w, "message");
+    js_w_str(&w, msg);
+    js_w_end_obj(&w);
+    js_w_end_obj(&w);
+    MOET_ASSERT(!w.overflow, "error line exceeds %zu bytes", sizeof out);
+    fwrite(out, 1, w.len, stdout);
+    putc_unlocked('\n', stdout);
 }
 
 static void tok_put_u32(FILE *f, uint32_t v) {
@@ -1368,7 +1395,7 @@ static int cmd_tokenize(int argc, char **argv) {
     long len;
     for (size_t lineno = 1; (len = tok_read_line(stdin, line, max_line)) != -1; lineno++) {
         if (len == -2) {
-            fprintf(stderr, "moet tokenize: line %zu: longer than %zu bytes\n", lineno, max_line);
+            tok_cli_bad(lineno, "longer than %zu bytes", max_line);
             failed = 1;
             continue;
         }
@@ -1376,12 +1403,12 @@ static int cmd_tokenize(int argc, char **argv) {
         uint32_t n_nodes;
         size_t n_strs;
         if (js_measure(&d, line, (size_t)len, &n_nodes, &n_strs)) {
-            fprintf(stderr, "moet tokenize: line %zu: invalid JSON: %s\n", lineno, d.err);
+            tok_cli_bad(lineno, "invalid JSON: %s", d.err);
             failed = 1;
             continue;
         }
         if (n_nodes > max_ids + 1) {
-            fprintf(stderr, "moet tokenize: line %zu: more than %zu ids\n", lineno, max_ids);
+            tok_cli_bad(lineno, "more than %zu ids", max_ids);
             failed = 1;
             continue;
         }
@@ -1393,13 +1420,13 @@ static int cmd_tokenize(int argc, char **argv) {
         const js_node *root = js_root(&d);
         if (!decode) {
             if (root->type != JS_STR) {
-                fprintf(stderr, "moet tokenize: line %zu: expected a JSON string, got %s\n", lineno, js_type_name(root));
+                tok_cli_bad(lineno, "expected a JSON string, got %s", js_type_name(root));
                 failed = 1;
                 continue;
             }
             size_t n;
             if (tok_encode(&t, &scr, root->str, root->len, ids, max_ids, &n, &e)) {
-                fprintf(stderr, "moet tokenize: line %zu: %s\n", lineno, e.msg);
+                tok_cli_bad(lineno, "%s", e.msg);
                 failed = 1;
                 continue;
             }
@@ -1412,7 +1439,7 @@ static int cmd_tokenize(int argc, char **argv) {
             continue;
         }
         if (root->type != JS_ARR) {
-            fprintf(stderr, "moet tokenize: line %zu: expected a JSON array of ids, got %s\n", lineno, js_type_name(root));
+            tok_cli_bad(lineno, "expected a JSON array of ids, got %s", js_type_name(root));
             failed = 1;
             continue;
         }
@@ -1422,8 +1449,10 @@ static int cmd_tokenize(int argc, char **argv) {
         for (uint32_t i = 0; i < root->len; i++, v = js_next(&d, v)) {
             int64_t id;
             if (js_int(v, &id) || id < 0 || id >= t.n_ids || t.entries[id].kind == TOK_GAP) {
-                if (js_int(v, &id)) fprintf(stderr, "moet tokenize: line %zu: element %u: expected an integer id, got %s\n", lineno, i, js_type_name(v));
-                else fprintf(stderr, "moet tokenize: line %zu: element %u: id %" PRId64 " is not in the vocabulary (ids 0..%d)\n", lineno, i, id, t.n_ids - 1);
+                if (js_int(v, &id))
+                    tok_cli_bad(lineno, "element %u: expected an integer id, got %s", i,
+                                v->type == JS_NUM ? "a fraction or an out-of-range number" : js_type_name(v));
+                else tok_cli_bad(lineno, "element %u: id %" PRId64 " is not in the vocabulary (ids 0..%d)", i, id, t.n_ids - 1);
                 bad = 1;
                 break;
             }
@@ -1445,6 +1474,10 @@ static int cmd_tokenize(int argc, char **argv) {
             fwrite(esc + 1, 1, w.len - 2, stdout);   // without the quotes js_w_strn adds
         }
         fputs("\"\n", stdout);
+    }
+    if (ferror(stdin)) {   // not the end of the input: say so, and fail
+        fprintf(stderr, "moet tokenize: reading stdin failed: %s\n", strerror(errno));
+        failed = 1;
     }
     fflush(stdout);
     arena_release(&scr_mem);

@@ -21,12 +21,6 @@ static int check_report(const char *name) {
     return check_failed ? 1 : 0;
 }
 
-// Where the shared fixtures live (../shared next to the project), overridable.
-static const char *check_shared(void) {
-    const char *s = getenv("MOET_SHARED");
-    return s ? s : "../shared";
-}
-
 // The error of a against the reference b normalised by b's spread: max |a − b| / std(b).
 // A NaN anywhere counts as an infinite error.
 static double check_nerr(const float *a, const float *b, size_t n) {

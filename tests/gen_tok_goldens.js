@@ -2,7 +2,7 @@
 //
 // NEEDS npm and Node 20; NOT run by ./build.sh or CI (the generated files are committed):
 //   mkdir -p /tmp/hft && (cd /tmp/hft && npm install @huggingface/tokenizers@0.2.0)
-//   NODE_PATH=/tmp/hft/node_modules node tests/gen_tok_goldens.js ../shared tests/fixtures/tok
+//   NODE_PATH=/tmp/hft/node_modules node tests/gen_tok_goldens.js tests/fixtures/tok
 //
 // The oracle is @huggingface/tokenizers 0.2.0 (pure JavaScript, a port of Hugging Face
 // tokenizers that translates the Oniguruma regex to JavaScript). Each line is
@@ -19,9 +19,10 @@ const fs = require('fs');
 const path = require('path');
 const {Tokenizer} = require('@huggingface/tokenizers');
 
-const [shared, outDir] = process.argv.slice(2);
-if (!shared || !outDir) {
-  console.error('usage: node gen_tok_goldens.js SHARED_DIR OUT_DIR');
+// DIR holds the tokenizer files read here and receives the goldens
+const [outDir] = process.argv.slice(2);
+if (!outDir) {
+  console.error('usage: node gen_tok_goldens.js DIR');
   process.exit(2);
 }
 
@@ -98,7 +99,7 @@ const byteOf = {};
 }
 
 for (const [name, file] of [['qwen35', 'qwen35-regex-on-qwen3.json'], ['qwen3', 'qwen3-tokenizer.json'], ['tiny', 'tiny-tokenizer.json']]) {
-  const json = JSON.parse(fs.readFileSync(path.join(shared, 'fixtures/tok', file), 'utf8'));
+  const json = JSON.parse(fs.readFileSync(path.join(outDir, file), 'utf8'));
   const tok = new Tokenizer(json, {});
   const lines = [];
   for (const text of [...handpicked, ...random]) {

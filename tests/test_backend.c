@@ -698,8 +698,7 @@ static void backend_suite(const char *name, suite_make make, suite_free destroy,
     mk = make;
     fr = destroy;
     tr = traits;
-    char demo_gold[512];
-    snprintf(demo_gold, sizeof demo_gold, "%s/fixtures/demo/golden.safetensors", check_shared());
+    const char *demo_gold = "tests/fixtures/demo_golden.safetensors";
     const suite_fixture fx[] = {
         {"tests/fixtures/tiny/bf16", NULL, "tests/fixtures/tiny/golden.safetensors", "bf16", 1, 0},
         {"tests/fixtures/tiny/nvfp4", NULL, "tests/fixtures/tiny/golden.safetensors", "nvfp4", 0, 0},

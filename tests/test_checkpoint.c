@@ -112,7 +112,7 @@ int main(void) {
         CHECK(m.cfg.n_full == 2 && m.cfg.lv_dim == 48 && m.cfg.lk_dim == 32 && m.cfg.shared_inter == 128 && m.cfg.inter == 64);
         ck_close(&m);
         ck_config c;
-        CHECK(ck_config_read(&c, "../shared/reference/qwen36-35b-a3b-nvfp4.config.json", &e) == 0, "%s", e.msg);
+        CHECK(ck_config_read(&c, "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json", &e) == 0, "%s", e.msg);
         CHECK(c.hidden == 2048 && c.n_layers == 40 && c.n_full == 10 && c.full_attn[3] && c.full_attn[39] && !c.full_attn[0] &&
               c.rot_dim == 64 && c.rope_theta == 1e7 && c.vocab == 248320 && c.conv_dim == 8192 && c.n_experts == 256 && c.topk == 8);
     }

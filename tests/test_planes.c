@@ -185,13 +185,10 @@ static void test_plan(void) {
           "sections");
     // from the real config file, as --plan reads it
     ck_config c;
-    char ref[MOET_MAX_PATH];
-    snprintf(ref, sizeof ref, "%s/reference/qwen36-35b-a3b-nvfp4.config.json", check_shared());
-    if (access(ref, R_OK) == 0) {
-        CHECK(pf_model_config(ref, &c, &e) == 0, "%s", e.msg);
-        pf_geom_of_config(&c, &g);
-        CHECK(pf_plan(&g, &L, &e) == 0 && L.file_bytes == 9060192256ull, "--plan of the real config: %" PRIu64, L.file_bytes);
-    }
+    const char *ref = "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json";
+    CHECK(pf_model_config(ref, &c, &e) == 0, "%s", e.msg);
+    pf_geom_of_config(&c, &g);
+    CHECK(pf_plan(&g, &L, &e) == 0 && L.file_bytes == 9060192256ull, "--plan of the real config: %" PRIu64, L.file_bytes);
     // geometry the format cannot hold
     pf_geom bad[] = {{0, 0, 8, 128, 64}, {4, 0, 0, 128, 64}, {4, 0, 8, 96, 64}, {4, 0, 8, 128, 48},
                      {4, 0, 8, 128, MOET_PF_MAX_INTER + 64}, {4, MOET_MAX_LAYERS, 8, 128, 64}};
@@ -727,12 +724,8 @@ static void test_commands(const char *path) {
     char *argv_bad[] = {"moet", "info", FIX "/golden.safetensors"};
     CHECK(CAPTURE(cmd_info, argv_bad) == 1 && strstr(cap_err, "magic"), "info on another file: %s", cap_err);
 
-    char ref[MOET_MAX_PATH];
-    snprintf(ref, sizeof ref, "%s/reference/qwen36-35b-a3b-nvfp4.config.json", check_shared());
-    if (access(ref, R_OK) == 0) {
-        char *argv_plan[] = {"moet", "build-planes", "--model", ref, "--plan"};
-        CHECK(CAPTURE(cmd_build_planes, argv_plan) == 0 && strstr(cap_out, "\nfile_bytes 9060192256\n"), "--plan: %s%s", cap_out, cap_err);
-    }
+    char *argv_plan[] = {"moet", "build-planes", "--model", "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json", "--plan"};
+    CHECK(CAPTURE(cmd_build_planes, argv_plan) == 0 && strstr(cap_out, "\nfile_bytes 9060192256\n"), "--plan: %s%s", cap_out, cap_err);
     // build-planes end to end from the checkpoint directory
     char out[80];
     tpath(out, sizeof out, "cmd.planes");

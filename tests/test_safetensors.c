@@ -618,9 +618,8 @@ static uint64_t sf_file_header_len(const char *path, uint64_t *file_size) {
     return n;
 }
 
-static void test_fixture(const char *rel) {
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/%s", check_shared(), rel);
+static void test_fixture(const char *dir) {
+    char path[600];
     long live = mc_live;
     moet_err e = {{0}};
     // config.json: text_config, or the flat form
@@ -656,7 +655,7 @@ static void test_fixture(const char *rel) {
             int dt = s->tensors[i].dtype;
             dt_ok &= dt == ST_BF16 || dt == ST_F32 || dt == ST_F8_E4M3 || dt == ST_U8;
         }
-        CHECK(dt_ok, "%s: a dtype outside BF16/F32/F8_E4M3/U8", rel);
+        CHECK(dt_ok, "%s: a dtype outside BF16/F32/F8_E4M3/U8", dir);
         // each shard's tensors fill exactly its data buffer: file size - 8 - header length
         for (int sh = 0; sh < s->n_shards; sh++) {
             uint64_t fsize, hlen = sf_file_header_len(s->shard_path[sh], &fsize);
@@ -678,7 +677,7 @@ static void test_fixture(const char *rel) {
             js_doc idx;
             if (it && js_load_doc(&idx, it, len, path, &e) == 0) {
                 const js_node *wm = js_get(&idx, js_root(&idx), "weight_map");
-                CHECK(wm && wm->len == s->n_tensors, "%s: index lists %u of %u tensors", rel, wm ? wm->len : 0, s->n_tensors);
+                CHECK(wm && wm->len == s->n_tensors, "%s: index lists %u of %u tensors", dir, wm ? wm->len : 0, s->n_tensors);
                 js_free_doc(&idx);
             } else CHECK(0, "%s", e.msg);
             if (it) arena_sys_free(it, len + 1);
@@ -710,7 +709,7 @@ static void test_fixture(const char *rel) {
                 SF_HAS(s, SF_NM("linear_attn.dt_bias"), NULL, 1, NV, 0, 0);
                 SF_HAS(s, SF_NM("linear_attn.norm.weight"), NULL, 1, DV, 0, 0);
             } else {
-                CHECK(js_str_is(lt, "full_attention"), "%s: layer %" PRId64 " type", rel, l);
+                CHECK(js_str_is(lt, "full_attention"), "%s: layer %" PRId64 " type", dir, l);
                 SF_LINEAR(s, SF_NM("self_attn.q_proj"), q_rows, H);
                 SF_LINEAR(s, SF_NM("self_attn.k_proj"), KVH * HD, H);
                 SF_LINEAR(s, SF_NM("self_attn.v_proj"), KVH * HD, H);
@@ -739,11 +738,11 @@ static void test_fixture(const char *rel) {
 #undef SF_NM
         }
         snprintf(nm, sizeof nm, "%slayers.%" PRId64 ".input_layernorm.weight", SF_LM, L);
-        CHECK(st_find(s, nm) == NULL, "%s: a layer past num_hidden_layers", rel);
+        CHECK(st_find(s, nm) == NULL, "%s: a layer past num_hidden_layers", dir);
         st_close(&sf_set);
     }
     js_free_doc(&cfg);
-    CHECK(mc_live == live, "%s: %ld mappings left", rel, mc_live - live);
+    CHECK(mc_live == live, "%s: %ld mappings left", dir, mc_live - live);
 }
 
 static int sf_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -759,9 +758,9 @@ int main(void) {
     test_corrupt_entries();
     test_corrupt_header();
     test_corrupt_sets();
-    test_fixture("fixtures/tiny/bf16");
-    test_fixture("fixtures/tiny/nvfp4");
-    test_fixture("fixtures/demo/nvfp4");
+    test_fixture("tests/fixtures/tiny/bf16");
+    test_fixture("tests/fixtures/tiny/nvfp4");
+    test_fixture("tests/fixtures/demo");
     nftw(sf_root, sf_rm, 16, FTW_DEPTH | FTW_PHYS);
     return check_report("test_safetensors");
 }

@@ -178,6 +178,7 @@ static tb_state tb;
 static char out_text[8 << 20];
 static int tb_max_new_tokens;   // serve_config.max_new_tokens of the next run (generation_config)
 static long tb_capacity;        // tb_state.capacity of the next run
+static int tb_in_fd = -1;       // when >= 0: the next run reads this instead of `input`
 
 // Runs a server with the given sizes over `input`; fills out_text with everything written.
 static int run_server(const char *input, int seqs, int batch_tokens, int queue, int max_len, serve_ctx *keep) {
@@ -203,7 +204,7 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     lseek(fi, 0, SEEK_SET);
     uint64_t allocs = arena_stats.allocs;
     arena_freeze();   // the server must not allocate after its ready line
-    int rc = serve_run(&S, fi, fo);
+    int rc = serve_run(&S, tb_in_fd >= 0 ? tb_in_fd : fi, fo);
     arena_stats.frozen = 0;
     CHECK(arena_stats.allocs == allocs, "the server allocated %" PRIu64 " times after ready", arena_stats.allocs - allocs);
     lseek(fo, 0, SEEK_SET);
@@ -651,8 +652,103 @@ static void test_admission_room(void) {
           tb.admitted_order[2], tb.admitted_order[3], tb.admitted_order[4]);
 }
 
+// A request without an id never takes the id of one that named itself: line 2 would be
+// "req-2", which line 1 uses, so it is "req-2.1"; a cancel of req-2 stops only line 1, and a
+// later line naming req-2.1 while it runs is a duplicate.
+static void test_auto_ids(void) {
+    snprintf(input, sizeof input,
+             "{\"id\":\"req-2\",\"prompt\":\"a\",\"max_tokens\":40,\"ignore_eos\":true}\n"
+             "{\"prompt\":\"b\",\"max_tokens\":40,\"ignore_eos\":true}\n"
+             "{\"op\":\"cancel\",\"id\":\"req-2\"}\n"
+             "{\"id\":\"req-2.1\",\"prompt\":\"c\",\"max_tokens\":2}\n"
+             "{\"prompt\":\"d\",\"max_tokens\":2}\n");
+    CHECK(run_server(input, 4, 16, 4, 128, NULL) == 0, "exit");
+    parse_answers();
+    int a = find_answer("req-2", "text_completion"), b = find_answer("req-2.1", "text_completion");
+    CHECK(a >= 0 && js_str_is(path(a, "choices", "0", "finish_reason", 0), "cancelled"), "the explicit req-2 is cancelled: %s",
+          a >= 0 ? ans_line[a] : "(none)");
+    CHECK(b >= 0 && js_str_is(path(b, "choices", "0", "finish_reason", 0), "length") &&
+          path(b, "usage", "completion_tokens", 0, 0)->i64 == 40, "the automatic one runs to its end as req-2.1: %s",
+          b >= 0 ? ans_line[b] : "(none)");
+    CHECK(count_answers("req-2") == 2, "req-2: one answer and one cancel acknowledgement (%d lines)", count_answers("req-2"));
+    CHECK(count_answers("req-2.1") == 2, "req-2.1: the answer and one duplicate_id error (%d lines)", count_answers("req-2.1"));
+    int dup = -1;
+    for (int i = 0; i < n_ans; i++)
+        if (js_str_is(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
+    CHECK(dup >= 0 && js_str_is(path(dup, "id", 0, 0, 0), "req-2.1"), "an explicit id equal to a running automatic one is a duplicate");
+    CHECK(find_answer("req-5", "text_completion") >= 0, "without a clash the automatic id is req-<line>");
+}
+
+// A UTF-8 byte order mark before a line's JSON is skipped; token ids must be integers (5.0 is
+// one, 1.5 is not) and every refusal says what the value is.
+static void test_line_forms(void) {
+    snprintf(input, sizeof input,
+             "\xEF\xBB\xBF{\"id\":\"bom\",\"prompt\":\"a\",\"max_tokens\":1}\n"
+             "\xEF\xBB\xBFnot json\n"
+             "{\"id\":\"frac\",\"input_ids\":[97,1.5]}\n"
+             "{\"id\":\"whole\",\"input_ids\":[97.0,98,99],\"max_tokens\":4,\"temperature\":0}\n"
+             "{\"id\":\"ints\",\"input_ids\":[97,98,99],\"max_tokens\":4,\"temperature\":0}\n"
+             "{\"id\":\"neg\",\"input_ids\":[-1]}\n"
+             "{\"id\":\"big\",\"input_ids\":[1e300]}\n"
+             "{\"id\":\"str\",\"input_ids\":[\"97\"]}\n"
+             "{\"id\":\"stopfrac\",\"prompt\":\"a\",\"stop_token_ids\":[2.5]}\n");
+    CHECK(run_server(input, 2, 16, 8, 128, NULL) == 0, "exit");
+    parse_answers();
+    CHECK(n_ans == 1 + 9, "one answer per line: %d", n_ans - 1);
+    CHECK(find_answer("bom", "text_completion") >= 0, "a line starting with a BOM is read");
+    int bad_json = 0;
+    for (int i = 0; i < n_ans; i++)
+        if (js_str_is(path(i, "error", "code", 0, 0), "invalid_json")) bad_json++;
+    CHECK(bad_json == 1, "a BOM before text that is not JSON is still invalid_json (%d)", bad_json);
+    struct { const char *id, *code, *text; } errs[] = {
+        {"frac", "invalid_value", "token id [1] is 1.5, not an integer"},
+        {"neg", "invalid_value", "token id [0] is -1, outside [0, "},
+        {"big", "invalid_value", "token id [0] is 1e+300, outside [0, "},
+        {"str", "invalid_type", "token id [0] is string, not an integer"},
+        {"stopfrac", "invalid_value", "\"stop_token_ids\"[0] is 2.5, not an integer"},
+    };
+    for (size_t k = 0; k < sizeof errs / sizeof errs[0]; k++) {
+        int i = find_answer(errs[k].id, NULL);
+        const js_node *msg = i >= 0 ? path(i, "error", "message", 0, 0) : NULL;
+        CHECK(i >= 0 && js_str_is(path(i, "error", "code", 0, 0), errs[k].code) && msg && msg->type == JS_STR &&
+              strstr(msg->str, errs[k].text), "%s: %s with \"%s\": %s", errs[k].id, errs[k].code, errs[k].text,
+              i >= 0 ? ans_line[i] : "(none)");
+    }
+    int w = find_answer("whole", "text_completion"), n = find_answer("ints", "text_completion");
+    CHECK(w >= 0 && n >= 0 && !strcmp(path(w, "choices", "0", "text", 0)->str, path(n, "choices", "0", "text", 0)->str),
+          "input_ids [97.0,98,99] is [97,98,99]");
+}
+
+// A read error on the input (a directory as stdin) is not a normal end: the server says so on
+// stderr and returns 1, after answering what it read.
+static void test_read_error(void) {
+    tb_in_fd = open("/", O_RDONLY | O_CLOEXEC);
+    MOET_ASSERT(tb_in_fd >= 0, "open /");
+    fflush(stderr);
+    int se = dup(2), p[2];
+    MOET_ASSERT(pipe(p) == 0, "pipe");
+    dup2(p[1], 2);
+    int rc = run_server("", 1, 4, 1, 64, NULL);
+    fflush(stderr);
+    dup2(se, 2);
+    close(se);
+    close(p[1]);
+    char err[1024];
+    ssize_t k = read(p[0], err, sizeof err - 1);
+    err[k > 0 ? k : 0] = 0;
+    close(p[0]);
+    close(tb_in_fd);
+    tb_in_fd = -1;
+    CHECK(rc == 1 && strstr(err, "reading the requests failed: Is a directory"), "read error: rc %d, stderr: %s", rc, err);
+    parse_answers();
+    CHECK(n_ans == 1 && js_str_is(path(0, "object", 0, 0, 0), "ready"), "only the ready line: %d lines", n_ans);
+}
+
 int main(void) {
     test_admission_room();
+    test_auto_ids();
+    test_line_forms();
+    test_read_error();
     test_backend_failure();
     test_default_max_tokens();
     test_mixed_lines();

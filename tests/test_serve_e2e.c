@@ -69,9 +69,8 @@ static const char *questions[3] = {"What does numpy.linalg.solve do?", "Explain 
 // routed experts from a plane file made by `moet build-planes` (transformers' answers with the
 // experts replaced by their 2-bit planes).
 static void test_golden(void) {
-    char gpath[512];
+    const char *gpath = "tests/fixtures/demo_golden.safetensors";
     moet_err e = {{0}};
-    snprintf(gpath, sizeof gpath, "%s/fixtures/demo/golden.safetensors", check_shared());
     st_set g;
     if (st_open(&g, gpath, &e)) { CHECK(0, "%s", e.msg); return; }
     char planes[] = "/tmp/moet_e2e_planes_XXXXXX";
