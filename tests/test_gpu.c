@@ -521,6 +521,19 @@ int main(void) {
         variant("tests/fixtures/check", "nvfp4", "nvfp4", NULL, kv);
         variant("tests/fixtures/check", "nvfp4", "planes", check_pl, kv);
     }
+    // MOET_GPU_FIXTURE=DIR: one more fixture of the same layout (DIR/bf16, DIR/nvfp4, DIR/golden.safetensors,
+    // made by transformers), e.g. a model of other dimensions the tests have never seen
+    const char *extra = getenv("MOET_GPU_FIXTURE");
+    if (extra) {
+        char dir[512], xp[512];
+        snprintf(dir, sizeof dir, "%s/nvfp4", extra);
+        const char *xpl = planes_of(dir, "extra", xp, sizeof xp);
+        for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {
+            variant(extra, "bf16", "bf16", NULL, kv);
+            variant(extra, "nvfp4", "nvfp4", NULL, kv);
+            variant(extra, "nvfp4", "planes", xpl, kv);
+        }
+    }
     real_shapes();
     long_context();
     versus_reference("tests/fixtures/demo", NULL, 200);
