@@ -1079,6 +1079,15 @@ static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *
     }
 }
 
+// The gated RMSNorm of one GDN value head (MODEL.md §3.3): o = w · (o / rms(o)) · SiLU(z), a
+// plain weight (not 1 + w). GPU twin: k_gated_norm.
+static void ref_gated_rmsnorm(float *o, const float *z, const ck_mat *w, int dv, double eps) {
+    double ss = 0;
+    for (int v = 0; v < dv; v++) ss += (double)o[v] * o[v];
+    float rn = (float)(1.0 / sqrt(ss / dv + eps));
+    for (int v = 0; v < dv; v++) o[v] = ck_at(w, 0, v) * (o[v] * rn) * ref_silu(z[v]);
+}
+
 // Gated DeltaNet for the tokens [t0, t0 + n) of one sequence, recurrent form (MODEL.md §3.5,
 // §4.1). r->proj holds the qkv projections of these tokens; it is overwritten by the conv output.
 static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
@@ -1133,14 +1142,33 @@ static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int
                 for (int d = 0; d < dk; d++) acc += (double)S[(size_t)d * dv + v] * qh[d];
                 o[v] = (float)acc;
             }
-            // gated RMSNorm (MODEL.md §3.3): plain weight, then SiLU(z)
-            double ss = 0;
-            for (int v = 0; v < dv; v++) ss += (double)o[v] * o[v];
-            float rn = (float)(1.0 / sqrt(ss / dv + c->eps));
-            const float *z = r->zz + (size_t)t * c->value_dim + (size_t)j * dv;
-            for (int v = 0; v < dv; v++) o[v] = ck_at(&L->gnorm, 0, v) * (o[v] * rn) * ref_silu(z[v]);
+            ref_gated_rmsnorm(o, r->zz + (size_t)t * c->value_dim + (size_t)j * dv, &L->gnorm, dv, c->eps);
         }
     }
+}
+
+// The router of one token (MODEL.md §3.6): softmax over the E logits p (overwritten by the
+// probabilities), the K most probable experts (ties to the lower id) into sel, by descending
+// probability, and their probabilities renormalised to sum 1 into w. GPU twin: k_router.
+static void ref_route(float *p, int E, int Kt, int *sel, float *w) {
+    float mx = -INFINITY;
+    for (int x = 0; x < E; x++) if (p[x] > mx) mx = p[x];
+    double sum = 0;
+    for (int x = 0; x < E; x++) sum += (p[x] = (float)exp((double)(p[x] - mx)));
+    for (int x = 0; x < E; x++) p[x] = (float)(p[x] / sum);
+    double ws = 0;
+    for (int k = 0; k < Kt; k++) {
+        int best = -1;
+        for (int x = 0; x < E; x++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= sel[j] == x;
+            if (!taken && (best < 0 || p[x] > p[best])) best = x;
+        }
+        sel[k] = best;
+        w[k] = p[best];
+        ws += p[best];
+    }
+    for (int k = 0; k < Kt; k++) w[k] = (float)(w[k] / ws);
 }
 
 // Router, routed experts and the gated shared expert over all T tokens (MODEL.md §3.6).
@@ -1150,28 +1178,9 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
     int H = c->hidden, E = c->n_experts, Kt = c->topk, I = c->inter, SI = c->shared_inter;
     ref_linear(r, &L->router, r->xn, H, T, r->rl, E);
     for (int t = 0; t < T; t++) {
-        float *p = r->rl + (size_t)t * E;
-        float mx = -INFINITY;
-        for (int x = 0; x < E; x++) if (p[x] > mx) mx = p[x];
-        double sum = 0;
-        for (int x = 0; x < E; x++) sum += (p[x] = (float)exp((double)(p[x] - mx)));
-        for (int x = 0; x < E; x++) p[x] = (float)(p[x] / sum);
-        // top-K by probability, ties to the lower expert id; then renormalise over the K
         int *sel = r->sel + (size_t)t * Kt;
         float *w = r->selw + (size_t)t * Kt;
-        double ws = 0;
-        for (int k = 0; k < Kt; k++) {
-            int best = -1;
-            for (int x = 0; x < E; x++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= sel[j] == x;
-                if (!taken && (best < 0 || p[x] > p[best])) best = x;
-            }
-            sel[k] = best;
-            w[k] = p[best];
-            ws += p[best];
-        }
-        for (int k = 0; k < Kt; k++) w[k] = (float)(w[k] / ws);
+        ref_route(r->rl + (size_t)t * E, E, Kt, sel, w);
         if (r->trace_ids) memcpy(r->trace_ids[layer] + (size_t)t * Kt, sel, sizeof(int32_t) * Kt);
         if (r->trace_w) memcpy(r->trace_w[layer] + (size_t)t * Kt, w, sizeof(float) * Kt);
     }

@@ -353,6 +353,113 @@ static void kernel_linear(gpu_engine *g) {
     }
 }
 
+
+// A device copy of n floats (a test arena: released by the caller).
+static CUdeviceptr kt_dev(arena *d, const float *h, size_t n) {
+    CUdeviceptr p = (uintptr_t)arena_take(d, sizeof(float) * n, 256, "test buffer");
+    if (h) CU_CHECK(cu.cuMemcpyHtoD(p, h, sizeof(float) * n));
+    else CU_CHECK(cu.cuMemsetD8(p, 0xff, sizeof(float) * n));   // NaN: an unwritten output fails
+    return p;
+}
+
+// A BF16 vector weight [1, n] in host memory, values around `mid` with spread `sd`.
+static ck_mat kt_bf16_vec(uint16_t *buf, int n, float mid, float sd) {
+    for (int i = 0; i < n; i++) {
+        float f = mid + sd * kt_normal();
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        buf[i] = (uint16_t)(u >> 16);
+    }
+    ck_mat m = {0};
+    m.kind = CK_W_BF16, m.rows = 1, m.cols = n, m.w = (const uint8_t *)buf, m.row_bytes = (size_t)n * 2, m.s = 1;
+    return m;
+}
+
+// The router, the residual add + RMSNorm and the GDN gated norm against their CPU twins
+// (ref_route, ref_rmsnorm1p, ref_gated_rmsnorm) on Qwen3.6's shapes: E 256 top-8, H 2048,
+// 32 value heads of 128; 37 tokens. Tolerances: f32 against f32 with f64 sums on the CPU side:
+// a normalisation over ≤ 2048 terms moves by a few ulps (1e-6 relative), so 1e-5 on the outputs;
+// the router's choices must be the same experts in the same order (random logits: no near ties).
+static void kernel_misc(gpu_engine *g) {
+    enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
+    moet_err e = {{0}};
+    arena plan = arena_measure("kernel test"), d;
+    for (int i = 0; i < 12; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
+    gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = H, .row_bytes = 2 * H}, "w");
+    gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = DV, .row_bytes = 2 * DV}, "w");
+    if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
+    // router
+    {
+        float *lg = malloc(sizeof(float) * T * E), *p = malloc(sizeof(float) * E), w[KT], gw[T * KT];
+        int sel[KT], gs[T * KT];
+        for (int i = 0; i < T * E; i++) lg[i] = 2.0f * kt_normal();
+        CUdeviceptr ld = kt_dev(&d, lg, T * E), sd = kt_dev(&d, NULL, T * KT), wd = kt_dev(&d, NULL, T * KT);
+        int Ei = E, Ki = KT;
+        gpu_launch(&g->k, K_ROUTER, (gpu_dim){T, 1, 1}, 256, sizeof(float) * E, g->compute, GPU_ARGS(P(ld), P(Ei), P(Ki), P(sd), P(wd)));
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(gs, sd, sizeof gs));
+        CU_CHECK(cu.cuMemcpyDtoH(gw, wd, sizeof gw));
+        int same = 1;
+        double werr = 0;
+        for (int t = 0; t < T; t++) {
+            memcpy(p, lg + (size_t)t * E, sizeof(float) * E);
+            ref_route(p, E, KT, sel, w);
+            for (int k = 0; k < KT; k++) {
+                same &= sel[k] == gs[t * KT + k];
+                werr = fmax(werr, fabs(w[k] - gw[t * KT + k]));
+            }
+        }
+        CHECK(same, "k_router: the chosen experts differ from ref_route");
+        CHECK(werr < 1e-5, "k_router: weight error %.3g", werr);
+        printf("k_router [%d tokens, E %d, top-%d]: same experts, weights within %.2g of ref_route\n", T, E, KT, werr);
+        free(lg), free(p);
+    }
+    // residual add + zero-centred RMSNorm
+    {
+        uint16_t wb[H];
+        ck_mat wm = kt_bf16_vec(wb, H, 0.0f, 0.3f);
+        float *x = malloc(sizeof(float) * T * H), *y = malloc(sizeof(float) * T * H), *ref = malloc(sizeof(float) * T * H),
+              *got = malloc(sizeof(float) * T * H), *xs = malloc(sizeof(float) * T * H);
+        for (int i = 0; i < T * H; i++) x[i] = 3.0f * kt_normal(), y[i] = kt_normal();
+        for (int i = 0; i < T * H; i++) xs[i] = x[i] + y[i];
+        for (int t = 0; t < T; t++) ref_rmsnorm1p(xs + (size_t)t * H, &wm, H, 1e-6, ref + (size_t)t * H);
+        gpu_mat gw = gpu_put(&d, &wm, "w");
+        CUdeviceptr xd = kt_dev(&d, x, T * H), yd = kt_dev(&d, y, T * H), nd = kt_dev(&d, NULL, T * H), none = 0;
+        int Hi = H;
+        float eps = 1e-6f;
+        gpu_launch(&g->k, K_ADD_RMSNORM, (gpu_dim){T, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(xd), P(yd), P(gw), P(nd), P(none), P(Hi), P(eps)));
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(got, nd, sizeof(float) * T * H));
+        double err = check_nerr(got, ref, (size_t)T * H);
+        CU_CHECK(cu.cuMemcpyDtoH(got, xd, sizeof(float) * T * H));   // the residual stream after the add: exact
+        CHECK(err < 1e-5, "k_add_rmsnorm: normalised error %.3g", err);
+        CHECK(!memcmp(got, xs, sizeof(float) * T * H), "k_add_rmsnorm: x + y differs from the host's sum");
+        printf("k_add_rmsnorm [%d, %d]: normalised error vs ref_rmsnorm1p %.2g, residual add exact\n", T, H, err);
+        free(x), free(y), free(ref), free(got), free(xs);
+    }
+    // gated RMSNorm of the GDN output
+    {
+        uint16_t wb[DV];
+        ck_mat wm = kt_bf16_vec(wb, DV, 1.0f, 0.2f);
+        float *o = malloc(sizeof(float) * T * NV * DV), *z = malloc(sizeof(float) * T * NV * DV), *ref = malloc(sizeof(float) * T * NV * DV);
+        for (int i = 0; i < T * NV * DV; i++) o[i] = 0.1f * kt_normal(), z[i] = kt_normal();
+        memcpy(ref, o, sizeof(float) * T * NV * DV);
+        for (int h = 0; h < T * NV; h++) ref_gated_rmsnorm(ref + (size_t)h * DV, z + (size_t)h * DV, &wm, DV, 1e-6);
+        gpu_mat gw = gpu_put(&d, &wm, "w");
+        CUdeviceptr od = kt_dev(&d, o, T * NV * DV), zd = kt_dev(&d, z, T * NV * DV);
+        int nv = NV, dv = DV;
+        float eps = 1e-6f;
+        gpu_launch(&g->k, K_GATED_NORM, (gpu_dim){NV, T, 1}, 128, 0, g->compute, GPU_ARGS(P(od), P(zd), P(gw), P(nv), P(dv), P(eps)));
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(o, od, sizeof(float) * T * NV * DV));
+        double err = check_nerr(o, ref, (size_t)T * NV * DV);
+        CHECK(err < 1e-5, "k_gated_norm: normalised error %.3g", err);
+        printf("k_gated_norm [%d, %d heads of %d]: normalised error vs ref_gated_rmsnorm %.2g\n", T, NV, DV, err);
+        free(o), free(z), free(ref);
+    }
+    arena_release(&d);
+}
+
 // A checkpoint made by `moet synth` from a flat text config (and a quantization map), under build/.
 static int synth(const char *dir, const char *config, const char *quant) {
     char cpath[512], cmd[2048];
@@ -506,6 +613,7 @@ int main(void) {
         if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
         else {
             kernel_linear(&g);
+            kernel_misc(&g);
             gpu_free(&g);
             ck_close(&m);
         }
