@@ -751,6 +751,16 @@ static void samp_heap_down(int32_t *h, int k, int i) {
     }
 }
 
+// Sorts cand[0..n) in samp_cmp order (key: samp_sort_key) in place, by heapsort: libc's qsort
+// may allocate (glibc's merge sort mallocs past 1 KiB), and nothing allocates after ready.
+static void samp_sort(int32_t *cand, int n) {
+    for (int i = n / 2; i-- > 0;) samp_heap_down(cand, n, i);
+    for (int k = n - 1; k > 0; k--) {   // the root is the worst of cand[0..k]: it goes last
+        int32_t t = cand[0]; cand[0] = cand[k]; cand[k] = t;
+        samp_heap_down(cand, k, 0);
+    }
+}
+
 static void samp_select(int32_t *cand, int n, int k, const float *prob) {
     samp_sort_key = prob;
     for (int i = k / 2; i-- > 0;) samp_heap_down(cand, k, i);
@@ -759,7 +769,7 @@ static void samp_select(int32_t *cand, int n, int k, const float *prob) {
             cand[0] = cand[i];
             samp_heap_down(cand, k, 0);
         }
-    qsort(cand, (size_t)k, sizeof *cand, samp_cmp);
+    samp_sort(cand, k);
 }
 
 // One token id from logits[0..V). `slot` may be NULL when no penalty is set.
@@ -820,7 +830,7 @@ static int32_t samp_pick(samp_scratch *sc, const samp_slot *slot, const samp_par
                 n = k;
             }
             samp_sort_key = prob;
-            qsort(cand, (size_t)n, sizeof *cand, samp_cmp);
+            samp_sort(cand, n);
         }
         double acc = 0, need = p->top_p * total;
         int k = 0;

@@ -91,5 +91,19 @@ int main(void) {
     for (int i = 0; i < V; i++) z += exp(x[i]);
     CHECK(fabs(lp - (1.0 - log(z))) < 1e-5, "logprob of token 4: %f vs %f", lp, 1.0 - log(z));  // float rounding
     CHECK(ids[0] == 1 && ids[1] == 2 && ids[2] == 6 && fabs(lps[0] - (2.0 - log(z))) < 1e-5, "top logprobs");
+
+    // samp_sort (in place, no allocation) orders as qsort with samp_cmp: probability down, then id;
+    // 5,000 candidates drawn from 40 values, so most keys tie and the id order decides
+    static float key[5000];
+    static int32_t s1[5000], s2[5000];
+    samp_seed(&a, 7);
+    for (int i = 0; i < 5000; i++) key[i] = (float)(samp_next(&a) % 40) / 40.0f;
+    for (int n = 0; n <= 5000; n += n < 10 ? 1 : 997) {
+        for (int i = 0; i < n; i++) s1[i] = s2[i] = (int32_t)((uint64_t)i * 2654435761u % 5000);
+        samp_sort_key = key;
+        samp_sort(s1, n);
+        qsort(s2, (size_t)n, sizeof *s2, samp_cmp);
+        CHECK(!memcmp(s1, s2, sizeof *s1 * (size_t)n), "samp_sort of %d candidates orders as qsort", n);
+    }
     return check_report("test_sampler");
 }
