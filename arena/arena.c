@@ -28,15 +28,15 @@ static void arena_freeze(void) { arena_stats.frozen = 1; }
 // widened to whole pages. Returns 0, or -1 with errno (ENOMEM: memory is short; EFAULT: part of
 // the range cannot be accessed that way). MADV_POPULATE_* (Linux 5.14) report a failure where
 // MAP_POPULATE would ignore it; an older kernel (EINVAL) gets one access per 4 KiB (the smallest
-// page size).
+// page size), a write being an atomic OR of 0 so that it cannot undo another thread's store.
 static int arena_resident(const void *p, size_t bytes, int write) {
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, b = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;
     if (bytes == 0) return 0;
     if (madvise((void *)a, b - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return 0;
     if (errno != EINVAL) return -1;
-    for (volatile uint8_t *q = (volatile uint8_t *)a; (uintptr_t)q < b; q += 4096)
-        if (write) *q = *q;
-        else (void)*q;
+    for (uintptr_t q = a; q < b; q += 4096)
+        if (write) __atomic_fetch_or((uint8_t *)q, 0, __ATOMIC_RELAXED);
+        else (void)*(volatile const uint8_t *)q;
     return 0;
 }
 
