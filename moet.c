@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <link.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -1497,6 +1499,7 @@ typedef struct {
     uint64_t n_done, n_cancelled, n_errors, prompt_tokens, gen_tokens, steps;
     double t_start;
     uint64_t allocs_at_ready;
+    long minflt_at_ready, majflt_at_ready;   // page faults of the process before the ready line
     arena mem;
 } serve_ctx;
 
@@ -2008,9 +2011,11 @@ static int serve_step(serve_ctx *S) {
 
 // ---- lines ---------------------------------------------------------------------------------
 
-static void serve_stats(serve_ctx *S, const proto_req *q) {
-    proto_out *o = &S->out;
-    long pages = 0, rss = 0, shared = 0;   // resident pages, from /proc (read without stdio: no allocation)
+// Resident memory in KiB, from /proc (read without stdio: no allocation): all of it, and its
+// anonymous part (arenas, stacks, static data: what the process owns; the rest are file pages
+// the kernel shares with the page cache and may drop). 0 when /proc cannot be read.
+static void serve_rss(long *rss_kb, long *anon_kb) {
+    long pages = 0, rss = 0, shared = 0;
     char sm[128];
     int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
@@ -2019,15 +2024,27 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
         sm[k > 0 ? k : 0] = 0;
         if (sscanf(sm, "%ld %ld %ld", &pages, &rss, &shared) != 3) rss = shared = 0;
     }
+    *rss_kb = rss * (sysconf(_SC_PAGESIZE) / 1024);
+    *anon_kb = (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static void serve_stats(serve_ctx *S, const proto_req *q) {
+    proto_out *o = &S->out;
+    long rss, anon;
+    serve_rss(&rss, &anon);
+    struct rusage ru;   // page faults of every thread
+    getrusage(RUSAGE_SELF, &ru);
     po_s(o, "{\"object\":\"stats\"");
     if (q->has_id) { po_s(o, ",\"id\":"); po_cstr(o, q->id); }
     po_fmt(o, ",\"running\":%d,\"waiting\":%d,\"max_num_seqs\":%d,\"requests_finished\":%" PRIu64
               ",\"requests_cancelled\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
-              ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"allocations_after_ready\":%" PRIu64
-              ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"uptime_s\":",
+              ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64,
            S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
-           S->gen_tokens, S->steps, arena_total_allocs() - S->allocs_at_ready, rss * (sysconf(_SC_PAGESIZE) / 1024),
-           (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024));
+           S->gen_tokens, S->steps);
+    po_fmt(o, ",\"allocations_after_ready\":%" PRIu64 ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"minor_faults_after_ready\":%ld"
+              ",\"major_faults_after_ready\":%ld,\"uptime_s\":",
+           arena_total_allocs() - S->allocs_at_ready, rss, anon, ru.ru_minflt - S->minflt_at_ready,
+           ru.ru_majflt - S->majflt_at_ready);
     po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
     po_fmt(o, ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64, arena_stats.device_bytes, arena_stats.pinned_bytes);
     po_s(o, "}");
@@ -2287,6 +2304,10 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->t_start = moet_now();
     serve_ready(S);
     S->allocs_at_ready = arena_total_allocs();
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    S->minflt_at_ready = ru.ru_minflt;
+    S->majflt_at_ready = ru.ru_majflt;
     int cancelled_all = 0;
     for (;;) {
         if (S->out.failed) {
@@ -2452,6 +2473,70 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
             if (id >= 0) c->eos[c->n_eos++] = id;
         }
     }
+    return 0;
+}
+
+// ---- resident before the ready line ---------------------------------------------------------
+//
+// After the ready line the server takes no page fault of its own: a first touch in the hot path
+// costs latency, and memory that grows while serving cannot be told from a leak. The arenas are
+// resident from their allocation (arena_sys_alloc); serve_resident makes the rest resident
+// before ready: the code, tables and static data of the program and of its libraries (a code
+// path first run after ready — a cancel, an error line, a libm function — would fault its pages
+// in), the weights the engine reads from the mapped checkpoint (ck_resident), and the main
+// stack down to MOET_SERVE_STACK below the serve loop. Worker stacks are carved from the engine's
+// arena. The kernel may still drop clean file pages (code, weights) under memory pressure and
+// fault them in again; the stats line counts faults after ready.
+
+// Every loaded segment of one object (dl_iterate_phdr): read-only ones read in, writable ones
+// written (static data becomes private pages now rather than at its first write after ready),
+// except the part made read-only after relocation (PT_GNU_RELRO), which is read in.
+static int serve_resident_object(struct dl_phdr_info *info, size_t size, void *failures) {
+    (void)size;
+    uintptr_t ro_lo = 0, ro_hi = 0;   // the RELRO pages, as the loader protects them (whole pages inside it)
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_GNU_RELRO) {
+            ro_lo = (info->dlpi_addr + info->dlpi_phdr[i].p_vaddr) & ~(uintptr_t)4095;
+            ro_hi = (info->dlpi_addr + info->dlpi_phdr[i].p_vaddr + info->dlpi_phdr[i].p_memsz) & ~(uintptr_t)4095;
+        }
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        int rc = 0;
+        if (!(ph->p_flags & PF_W)) rc = arena_resident((void *)lo, hi - lo, 0);
+        else {
+            uintptr_t a = lo > ro_lo ? lo : ro_lo, b = hi < ro_hi ? hi : ro_hi;   // [a, b): the RELRO part
+            if (a >= b) a = b = hi;
+            rc = (a > lo ? arena_resident((void *)lo, a - lo, 1) : 0) | arena_resident((void *)a, b - a, 0) |
+                 (hi > b ? arena_resident((void *)b, hi - b, 1) : 0);
+        }
+        *(int *)failures += rc != 0;
+    }
+    return 0;
+}
+
+// MOET_SERVE_STACK bytes of stack below the caller's frame, written top down (the stack grows
+// down, one page after the other).
+static __attribute__((noinline)) void serve_resident_stack(void) {
+    volatile uint8_t pad[MOET_SERVE_STACK];
+    for (size_t i = sizeof pad; i >= 4096; i -= 4096) pad[i - 1] = 0;
+    pad[0] = 0;
+}
+
+// Called by cmd_serve, the caller of serve_run, just before the ready line. Returns -1 with e set
+// when the weights or the stack cannot be made resident; a segment that cannot is a warning
+// (test_serve_e2e counts the faults after ready).
+static int serve_resident(const ck_model *m /* NULL: the checkpoint's mapping is not read after boot */, moet_err *e) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 2 * (rlim_t)MOET_SERVE_STACK)
+        return err_set(e, "the stack limit (ulimit -s) is %lu KiB; the server needs at least %u KiB", (unsigned long)(rl.rlim_cur >> 10),
+                       2 * MOET_SERVE_STACK >> 10);
+    if (m && ck_resident(m, e)) return -1;
+    int failures = 0;
+    dl_iterate_phdr(serve_resident_object, &failures);
+    if (failures) fprintf(stderr, "moet serve: warning: %d program segments could not be made resident\n", failures);
+    serve_resident_stack();
     return 0;
 }
 
@@ -2640,10 +2725,15 @@ static int cmd_serve(int argc, char **argv) {
     if (serve_init(&S, &cfg, E.be, (serve_codec){&st, serve_tok_encode, serve_tok_piece}, &e)) goto fail;
     have_s = 1;
     if (tok_scratch_init(&st.sc, &st.sc_mem, S.prompt_cap, &e)) goto fail;
+    // resident before ready: the CPU backend reads the checkpoint's mapping every step; the GPU
+    // backend read it once, into the device, at boot
+    if (serve_resident(E.is_gpu ? NULL : &m, &e)) goto fail;
+    long rss, anon;
+    serve_rss(&rss, &anon);
     fprintf(stderr, "moet serve: %s (%s experts, vocab %d) ready in %.2f s on the %s: context %d, %d sequences, %d tokens per step, "
-            "queue %d; memory: engine %.1f MiB, server %.1f MiB\n",
+            "queue %d; memory: engine %.1f MiB, server %.1f MiB; host resident %.1f MiB (%.1f MiB anonymous)\n",
             cfg.model_name, planes ? "planes" : m.expert_format, m.cfg.vocab, moet_now() - t0, E.is_gpu ? "GPU" : "CPU", max_len,
-            seqs, batch, queue, engine_mib(&E), S.mem.cap / 1048576.0);
+            seqs, batch, queue, engine_mib(&E), S.mem.cap / 1048576.0, rss / 1024.0, anon / 1024.0);
     arena_freeze();   // from the ready line on, nothing is allocated
     rc = serve_run(&S, 0, 1);
     fprintf(stderr, "moet serve: done: %" PRIu64 " requests answered (%" PRIu64 " cancelled), %" PRIu64 " errors, %" PRIu64

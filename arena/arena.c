@@ -35,13 +35,38 @@ static void arena_freeze(void) { arena_stats.frozen = 1; }
 // System allocations of every kind so far (host, pinned, device).
 static uint64_t arena_total_allocs(void) { return arena_stats.allocs + arena_stats.pinned_allocs + arena_stats.device_allocs; }
 
-// One system allocation, zeroed, page aligned. Returns NULL when the system refuses
+// Makes [p, p + bytes) resident now, so that no later access takes a page fault: the page
+// tables are filled (write: with private, writable pages, as after a first write). The range is
+// widened to whole pages. Returns 0, or -1 with errno (ENOMEM: memory is short; EFAULT: part of
+// the range cannot be accessed that way). MADV_POPULATE_* (Linux 5.14) report a failure where
+// MAP_POPULATE would ignore it; an older kernel (EINVAL) gets one access per 4 KiB (the smallest
+// page size), a write being an atomic OR of 0 so that it cannot undo another thread's store.
+static int arena_resident(const void *p, size_t bytes, int write) {
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, b = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;
+    if (bytes == 0) return 0;
+    if (madvise((void *)a, b - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return 0;
+    if (errno != EINVAL) return -1;
+    for (uintptr_t q = a; q < b; q += 4096)
+        if (write) __atomic_fetch_or((uint8_t *)q, 0, __ATOMIC_RELAXED);
+        else (void)*(volatile const uint8_t *)q;
+    return 0;
+}
+
+// One system allocation, zeroed, page aligned, resident. Returns NULL when the system refuses
 // (the caller turns that into a clear "does not fit" message).
+//
+// Resident: every page is faulted in here, at boot, not at its first use. Memory is planned, so
+// all of it is meant to be used; a page first touched after `ready` would be a page fault in the
+// hot path and a step in resident memory.
 static void *arena_sys_alloc(size_t bytes, const char *what) {
     MOET_ASSERT(!arena_stats.frozen, "allocation of %zu bytes for %s after ready", bytes, what);
     if (bytes == 0) bytes = 1;
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
+    if (arena_resident(p, bytes, 1) != 0) {
+        munmap(p, bytes);
+        return NULL;
+    }
     arena_stats.allocs++;
     arena_stats.bytes += bytes;
     return p;

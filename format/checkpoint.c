@@ -702,6 +702,35 @@ out:
     return rc;
 }
 
+// Makes the weight bytes of one matrix resident (arena_resident). Plane matrices point into an
+// arena, which is resident since its allocation.
+static int ck_mat_resident(const ck_mat *w) {
+    if (!w->w || w->kind == CK_W_PLANES) return 0;   // !w: a matrix this layer kind does not have
+    if (arena_resident(w->w, (size_t)w->rows * w->row_bytes, 0)) return -1;
+    if (w->kind == CK_W_NVFP4 && arena_resident(w->scale, (size_t)w->rows * (size_t)(w->cols / 16), 0)) return -1;
+    return 0;
+}
+
+// Makes every byte of the mapped checkpoint that the model's matrices read resident now, so a
+// forward pass after boot takes no page fault on it. Only those bytes: tensors no matrix reads
+// (mtp.*, the checkpoint's own experts once a plane file replaced them: most of Qwen3.6's 21 GB)
+// stay on disk. Clean file pages: the kernel may still drop them under memory pressure and read
+// them again on use. Returns -1 with e set when the kernel refuses.
+static int ck_resident(const ck_model *m, moet_err *e) {
+    const ck_config *c = &m->cfg;
+    int rc = ck_mat_resident(&m->embed) | ck_mat_resident(&m->final_norm) | ck_mat_resident(&m->lm_head);
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const ck_layer *L = &m->layers[l];
+        const ck_mat *mats[] = {&L->in_norm, &L->post_norm, &L->q, &L->k, &L->v, &L->o, &L->q_norm, &L->k_norm,
+                                &L->qkv, &L->z, &L->b, &L->a, &L->conv, &L->A_log, &L->dt_bias, &L->gnorm, &L->out,
+                                &L->router, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_w};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) rc |= ck_mat_resident(mats[i]);
+        for (int x = 0; x < c->n_experts; x++)
+            rc |= ck_mat_resident(&L->gate[x]) | ck_mat_resident(&L->up[x]) | ck_mat_resident(&L->down[x]);
+    }
+    return rc ? err_set(e, "%s: cannot make the weights resident: %s", m->dir, strerror(errno)) : 0;
+}
+
 // Routed expert x of layer l in float64, exactly as stored: w13 [2I, H] (gate_proj rows, then
 // up_proj rows) and w2 [H, I]. This is the quantizer's input (PLANES.md §2 step 1).
 static void ck_expert_f64(const ck_model *m, int l, int x, double *w13, double *w2) {
