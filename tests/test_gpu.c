@@ -29,12 +29,15 @@
 #define GPU_TOL_ROUNDED 1.0
 // Against transformers (f32 keys and values) a bf16 / fp8 cache adds its own rounding: keys and
 // values keep 8 (bf16) or 4 (e4m3) significant bits, so the attention output moves by up to
-// 2^-9 or 2^-4 relative, and scores q·k by that fraction of their size. bf16: measured up to
-// 8.3e-3 on these fixtures, bound 2e-2. fp8: on the random-weight `check` fixture scores reach
-// tens, where a 2^-4 key error reorders the softmax of the first positions: measured up to 0.66
-// in prefill, 0.014 in decode; the bounds 1.0 / 5e-2 only catch a broken cache (garbage is ≫ 1),
-// and greedy tokens must still agree.
-#define GPU_TOL_BF16 2e-2
+// 2^-9 or 2^-4 relative, and scores q·k by that fraction of their size; how much of that reaches
+// the logits depends on the model. Measured with bf16: 6.5e-4..8.3e-3 on tiny and check, 0.035
+// and 0.10 on a model the tests had not seen (8 layers, GQA 4, a 300-token prompt, random
+// weights); fp8: up to 0.66 in prefill and 0.014 in decode on check (scores of tens, where 2^-4
+// of a key reorders the softmax of the first positions). These bounds (0.25, 1.0, 5e-2 for fp8
+// decode) only catch a broken cache (garbage is >> 1); that the kernels compute the right
+// function with a rounded cache is the comparison with the reference above, and the greedy
+// tokens must agree with transformers' for every KV type.
+#define GPU_TOL_BF16 0.25
 #define GPU_TOL_FP8 1.0
 #define GPU_TOL_FP8_DECODE 5e-2
 
