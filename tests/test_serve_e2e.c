@@ -422,12 +422,12 @@ static void test_soak(void) {
     snprintf(seen_mem, sizeof seen_mem, "anonymous %" PRId64 " -> %" PRId64 " KiB, resident %" PRId64 " -> %" PRId64
              " KiB, %" PRId64 " minor + %" PRId64 " major faults after ready", a0, a1, r0, r1, minf, majf);
     fprintf(stderr, "test_serve_e2e: soak: %s\n", seen_mem);
-    // Anonymous memory (arenas, stacks, static data): exactly what it was at ready. Every page of
-    // it was made resident before the ready line, so it could only grow through a new allocation
-    // (libc's included: the counter above sees only the arena's) or a stack deeper than planned;
-    // the kernel can take anonymous pages away (swap) but does not add any. Even 1 byte leaked
-    // per request adds pages over these 10,000.
-    CHECK(a1 == a0, "soak: anonymous memory changed after ready: %s", seen_mem);
+    // Anonymous memory (arenas, stacks, static data): not a page more than at ready (equal in
+    // each of 30 runs). Every page of it was made resident before the ready line, so it could
+    // only grow through a new allocation (libc's included: the counter above sees only the
+    // arena's) or a stack deeper than planned; the kernel never adds one, it can only swap some
+    // out. Even 1 byte leaked per request adds pages over these 10,000.
+    CHECK(a1 <= a0, "soak: anonymous memory grew after ready: %s", seen_mem);
     // Page faults: the server takes none of its own after ready (code, tables, static data,
     // weights, stack: all resident; 0 in each of 30 runs on a shared 2-core machine). The kernel
     // may still cause a few: a page it migrates (compaction), a clean file page it reclaims
