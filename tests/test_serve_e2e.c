@@ -423,18 +423,20 @@ static void test_soak(void) {
     snprintf(seen_mem, sizeof seen_mem, "anonymous %" PRId64 " -> %" PRId64 " KiB, resident %" PRId64 " -> %" PRId64
              " KiB, %" PRId64 " minor + %" PRId64 " major faults after ready", a0, a1, r0, r1, minf, majf);
     fprintf(stderr, "test_serve_e2e: soak: %s\n", seen_mem);
-    // Anonymous memory (arenas, stacks, static data): exactly what it was at ready. Every page of
-    // it was made resident before the ready line, so it could only grow through a new allocation
-    // (libc's included: the counter above sees only the arena's) or a stack deeper than planned;
-    // the kernel can take anonymous pages away (swap) but does not add any. Even 1 byte leaked
-    // per request adds pages over these 10,000.
-    CHECK(a1 == a0, "soak: anonymous memory changed after ready: %s", seen_mem);
+    // Anonymous memory (arenas, stacks, static data): not a page more than at ready (equal in
+    // each of 30 runs). Every page of it was made resident before the ready line, so it could
+    // only grow through a new allocation (libc's included: the counter above sees only the
+    // arena's) or a stack deeper than planned; the kernel never adds one, it can only swap some
+    // out. Even 1 byte leaked per request adds pages over these 10,000.
+    CHECK(a1 <= a0, "soak: anonymous memory grew after ready: %s", seen_mem);
     // Page faults: the server takes none of its own after ready (code, tables, static data,
-    // weights, stack: all resident). The kernel may still cause a few: a page it moves
-    // (compaction) or a clean file page (code, weights) it drops under memory pressure faults
-    // in again on the next touch. 16 allows for those on a busy machine; a leak of more than 7
-    // bytes per request (64 KiB, 16 fresh pages, over 10,000 requests) exceeds it, and the
-    // anonymous check above catches smaller ones.
+    // weights, stack: all resident; 0 in each of 30 runs on a shared 2-core machine). The kernel
+    // may still cause a few: a page it migrates (compaction), a clean file page it reclaims
+    // faults in again on the next touch. 16 allows for those; a leak of more than 7 bytes per
+    // request (64 KiB, 16 fresh pages, over 10,000 requests) exceeds it, and the anonymous check
+    // above catches smaller ones. Memory pressure that takes away pages the server reads every
+    // step exceeds it too (paging out the demo's mapped checkpoint mid-soak, as reclaim would,
+    // cost 72 minor and 2 major faults); the message gives both counts.
     CHECK(minf <= 16, "soak: page faults after ready: %s", seen_mem);
     // Total resident memory also holds file pages (the mapped checkpoint, the code) that the
     // kernel may drop and fault back; it never adds one without a fault. One fault maps at most
