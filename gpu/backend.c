@@ -110,6 +110,18 @@ static int gpu_be_forward_all(void *self, int n, const int *slots, const int32_t
     return 0;
 }
 
+// One step through every kernel before the ready line: the driver's first-launch work and any
+// first-touch cost happen at boot, not in the first request (slot 0's state is zeroed again
+// when a request takes it; its KV pages are written before they are read).
+static void gpu_warm(gpu_engine *g) {
+    int slot = 0, nr, n = g->o.max_tokens < 2 || g->o.max_len < 2 ? 1 : 2, off[2] = {0, n};
+    int32_t ids[2] = {0, 0};
+    moet_err we;
+    if (gpu_seq_start(g, slot, n)) return;
+    if (gpu_step(g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &we) == 0) gpu_step_logits(g, nr);
+    gpu_seq_end(g, slot);
+}
+
 static void gpu_be_free(gpu_backend *b) {
     gpu_free(&b->g);
     samp_bank_free(&b->bank);
@@ -127,6 +139,7 @@ static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, con
     }
     gpu_be_carve(b, &b->mem);
     arena_done(&b->mem);
+    gpu_warm(&b->g);
     return 0;
 }
 

@@ -117,6 +117,9 @@ static int gpu_open(gpu_device *d, moet_err *e) {
 #undef GPU_API_LOAD
         cu.lib = lib;
     }
+    // every kernel of a module loaded when the module is (the driver's default is lazily, at a
+    // kernel's first launch: host allocations and page faults after the ready line)
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     CUresult r = cu.cuInit(0);
     if (r) {
         const char *name = "?";
