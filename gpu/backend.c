@@ -182,7 +182,7 @@ static int engine_open(engine_any *E, const char *which, ck_model *m, const engi
     int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
     if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
     if (!want_cpu) {
-        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, 0};
+        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype};
         moet_err ge = {{0}};
         if (gpu_be_init(&E->g, m, &go, o->planes, &o->popt, &ge) == 0) {
             E->is_gpu = 1;

@@ -22,7 +22,6 @@ typedef struct {
 typedef struct {
     int max_seqs, max_len, max_tokens;   // slots, tokens per sequence, tokens per step
     int kv_dtype;                        // GPU_KV_*
-    size_t kv_pages;                     // 0: as many as max_seqs sequences of max_len need
 } gpu_opts;
 
 typedef struct {
@@ -363,7 +362,7 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
         pf_close(&pf);
     }
     g->page_bytes_all = 2 * gpu_kv_page_bytes(c, o->kv_dtype);
-    size_t want_pages = o->kv_pages ? o->kv_pages : (size_t)o->max_seqs * g->bt_stride;
+    size_t want_pages = (size_t)o->max_seqs * g->bt_stride;   // every sequence at full length
     if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
@@ -465,6 +464,7 @@ static void gpu_seq_end(gpu_engine *g, int slot) {
 
 // ---- one step ------------------------------------------------------------------------------
 
+// P(v): the address of a kernel argument, for GPU_ARGS (this file only: #undef at its end)
 #define P(v) (void *)&(v)
 
 static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
@@ -550,7 +550,7 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
 }
 
 // What a step returns: logits of each row's last token, or of every token.
-enum { GPU_OUT_LAST, GPU_OUT_ALL, GPU_OUT_NONE };
+enum { GPU_OUT_LAST, GPU_OUT_ALL };
 
 // Validates a step against the plan (the same checks as ref_forward). 0 or -1 with e.
 static int gpu_step_check(const gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
@@ -628,7 +628,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     }
     for (int i = 0; i < n; i++) g->pos[slots[i]] += off[i + 1] - off[i];
     *n_out = nr;
-    if (out == GPU_OUT_NONE || nr == 0) return 0;
+    if (nr == 0) return 0;
     gpu_norm(g, g->x, g->y, &g->final_norm, g->xn, gpu_meta(g, GM_OUT_ROWS), nr);
     if (hidden) {
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
@@ -649,3 +649,5 @@ static const float *gpu_step_logits(gpu_engine *g, int nr) {
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     return g->logits_host;
 }
+
+#undef P

@@ -273,6 +273,8 @@ out:
 
 // ---- kernels against their CPU twins on the real shapes ------------------------------------
 
+#define P(v) (void *)&(v)   // the address of a kernel argument, for GPU_ARGS
+
 static uint64_t kt_rng = 0x2545f4914f6cdd1dull;
 static uint32_t kt_next(void) {
     kt_rng ^= kt_rng << 13, kt_rng ^= kt_rng >> 7, kt_rng ^= kt_rng << 17;
