@@ -2590,14 +2590,23 @@ static void serve_usage(FILE *f) {
           f);
 }
 
-static int serve_arg_int(const char *flag, const char *s, long lo, long hi, int *out) {
+// A flag's integer value in [lo, hi] (every command's flags): 0, or -1 after a message on
+// stderr naming the command, the flag, what was given and what is expected.
+static int moet_arg_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
+    long long v = strtoll(s, &end, 10);
     if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "moet serve: %s %s: expected an integer in %ld..%ld\n", flag, s, lo, hi);
+        fprintf(stderr, "%s: %s %s: expected an integer in %" PRId64 "..%" PRId64 "\n", cmd, flag, s, lo, hi);
         return -1;
     }
+    *out = v;
+    return 0;
+}
+
+static int moet_arg_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
+    int64_t v;
+    if (moet_arg_i64(cmd, flag, s, lo, hi, &v)) return -1;
     *out = (int)v;
     return 0;
 }
@@ -2627,12 +2636,12 @@ static int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--kv-dtype")) {
             if (engine_kv_dtype(v, &kv_dtype)) { fprintf(stderr, "moet serve: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
-        } else if (!strcmp(a, "--max-num-seqs")) rc = serve_arg_int(a, v, 1, MOET_MAX_SEQS, &seqs);
-        else if (!strcmp(a, "--max-batch-tokens")) rc = serve_arg_int(a, v, 1, 1 << 20, &batch);
-        else if (!strcmp(a, "--max-model-len")) rc = serve_arg_int(a, v, 2, INT32_MAX, &max_len);
-        else if (!strcmp(a, "--max-queue")) rc = serve_arg_int(a, v, 0, MOET_MAX_QUEUE, &queue);
-        else if (!strcmp(a, "--max-logprobs")) rc = serve_arg_int(a, v, 0, MOET_MAX_LOGPROBS, &max_lp);
-        else if (!strcmp(a, "--threads")) rc = serve_arg_int(a, v, 1, MOET_MAX_THREADS, &threads);
+        } else if (!strcmp(a, "--max-num-seqs")) rc = moet_arg_int("moet serve", a, v, 1, MOET_MAX_SEQS, &seqs);
+        else if (!strcmp(a, "--max-batch-tokens")) rc = moet_arg_int("moet serve", a, v, 1, 1 << 20, &batch);
+        else if (!strcmp(a, "--max-model-len")) rc = moet_arg_int("moet serve", a, v, 2, INT32_MAX, &max_len);
+        else if (!strcmp(a, "--max-queue")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_QUEUE, &queue);
+        else if (!strcmp(a, "--max-logprobs")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_LOGPROBS, &max_lp);
+        else if (!strcmp(a, "--threads")) rc = moet_arg_int("moet serve", a, v, 1, MOET_MAX_THREADS, &threads);
         else if (!strcmp(a, "--default-thinking")) {
             if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "moet serve: --default-thinking %s: expected on or off\n", v); return 2; }
             thinking = !strcmp(v, "on");
@@ -2824,18 +2833,6 @@ static void run_usage(FILE *f) {
 }
 
 // The integer value s of a flag, in lo..hi; else a message naming the flag and -1.
-static int run_arg_int(const char *flag, const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "moet run: %s %s: expected an integer in %ld..%ld\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "auto", *planes = NULL;
     int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512, kv_dtype = GPU_KV_BF16;
@@ -2849,7 +2846,7 @@ static int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--model") && more) model = argv[++i];
         else if (!strcmp(a, "--ids") && more) ids_arg = argv[++i];
         else if (!strcmp(a, "--ids-file") && more) ids_file = argv[++i];
-        else if (!strcmp(a, "--greedy") && more) { if (run_arg_int(a, argv[++i], 0, MOET_MAX_RUN_TOKENS, &greedy)) return 2; }
+        else if (!strcmp(a, "--greedy") && more) { if (moet_arg_int("moet run", a, argv[++i], 0, MOET_MAX_RUN_TOKENS, &greedy)) return 2; }
         else if (!strcmp(a, "--out") && more) out = argv[++i];
         else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
         else if (!strcmp(a, "--backend") && more) backend = argv[++i];
@@ -2859,8 +2856,8 @@ static int cmd_run(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (!strcmp(a, "--threads") && more) { if (run_arg_int(a, argv[++i], 1, MOET_MAX_THREADS, &threads)) return 2; }
-        else if (!strcmp(a, "--chunk") && more) { if (run_arg_int(a, argv[++i], 1, INT32_MAX, &chunk)) return 2; }
+        else if (!strcmp(a, "--threads") && more) { if (moet_arg_int("moet run", a, argv[++i], 1, MOET_MAX_THREADS, &threads)) return 2; }
+        else if (!strcmp(a, "--chunk") && more) { if (moet_arg_int("moet run", a, argv[++i], 1, INT32_MAX, &chunk)) return 2; }
         else if (!strcmp(a, "--planes") && more) planes = argv[++i];
         else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
         else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;

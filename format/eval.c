@@ -1102,18 +1102,6 @@ static void eval_usage(FILE *f) {
           f);
 }
 
-static int eval_arg_int(const char *flag, const char *s, long lo, long hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "moet eval: %s %s: expected an integer in %ld..%ld\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int cmd_eval(int argc, char **argv) {
     eval_opts o = {0};
     o.max_seqs = 8;
@@ -1144,13 +1132,13 @@ static int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.data = v;
         else if (!strcmp(a, "--save-ref")) o.save_ref = v;
         else if (!strcmp(a, "--ref")) o.ref = v;
-        else if (!strcmp(a, "--limit")) { rc = eval_arg_int(a, v, 1, INT64_MAX, &x); o.limit = x; }
-        else if (!strcmp(a, "--ctx")) { rc = eval_arg_int(a, v, 2, INT32_MAX, &x); o.ctx = (int)x; }
-        else if (!strcmp(a, "--stride")) { rc = eval_arg_int(a, v, 1, INT32_MAX, &x); o.stride = (int)x; }
-        else if (!strcmp(a, "--top-k")) { rc = eval_arg_int(a, v, 1, MOET_MAX_VOCAB, &x); o.top_k = (int)x; }
-        else if (!strcmp(a, "--max-num-seqs")) { rc = eval_arg_int(a, v, 1, MOET_MAX_SEQS, &x); o.max_seqs = (int)x; }
-        else if (!strcmp(a, "--max-batch-tokens")) { rc = eval_arg_int(a, v, 1, 1 << 20, &x); o.max_batch_tokens = (int)x; }
-        else if (!strcmp(a, "--threads")) { rc = eval_arg_int(a, v, 1, MOET_MAX_THREADS, &x); o.threads = (int)x; }
+        else if (!strcmp(a, "--limit")) { rc = moet_arg_i64("moet eval", a, v, 1, INT64_MAX, &x); o.limit = x; }
+        else if (!strcmp(a, "--ctx")) { rc = moet_arg_i64("moet eval", a, v, 2, INT32_MAX, &x); o.ctx = (int)x; }
+        else if (!strcmp(a, "--stride")) { rc = moet_arg_i64("moet eval", a, v, 1, INT32_MAX, &x); o.stride = (int)x; }
+        else if (!strcmp(a, "--top-k")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_VOCAB, &x); o.top_k = (int)x; }
+        else if (!strcmp(a, "--max-num-seqs")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_SEQS, &x); o.max_seqs = (int)x; }
+        else if (!strcmp(a, "--max-batch-tokens")) { rc = moet_arg_i64("moet eval", a, v, 1, 1 << 20, &x); o.max_batch_tokens = (int)x; }
+        else if (!strcmp(a, "--threads")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_THREADS, &x); o.threads = (int)x; }
         else if (!strcmp(a, "--backend")) o.backend = v;
         else if (!strcmp(a, "--kv-dtype")) {
             if (engine_kv_dtype(v, &o.kv_dtype)) { fprintf(stderr, "moet eval: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }

@@ -87,11 +87,11 @@ static int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--model")) o.model = v;
         else if (!strcmp(a, "--planes")) o.planes = v;
         else if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "--prompt")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.prompt);
-        else if (!strcmp(a, "--gen")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.gen);
-        else if (!strcmp(a, "--depth")) rc = serve_arg_int(a, v, 1, 1 << 22, &o.depth);
-        else if (!strcmp(a, "--max-batch-tokens")) rc = serve_arg_int(a, v, 1, 1 << 20, &o.max_batch_tokens);
-        else if (!strcmp(a, "--threads")) rc = serve_arg_int(a, v, 1, MOET_MAX_THREADS, &o.threads);
+        else if (!strcmp(a, "--prompt")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.prompt);
+        else if (!strcmp(a, "--gen")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.gen);
+        else if (!strcmp(a, "--depth")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 22, &o.depth);
+        else if (!strcmp(a, "--max-batch-tokens")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.max_batch_tokens);
+        else if (!strcmp(a, "--threads")) rc = moet_arg_int("moet bench", a, v, 1, MOET_MAX_THREADS, &o.threads);
         else if (!strcmp(a, "--kv-dtype")) {
             if (engine_kv_dtype(v, &o.kv_dtype)) { fprintf(stderr, "moet bench: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
         }
@@ -137,10 +137,19 @@ static int cmd_bench(int argc, char **argv) {
     int *slots = arena_sys_alloc(sizeof(int) * (size_t)maxB, "bench slots"), *off = arena_sys_alloc(sizeof(int) * (size_t)(maxB + 1), "bench offsets");
     uint8_t *want = arena_sys_alloc((size_t)maxB, "bench wants");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
-    printf("{\"object\":\"bench\",\"backend\":\"%s\",\"device\":\"%s\",\"model\":\"%s\",\"experts\":\"%s\",\"kv_dtype\":\"%s\","
-           "\"copy_gbs\":%.1f,\"results\":[",
-           use_gpu ? "gpu" : "cpu", use_gpu ? gp->dev.name : "cpu", o.model, o.planes ? "planes" : m.expert_format, gpu_kv_names[o.kv_dtype],
-           copy_gbs);
+    // the result line, written to stdout whole at the end (never a partial line on a failure)
+    static char line[8192 + 8 * MOET_MAX_PATH];   // 16 results + the model path escaped (≤ 6 bytes a byte)
+    js_writer w;
+    js_w_init(&w, line, sizeof line);
+    js_w_obj(&w);
+    js_w_key(&w, "object"), js_w_str(&w, "bench");
+    js_w_key(&w, "backend"), js_w_str(&w, use_gpu ? "gpu" : "cpu");
+    js_w_key(&w, "device"), js_w_str(&w, use_gpu ? gp->dev.name : "cpu");
+    js_w_key(&w, "model"), js_w_str(&w, o.model);
+    js_w_key(&w, "experts"), js_w_str(&w, o.planes ? "planes" : m.expert_format);
+    js_w_key(&w, "kv_dtype"), js_w_str(&w, gpu_kv_names[o.kv_dtype]);
+    if (use_gpu) js_w_key(&w, "copy_gbs"), js_w_num(&w, round(copy_gbs * 10) / 10);   // the byte model is the GPU's
+    js_w_key(&w, "results"), js_w_arr(&w);
     for (int bi = 0; bi < o.n_batches; bi++) {
         int B = o.batches[bi];
         for (int s = 0; s < B; s++) {
@@ -228,16 +237,30 @@ static int cmd_bench(int argc, char **argv) {
         double dense_b = use_gpu ? gp->dense_bytes : 0;
         double step_b = dense_b + expert_b + state_b + kv_b;
         double step_s = dec_s / timed;
-        printf("%s{\"batch\":%d,\"prompt\":%d,\"depth\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.3f,"
-               "\"bytes_per_step\":%.0f,\"bytes_per_token\":%.0f,\"achieved_gbs\":%.1f}",
-               bi ? "," : "", B, o.prompt, o.depth, (double)B * o.prompt / prefill_s, B / step_s, step_s * 1e3, step_b, step_b / B,
-               step_b / step_s / 1e9);
-        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, %.0f MB/step, %.0f GB/s of %.0f copy)\n",
-                B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3, step_b / 1e6, step_b / step_s / 1e9, copy_gbs);
+        js_w_obj(&w);
+        js_w_key(&w, "batch"), js_w_int(&w, B);
+        js_w_key(&w, "prompt"), js_w_int(&w, o.prompt);
+        js_w_key(&w, "depth"), js_w_int(&w, o.depth);
+        js_w_key(&w, "prefill_tok_s"), js_w_num(&w, round((double)B * o.prompt / prefill_s * 10) / 10);
+        js_w_key(&w, "decode_tok_s"), js_w_num(&w, round(B / step_s * 10) / 10);
+        js_w_key(&w, "step_ms"), js_w_num(&w, round(step_s * 1e6) / 1e3);
+        if (use_gpu) {
+            js_w_key(&w, "bytes_per_step"), js_w_num(&w, round(step_b));
+            js_w_key(&w, "bytes_per_token"), js_w_num(&w, round(step_b / B));
+            js_w_key(&w, "achieved_gbs"), js_w_num(&w, round(step_b / step_s / 1e8) / 10);
+        }
+        js_w_end_obj(&w);
+        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step)", B,
+                (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3);
+        if (use_gpu) fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy", step_b / 1e6, step_b / step_s / 1e9, copy_gbs);
+        fputc('\n', stderr);
         for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);
     }
-    printf("]}\n");
+    js_w_end_arr(&w);
+    js_w_end_obj(&w);
+    MOET_ASSERT(!w.overflow, "bench result line");
+    printf("%s\n", line);
     rc = 0;
 out:
     engine_close(&E);
