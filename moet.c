@@ -1149,6 +1149,55 @@ static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int
     }
 }
 
+// The chunked (WY) form of the gated delta rule (MODEL.md §4.2) for one value head over n tokens
+// taken as one chunk: q̂, k̂ [n, dk] already L2-normalised (q̂ scaled by 1/sqrt(dk)), v [n, dv],
+// beta [n] = σ(b), g [n] the log decays (≤ 0); S [dk, dv] in/out, o [n, dv] out. Sums in f64;
+// w: scratch of ref_gdn_chunk_scratch(n, dv) doubles. It is the same map as the recurrence of
+// ref_gdn up to rounding (the executable definition stays the recurrent one). GPU twin:
+// k_gdn_chunk, which cuts prompts into such chunks at multiples of 64 of their positions.
+static size_t ref_gdn_chunk_scratch(int n, int dv) { return (size_t)n * (2 * (size_t)n + dv + 1); }
+
+static void ref_gdn_chunk(const float *qh, const float *kh, const float *vh, const float *beta, const float *g, int n, int dk,
+                          int dv, float *S, float *o, double *w) {
+    double *gam = w, *A = gam + n, *M = A + (size_t)n * n, *U = M + (size_t)n * n;   // [n], [n, n], [n, n], [n, dv]
+    for (int r = 0; r < n; r++) gam[r] = (r ? gam[r - 1] : 0) + g[r];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < n; j++) {
+            double kk = 0, qk = 0;
+            for (int d = 0; d < dk; d++) {
+                kk += (double)kh[(size_t)r * dk + d] * kh[(size_t)j * dk + d];
+                qk += (double)qh[(size_t)r * dk + d] * kh[(size_t)j * dk + d];
+            }
+            double dec = j <= r ? exp(gam[r] - gam[j]) : 0;
+            A[(size_t)r * n + j] = j < r ? beta[r] * kk * dec : 0;   // strictly lower
+            M[(size_t)r * n + j] = qk * dec;                         // lower with the diagonal
+        }
+    // R = diag(β)(V − diag(e^γ) K̂ S₀), then (I + A) U = R by forward substitution
+    for (int r = 0; r < n; r++)
+        for (int v = 0; v < dv; v++) {
+            double ks = 0;
+            for (int d = 0; d < dk; d++) ks += (double)kh[(size_t)r * dk + d] * S[(size_t)d * dv + v];
+            double u = beta[r] * (vh[(size_t)r * dv + v] - exp(gam[r]) * ks);
+            for (int j = 0; j < r; j++) u -= A[(size_t)r * n + j] * U[(size_t)j * dv + v];
+            U[(size_t)r * dv + v] = u;
+        }
+    // O = diag(e^γ) Q̂ S₀ + M U (S₀ still in S)
+    for (int r = 0; r < n; r++)
+        for (int v = 0; v < dv; v++) {
+            double qs = 0, mu = 0;
+            for (int d = 0; d < dk; d++) qs += (double)qh[(size_t)r * dk + d] * S[(size_t)d * dv + v];
+            for (int j = 0; j <= r; j++) mu += M[(size_t)r * n + j] * U[(size_t)j * dv + v];
+            o[(size_t)r * dv + v] = (float)(exp(gam[r]) * qs + mu);
+        }
+    // S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ
+    for (int d = 0; d < dk; d++)
+        for (int v = 0; v < dv; v++) {
+            double s = exp(gam[n - 1]) * S[(size_t)d * dv + v];
+            for (int r = 0; r < n; r++) s += exp(gam[n - 1] - gam[r]) * kh[(size_t)r * dk + d] * U[(size_t)r * dv + v];
+            S[(size_t)d * dv + v] = (float)s;
+        }
+}
+
 // The router of one token (MODEL.md §3.6): softmax over the E logits p (overwritten by the
 // probabilities), the K most probable experts (ties to the lower id) into sel, by descending
 // probability, and their probabilities renormalised to sum 1 into w. GPU twin: k_router.

@@ -113,12 +113,18 @@ static int gpu_be_forward_all(void *self, int n, const int *slots, const int32_t
 // One step through every kernel before the ready line: the driver's first-launch work and any
 // first-touch cost happen at boot, not in the first request (slot 0's state is zeroed again
 // when a request takes it; its KV pages are written before they are read).
+// Two steps: a row of two tokens (the chunked GDN kernel) and then one of one token (the
+// recurrent one), as far as the sizes allow.
 static void gpu_warm(gpu_engine *g) {
-    int slot = 0, nr, n = g->o.max_tokens < 2 || g->o.max_len < 2 ? 1 : 2, off[2] = {0, n};
+    int slot = 0, nr, n = g->o.max_tokens < 2 || g->o.max_len < 3 ? 1 : 2;
     int32_t ids[2] = {0, 0};
     moet_err we;
-    if (gpu_seq_start(g, slot, n)) return;
-    if (gpu_step(g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &we) == 0) gpu_step_logits(g, nr);
+    if (gpu_seq_start(g, slot, n + (n == 2))) return;
+    for (int k = n; k >= 1; k--) {
+        int off[2] = {0, k};
+        if (gpu_step(g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &we)) break;
+        gpu_step_logits(g, nr);
+    }
     gpu_seq_end(g, slot);
 }
 

@@ -48,6 +48,7 @@ typedef struct {
     size_t n_free;
     int *seq_pages;                  // [max_seqs] pages held
     int *pos;                        // [max_seqs] tokens in each sequence
+    int chunk_align;                 // GPU_GDN_C where k_gdn_chunk runs (engine_backend.chunk_align), else 1
     // GDN state per slot: conv windows [n_gdn, Kc − 1, cd] and S [n_gdn, nv, dk, dv], f32
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
@@ -64,7 +65,8 @@ typedef struct {
 } gpu_engine;
 
 // Step metadata, ints, in this order (offsets in units of Tm): ids, tok_slot, tok_pos, out_rows
-// ([Tm] each), then row_slot, row_start, row_len ([max_seqs] each).
+// ([Tm] each), then row_slot, row_start, row_len, row_pos (the row's first absolute position),
+// rows_one (the rows of one token), rows_many (the others) ([max_seqs] each).
 enum { GM_IDS, GM_TOK_SLOT, GM_TOK_POS, GM_OUT_ROWS, GM_ROWS };
 static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
     if (which < GM_ROWS) return g->meta + (CUdeviceptr)which * g->o.max_tokens * 4;
@@ -73,6 +75,10 @@ static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
 #define GM_ROW_SLOT (GM_ROWS + 0)
 #define GM_ROW_START (GM_ROWS + 1)
 #define GM_ROW_LEN (GM_ROWS + 2)
+#define GM_ROW_POS (GM_ROWS + 3)
+#define GM_ROWS_ONE (GM_ROWS + 4)
+#define GM_ROWS_MANY (GM_ROWS + 5)
+#define GM_ROW_ARRAYS 6
 
 static size_t gpu_kv_elem(int kv_dtype) { return kv_dtype == GPU_KV_F32 ? 4 : kv_dtype == GPU_KV_BF16 ? 2 : 1; }
 static const char *const gpu_kv_names[] = {"f32", "bf16", "fp8"};
@@ -208,7 +214,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     GPU_TAKE(sh, Tm * H, "shared output");
     GPU_TAKE(sgate, Tm, "shared expert gate");
     GPU_TAKE(logits, Tm * c->vocab, "logits");
-    GPU_TAKE(meta, (size_t)GM_ROWS * Tm + 3 * (size_t)g->o.max_seqs, "step metadata");
+    GPU_TAKE(meta, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
 #undef GPU_TAKE
 }
 
@@ -247,7 +253,7 @@ static void gpu_carve_kv(gpu_engine *g, arena *a) {
 
 static void gpu_carve_pinned(gpu_engine *g, arena *a) {
     size_t Tm = (size_t)g->o.max_tokens;
-    g->meta_ints = (size_t)GM_ROWS * Tm + 3 * (size_t)g->o.max_seqs;
+    g->meta_ints = (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs;
     g->meta_host = arena_take(a, sizeof(int32_t) * g->meta_ints, 256, "step metadata");
     g->logits_host = arena_take(a, sizeof(float) * Tm * g->m->cfg.vocab, 256, "logits");
 }
@@ -337,6 +343,13 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
     CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_RULE], GPU_FUNC_ATTR_MAX_DYN_SMEM, g->dev.smem_optin));
+    // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB):
+    // prompts are then cut at multiples of GPU_GDN_C; otherwise every token takes the recurrence
+    g->chunk_align = 1;
+    if (c->n_gdn && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
+        g->chunk_align = GPU_GDN_C;
+        CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_CHUNK], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)gpu_gdn_chunk_smem(c->lk_dim)));
+    }
     CU_CHECK(cu.cuStreamCreate(&g->compute, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuStreamCreate(&g->copy, GPU_STREAM_NON_BLOCKING));
 
@@ -502,7 +515,9 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
 }
 
-static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, int T) {
+// The GDN layer; n1 rows of one token take the recurrent kernel, nm longer rows the chunked one
+// (each over the row lists of the step metadata).
+static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, int n1, int nm, int T) {
     const ck_config *c = &g->m->cfg;
     int H = c->hidden, cd = c->conv_dim, vd = c->value_dim, nv = c->lv_heads, nk = c->lk_heads, dk = c->lk_dim, dv = c->lv_dim,
         Kc = c->conv_k;
@@ -517,11 +532,19 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     gpu_mat conv = G->conv, alog = G->A_log, dtb = G->dt_bias, gn = G->gnorm;
     gpu_launch(&g->k, K_GDN_CONV, (gpu_dim){(unsigned)((cd + 255) / 256), (unsigned)n, 1}, 256, 0, g->compute,
                GPU_ARGS(P(g->proj), P(cd), P(conv), P(Kc), P(win), P(win_stride), P(rs), P(r0), P(rn)));
-    unsigned smem = (unsigned)(sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk));
-    gpu_launch(&g->k, K_GDN_RULE, (gpu_dim){(unsigned)nv, (unsigned)n, (unsigned)((dv + GPU_GDN_VC - 1) / GPU_GDN_VC)}, GPU_GDN_VC, smem,
-               g->compute,
-               GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv), P(dk),
-                        P(dv), P(rs), P(r0), P(rn)));
+    CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
+    unsigned vcs = (unsigned)((dv + GPU_GDN_VC - 1) / GPU_GDN_VC);
+    if (n1) {
+        unsigned smem = (unsigned)(sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk));
+        gpu_launch(&g->k, K_GDN_RULE, (gpu_dim){(unsigned)nv, (unsigned)n1, vcs}, GPU_GDN_VC, smem, g->compute,
+                   GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv),
+                            P(dk), P(dv), P(rs), P(r0), P(rn), P(one)));
+    }
+    if (nm)
+        gpu_launch(&g->k, K_GDN_CHUNK, (gpu_dim){(unsigned)nv, (unsigned)nm, vcs}, GPU_GDN_NT, (unsigned)gpu_gdn_chunk_smem(dk),
+                   g->compute,
+                   GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv),
+                            P(dk), P(dv), P(rs), P(r0), P(rn), P(rp), P(many)));
     float eps = (float)c->eps;
     gpu_launch(&g->k, K_GATED_NORM, (gpu_dim){(unsigned)nv, (unsigned)T, 1}, 128, 0, g->compute,
                GPU_ARGS(P(g->core), P(g->zz), P(gn), P(nv), P(dv), P(eps)));
@@ -587,7 +610,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     int32_t *mh = g->meta_host;
     // the previous step's metadata copy must be done before the host rewrites it
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
-    int nr = 0;
+    int nr = 0, n1 = 0, nm = 0, ms = g->o.max_seqs;
     for (int i = 0; i < n; i++) {
         int s = slots[i];
         for (int t = off[i]; t < off[i + 1]; t++) {
@@ -597,9 +620,12 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
             if (out == GPU_OUT_ALL) mh[GM_OUT_ROWS * Tm + nr++] = t;
         }
         if (out == GPU_OUT_LAST && (!want || want[i])) mh[GM_OUT_ROWS * Tm + nr++] = off[i + 1] - 1;
-        mh[GM_ROWS * Tm + 0 * g->o.max_seqs + i] = s;
-        mh[GM_ROWS * Tm + 1 * g->o.max_seqs + i] = off[i];
-        mh[GM_ROWS * Tm + 2 * g->o.max_seqs + i] = off[i + 1] - off[i];
+        mh[GM_ROWS * Tm + 0 * ms + i] = s;
+        mh[GM_ROWS * Tm + 1 * ms + i] = off[i];
+        mh[GM_ROWS * Tm + 2 * ms + i] = off[i + 1] - off[i];
+        mh[GM_ROWS * Tm + 3 * ms + i] = g->pos[s];
+        if (off[i + 1] - off[i] == 1 || g->chunk_align == 1) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
+        else mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
     }
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, mh, sizeof(int32_t) * g->meta_ints, g->compute));
     CUdeviceptr none = 0, idsd = gpu_meta(g, GM_IDS);
@@ -617,7 +643,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
             CU_CHECK(cu.cuMemcpyDtoH(hidden[l], g->x, sizeof(float) * (size_t)T * H));
         }
         if (c->full_attn[l]) gpu_attention_layer(g, G, l, T);
-        else gpu_gdn_layer(g, G, l, n, T);
+        else gpu_gdn_layer(g, G, l, n, n1, nm, T);
         gpu_norm(g, g->x, g->y, &G->post_norm, g->xn, none, T);
         gpu_moe_layer(g, G, T);
         if (trace_ids) {

@@ -19,7 +19,7 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
 #define GPU_KERNELS(X)                                                                               \
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
-    X(K_SILU_MUL, "k_silu_mul") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
+    X(K_SILU_MUL, "k_silu_mul") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule") X(K_GDN_CHUNK, "k_gdn_chunk")                    \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTENTION_BF16, "k_attention_bf16") X(K_ATTENTION_FP8, "k_attention_fp8")
@@ -32,7 +32,18 @@ static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // Launch geometry constants shared with sass/ (each kernel's header states them).
 #define GPU_LIN_ROWS 8      // output rows per 256-thread block of k_linear / k_moe_*
 #define GPU_LIN_TT 8        // tokens per block of k_linear (LIN_TT)
-#define GPU_GDN_VC 32       // value columns per block of k_gdn_rule (GDN_VC)
+#define GPU_GDN_VC 32       // value columns per block of k_gdn_rule and k_gdn_chunk (GDN_VC)
+#define GPU_GDN_C 64        // tokens per piece of k_gdn_chunk (GDN_C): prompts cut at its multiples
+#define GPU_GDN_NT 256      // threads per block of k_gdn_chunk (GDN_NT)
+
+// Dynamic shared memory of k_gdn_chunk for key heads of dk: γ [C] (f64); k̂ and q̂ [C, dk + 1],
+// S [dk, VC], A and M [C, C + 1], U [C, VC + 1], β, decay weights, e^γ [C], single-token
+// scratch 2·dk (f32).
+static size_t gpu_gdn_chunk_smem(int dk) {
+    return sizeof(double) * GPU_GDN_C +
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 1) + (size_t)dk * GPU_GDN_VC + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
+                            (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
+}
 
 // The kernel profiler (moet bench --profile): when on, every launch is bracketed by two events
 // and the time between them is added to its kernel's total after the step (gpu_prof_collect).

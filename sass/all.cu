@@ -8,6 +8,7 @@
 #include "silu_mul.cu"
 #include "gdn_conv.cu"
 #include "gdn_rule.cu"
+#include "gdn_chunk.cu"
 #include "gated_norm.cu"
 #include "attn_prep.cu"
 #include "attention.cu"

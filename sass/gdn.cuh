@@ -1,0 +1,57 @@
+// sass/gdn.cuh — what the two forms of the gated delta rule share (MODEL.md §3.5, §4): the
+// gates of one token and one value head, and the recurrent update of one token on the GDN_VC
+// value columns a warp holds. k_gdn_rule runs every token through gdn_token; k_gdn_chunk runs
+// its single-token pieces through it too, and the two give the same bits there: the update
+// below spells out every rounding (__fmul_rn, __fmaf_rn), so no FMA contraction is left to the
+// compiler to choose differently in the two kernels.
+#pragma once
+#include "common.cuh"
+
+#define GDN_VC 32   // value columns per block (one per lane of a warp)
+
+// β = σ(b), g = −exp(A_log) · softplus(a + dt_bias) (PyTorch softplus: threshold 20). g ≤ 0 is
+// the log of the token's decay.
+__device__ __forceinline__ void gdn_gates(float b, float a, float Aexp, float dtb, float *beta, float *g) {
+    *beta = sigm(b);
+    float x = a + dtb;
+    float sp = x > 20.f ? x : log1pf(expf(x));
+    *g = -Aexp * sp;
+}
+
+// One token, recurrent form, by the calling warp (lane = value column v0 + lane):
+//   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
+//   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
+// S [dk, GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
+// vt: this lane's value (0 for a column past dv).
+__device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
+                                           float vt, float beta, float g, float qscale, int lane) {
+    float sq = 0.f, sk = 0.f;
+    for (int d = lane; d < dk; d += GDN_VC) {
+        float qv = row[hk * dk + d], kv = row[key_dim + hk * dk + d];
+        qs[d] = qv;
+        ks[d] = kv;
+        sq = __fmaf_rn(qv, qv, sq);
+        sk = __fmaf_rn(kv, kv, sk);
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    float rq = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sq, 1e-6f))), qscale);
+    float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+    __syncwarp();
+    float decay = expf(g);
+    float kS = 0.f;
+    for (int d = 0; d < dk; d++) {
+        float s = __fmul_rn(S[d * GDN_VC + lane], decay);
+        S[d * GDN_VC + lane] = s;
+        kS = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS);
+    }
+    float u = __fmul_rn(__fsub_rn(vt, kS), beta);
+    float out = 0.f;
+    for (int d = 0; d < dk; d++) {
+        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[d * GDN_VC + lane]);
+        S[d * GDN_VC + lane] = s;
+        out = __fmaf_rn(s, __fmul_rn(qs[d], rq), out);
+    }
+    __syncwarp();
+    return out;
+}
