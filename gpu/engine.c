@@ -480,10 +480,34 @@ static void gpu_seq_end(gpu_engine *g, int slot) {
 // P(v): the address of a kernel argument, for GPU_ARGS (this file only: #undef at its end)
 #define P(v) (void *)&(v)
 
+// One matrix product of a set that reads the same input: W [O, K], y [T, ldy].
+typedef struct {
+    const gpu_mat *W;
+    CUdeviceptr y;
+    int ldy;
+} gpu_lin_out;
+
+// y_i = x W_iᵀ for the n ≤ GPU_LIN_SET matrices of outs (the same K columns each), x [T, ldx],
+// in one k_linear launch: the same bits as one launch each.
+static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T) {
+    MOET_ASSERT(n >= 1 && n <= GPU_LIN_SET, "%d matrices in one k_linear launch", n);
+    gpu_lin_set set;
+    memset(&set, 0, sizeof set);
+    set.n = n;
+    for (int i = 0; i < n; i++) {
+        MOET_ASSERT(outs[i].W->cols == outs[0].W->cols, "matrices of one k_linear launch need the same input width");
+        set.W[i] = *outs[i].W;
+        set.y[i] = outs[i].y;
+        set.ldy[i] = outs[i].ldy;
+        set.first[i + 1] = set.first[i] + (outs[i].W->rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS;
+    }
+    gpu_launch(&g->k, K_LINEAR, (gpu_dim){(unsigned)set.first[n], (unsigned)((T + GPU_LIN_TT - 1) / GPU_LIN_TT), 1}, 256, 0, g->compute,
+               GPU_ARGS(P(set), P(x), P(ldx), P(T)));
+}
+
 static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
-    gpu_mat w = *W;
-    gpu_launch(&g->k, K_LINEAR, (gpu_dim){(unsigned)((W->rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)((T + GPU_LIN_TT - 1) / GPU_LIN_TT), 1},
-               256, 0, g->compute, GPU_ARGS(P(w), P(x), P(ldx), P(T), P(y), P(ldy)));
+    gpu_lin_out o = {W, y, ldy};
+    gpu_linear_n(g, 1, &o, x, ldx, T);
 }
 
 static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
@@ -497,9 +521,8 @@ static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat 
 static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, int T) {
     const ck_config *c = &g->m->cfg;
     int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, qd = nh * hd, kvd = kvh * hd, H = c->hidden, rot = c->rot_dim;
-    gpu_linear(g, &G->q, g->xn, H, T, g->proj, 2 * qd);
-    gpu_linear(g, &G->k, g->xn, H, T, g->kk, kvd);
-    gpu_linear(g, &G->v, g->xn, H, T, g->vv, kvd);
+    gpu_lin_out qkv[3] = {{&G->q, g->proj, 2 * qd}, {&G->k, g->kk, kvd}, {&G->v, g->vv, kvd}};
+    gpu_linear_n(g, 3, qkv, g->xn, H, T);
     size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
     size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
@@ -521,10 +544,8 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     const ck_config *c = &g->m->cfg;
     int H = c->hidden, cd = c->conv_dim, vd = c->value_dim, nv = c->lv_heads, nk = c->lk_heads, dk = c->lk_dim, dv = c->lv_dim,
         Kc = c->conv_k;
-    gpu_linear(g, &G->qkv, g->xn, H, T, g->proj, cd);
-    gpu_linear(g, &G->z, g->xn, H, T, g->zz, vd);
-    gpu_linear(g, &G->b, g->xn, H, T, g->bb, nv);
-    gpu_linear(g, &G->a, g->xn, H, T, g->aa, nv);
+    gpu_lin_out in[4] = {{&G->qkv, g->proj, cd}, {&G->z, g->zz, vd}, {&G->b, g->bb, nv}, {&G->a, g->aa, nv}};
+    gpu_linear_n(g, 4, in, g->xn, H, T);
     size_t gi = (size_t)g->kind_index[layer];
     CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
     long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
@@ -554,7 +575,9 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
 static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     const ck_config *c = &g->m->cfg;
     int H = c->hidden, E = c->n_experts, K = c->topk, I = c->inter, SI = c->shared_inter;
-    gpu_linear(g, &G->router, g->xn, H, T, g->rl, E);
+    // the router and the shared expert's gate, up and sigmoid gate read the same normed input
+    gpu_lin_out in[4] = {{&G->router, g->rl, E}, {&G->sh_gate, g->sg, SI}, {&G->sh_up, g->su, SI}, {&G->sh_gate_w, g->sgate, 1}};
+    gpu_linear_n(g, 4, in, g->xn, H, T);
     gpu_launch(&g->k, K_ROUTER, (gpu_dim){(unsigned)T, 1, 1}, 256, (unsigned)(sizeof(float) * E), g->compute,
                GPU_ARGS(P(g->rl), P(E), P(K), P(g->sel), P(g->selw)));
     CUdeviceptr ex = G->experts;
@@ -562,12 +585,9 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
                GPU_ARGS(P(ex), P(g->sel), P(g->xn), P(H), P(K), P(g->eh), P(I)));
     gpu_launch(&g->k, K_MOE_DOWN, (gpu_dim){(unsigned)((H + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)(T * K), 1}, 256, 0, g->compute,
                GPU_ARGS(P(ex), P(g->sel), P(g->eh), P(I), P(g->ye), P(H)));
-    gpu_linear(g, &G->sh_gate, g->xn, H, T, g->sg, SI);
-    gpu_linear(g, &G->sh_up, g->xn, H, T, g->su, SI);
     int n = T * SI;
     gpu_launch(&g->k, K_SILU_MUL, (gpu_dim){(unsigned)((n + 255) / 256), 1, 1}, 256, 0, g->compute, GPU_ARGS(P(g->sg), P(g->su), P(g->sg), P(n)));
     gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H);
-    gpu_linear(g, &G->sh_gate_w, g->xn, H, T, g->sgate, 1);
     gpu_launch(&g->k, K_MOE_COMBINE, (gpu_dim){(unsigned)((H + 255) / 256), (unsigned)T, 1}, 256, 0, g->compute,
                GPU_ARGS(P(g->ye), P(g->sel), P(g->selw), P(g->sh), P(g->sgate), P(g->y), P(K), P(H)));
 }

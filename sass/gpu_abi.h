@@ -26,4 +26,22 @@ typedef struct {
     int pad[2];
 } gpu_mat;
 
+// Up to GPU_LIN_SET matrices that read the same input x [T, K] (every W[i].cols = K), computed
+// by one k_linear launch: matrix i takes the blocks [first[i], first[i + 1]) of grid.x (8 output
+// rows each) and writes y_i [T, ldy_i] (a device address). Passed by value (272 bytes).
+#define GPU_LIN_SET 4
+typedef struct {
+    gpu_mat W[GPU_LIN_SET];
+    unsigned long long y[GPU_LIN_SET];
+    int ldy[GPU_LIN_SET];
+    int first[GPU_LIN_SET + 1];
+    int n;
+    int pad[2];
+} gpu_lin_set;
+#ifdef __cplusplus
+static_assert(sizeof(gpu_lin_set) == 272, "gpu_lin_set: the host's layout");
+#else
+_Static_assert(sizeof(gpu_lin_set) == 272, "gpu_lin_set: the kernels' layout");
+#endif
+
 #endif

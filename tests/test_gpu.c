@@ -290,6 +290,34 @@ static float kt_normal(void) {   // sum of four uniforms: mean 0, unit variance,
     return (u - 2.0f) * 1.7320508f;
 }
 
+// A random weight matrix [N, K] of a stored kind (every code and nibble, scales over a range of
+// exponents) in host memory: *wp and *scp (the scales, or NULL) for the caller to free.
+static ck_mat kt_random_mat(int kind, int N, int K, uint8_t **wp, uint8_t **scp) {
+    ck_mat W = {0};
+    W.kind = (uint8_t)kind, W.rows = N, W.cols = K;
+    size_t wb = kind == CK_W_BF16 ? (size_t)N * K * 2 : kind == CK_W_FP8 ? (size_t)N * K : kind == CK_W_NVFP4 ? (size_t)N * K / 2 : (size_t)N * K / 4;
+    size_t sb = kind == CK_W_NVFP4 ? (size_t)N * K / 16 : kind == CK_W_PLANES ? (size_t)N * K / 32 : 0;
+    uint8_t *w = malloc(wb), *sc = sb ? malloc(sb) : NULL;
+    for (size_t i = 0; i < wb; i++) {
+        uint8_t b = (uint8_t)kt_next();
+        if (kind == CK_W_FP8 && (b & 0x7f) == 0x7f) b ^= 1;   // e4m3 0x7f / 0xff are NaN
+        w[i] = b;
+    }
+    if (kind == CK_W_BF16)
+        for (size_t i = 0; i < wb / 2; i++) {
+            float f = kt_normal() * 0.05f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            w[2 * i] = (uint8_t)(u >> 16), w[2 * i + 1] = (uint8_t)(u >> 24);
+        }
+    for (size_t i = 0; i < sb; i++) sc[i] = kind == CK_W_NVFP4 ? (uint8_t)(0x20 + kt_next() % 0x30) : (uint8_t)(118 + kt_next() % 10);
+    W.w = w, W.scale = sc;
+    W.row_bytes = kind == CK_W_PLANES ? 0 : wb / N;
+    W.s = kind == CK_W_FP8 ? 0.002f : kind == CK_W_NVFP4 ? 0.01f : 1.f;
+    *wp = w, *scp = sc;
+    return W;
+}
+
 // k_linear (every stored format) against ref_linear_rows, the reference's matrix product, on the
 // matrices of Qwen3.6-35B-A3B: the GDN in_proj_qkv (FP8 [8192, 2048]), the attention o_proj (FP8
 // [2048, 4096]), the router (BF16 [256, 2048]), the shared expert (NVFP4 [512, 2048] and
@@ -308,28 +336,8 @@ static void kernel_linear(gpu_engine *g) {
     };
     for (size_t mi = 0; mi < sizeof mats / sizeof mats[0]; mi++) {
         int N = mats[mi].rows, K = mats[mi].cols, kind = mats[mi].kind;
-        ck_mat W = {0};
-        W.kind = (uint8_t)kind, W.rows = N, W.cols = K;
-        size_t wb = kind == CK_W_BF16 ? (size_t)N * K * 2 : kind == CK_W_FP8 ? (size_t)N * K : kind == CK_W_NVFP4 ? (size_t)N * K / 2 : (size_t)N * K / 4;
-        size_t sb = kind == CK_W_NVFP4 ? (size_t)N * K / 16 : kind == CK_W_PLANES ? (size_t)N * K / 32 : 0;
-        uint8_t *w = malloc(wb), *sc = sb ? malloc(sb) : NULL;
-        for (size_t i = 0; i < wb; i++) {
-            uint8_t b = (uint8_t)kt_next();
-            if (kind == CK_W_FP8 && (b & 0x7f) == 0x7f) b ^= 1;   // e4m3 0x7f / 0xff are NaN
-            w[i] = b;
-        }
-        if (kind == CK_W_BF16)
-            for (size_t i = 0; i < wb / 2; i++) {
-                float f = kt_normal() * 0.05f;
-                uint32_t u;
-                memcpy(&u, &f, 4);
-                w[2 * i] = (uint8_t)(u >> 16), w[2 * i + 1] = (uint8_t)(u >> 24);
-            }
-        for (size_t i = 0; i < sb; i++)
-            sc[i] = kind == CK_W_NVFP4 ? (uint8_t)(0x20 + kt_next() % 0x30) : (uint8_t)(118 + kt_next() % 10);
-        W.w = w, W.scale = sc;
-        W.row_bytes = kind == CK_W_PLANES ? 0 : wb / N;
-        W.s = kind == CK_W_FP8 ? 0.002f : kind == CK_W_NVFP4 ? 0.01f : 1.f;
+        uint8_t *w, *sc;
+        ck_mat W = kt_random_mat(kind, N, K, &w, &sc);
         for (int T = 1; T <= 37; T += 36) {
             float *x = malloc(sizeof(float) * (size_t)T * K), *ya = malloc(sizeof(float) * (size_t)T * N),
                   *yb = malloc(sizeof(float) * (size_t)T * N), *row = malloc(sizeof(float) * K);
@@ -369,6 +377,59 @@ static CUdeviceptr kt_dev(arena *d, const float *h, size_t n) {
     if (h) CU_CHECK(cu.cuMemcpyHtoD(p, h, sizeof(float) * n));
     else CU_CHECK(cu.cuMemsetD8(p, 0xff, sizeof(float) * n));   // NaN: an unwritten output fails
     return p;
+}
+
+// Several matrices in one k_linear launch (a layer's projections of its normed input) give the
+// same bits as one launch each: the GDN input projections' kinds and shapes (FP8 [8192, 2048],
+// FP8 [4096, 2048], BF16 [32, 2048] twice) and the MoE's (BF16 router [256, 2048], NVFP4
+// [512, 2048] twice, BF16 [1, 2048]); T = 1 and 37.
+static void kernel_linear_set(gpu_engine *g) {
+    static const struct { int kind, rows; } sets[2][4] = {
+        {{CK_W_FP8, 8192}, {CK_W_FP8, 4096}, {CK_W_BF16, 32}, {CK_W_BF16, 32}},
+        {{CK_W_BF16, 256}, {CK_W_NVFP4, 512}, {CK_W_NVFP4, 512}, {CK_W_BF16, 1}},
+    };
+    enum { K = 2048, TM = 37 };
+    for (int si = 0; si < 2; si++) {
+        ck_mat W[4];
+        uint8_t *w[4], *sc[4];
+        size_t outs = 0;
+        for (int i = 0; i < 4; i++) W[i] = kt_random_mat(sets[si][i].kind, sets[si][i].rows, K, &w[i], &sc[i]), outs += sets[si][i].rows;
+        arena a = arena_measure("kernel test"), d;
+        for (int i = 0; i < 4; i++) gpu_put(&a, &W[i], "matrix");
+        arena_take(&a, sizeof(float) * TM * K, 256, "x");
+        for (int i = 0; i < 8; i++) arena_take(&a, sizeof(float) * TM * (size_t)sets[si][i % 4].rows, 256, "y");
+        moet_err e = {{0}};
+        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
+        gpu_mat gm[4];
+        CUdeviceptr y1[4], y2[4];
+        for (int i = 0; i < 4; i++) gm[i] = gpu_put(&d, &W[i], "matrix");
+        float *x = malloc(sizeof(float) * TM * K), *h1 = malloc(sizeof(float) * TM * outs), *h2 = malloc(sizeof(float) * TM * outs);
+        for (int i = 0; i < TM * K; i++) x[i] = kt_normal();
+        CUdeviceptr xd = kt_dev(&d, x, TM * K);
+        for (int i = 0; i < 4; i++) y1[i] = kt_dev(&d, NULL, (size_t)TM * sets[si][i].rows), y2[i] = kt_dev(&d, NULL, (size_t)TM * sets[si][i].rows);
+        int same = 1;
+        for (int T = 1; T <= TM; T += TM - 1) {
+            gpu_lin_out o[4];
+            for (int i = 0; i < 4; i++) {
+                gpu_linear(g, &gm[i], xd, K, T, y1[i], sets[si][i].rows);
+                o[i] = (gpu_lin_out){&gm[i], y2[i], sets[si][i].rows};
+            }
+            gpu_linear_n(g, 4, o, xd, K, T);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            for (int i = 0; i < 4; i++) {
+                size_t bytes = sizeof(float) * (size_t)T * sets[si][i].rows;
+                CU_CHECK(cu.cuMemcpyDtoH(h1, y1[i], bytes));
+                CU_CHECK(cu.cuMemcpyDtoH(h2, y2[i], bytes));
+                same &= !memcmp(h1, h2, bytes);
+            }
+        }
+        CHECK(same, "k_linear: a set of 4 matrices in one launch differs from one launch each (set %d)", si);
+        printf("k_linear set %d (4 matrices, %zu rows, one launch): %s one launch each, T 1 and %d\n", si, outs,
+               same ? "bitwise equal to" : "DIFFERENT from", TM);
+        arena_release(&d);
+        free(x), free(h1), free(h2);
+        for (int i = 0; i < 4; i++) free(w[i]), free(sc[i]);
+    }
 }
 
 // A BF16 vector weight [1, n] in host memory, values around `mid` with spread `sd`.
@@ -798,6 +859,7 @@ int main(void) {
         if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
         else {
             kernel_linear(&g);
+            kernel_linear_set(&g);
             kernel_misc(&g);
             kernel_gdn(&g);
             gpu_free(&g);
