@@ -28,7 +28,8 @@ typedef struct {
     int admitted_order[256], n_admitted;   // slots' sequences in admission order (by first prompt token)
     int align;              // chunk_align it announces (0: 1, no check)
     int n_prompt[64];       // each slot's prompt length
-    long misaligned;        // prompt rows that start or end off the alignment (but at the prompt's end)
+    long misaligned;        // rows it is not promised: a prompt row from or to a position off the
+                            // alignment (but the prompt's end), a generated token not alone
     long cuts;              // prompt rows that end inside their prompt
     samp_bank bank;
     float row[TB_V];
@@ -666,7 +667,7 @@ static void test_admission_room(void) {
           tb.admitted_order[2], tb.admitted_order[3], tb.admitted_order[4]);
 }
 
-// A backend that cuts prompts only at multiples of 64 (chunk_align 64): whatever the budget,
+// A backend whose chunk_align is 64 (promises only cuts at multiples of 64): whatever the budget,
 // every prompt chunk starts at a multiple of 64 and ends at one or at the prompt's end, every
 // request is answered once, with the tokens of a run that never cuts a prompt; a budget that
 // cannot hold one aligned block beside the other sequences' decode tokens is refused at start.
