@@ -198,8 +198,9 @@ run_gpu_tests() {
     return $rc
 }
 
-# compute-sanitizer memcheck on short GPU runs: moet run (fp8 KV, plane experts) and moet serve
-# (bf16 KV, three requests in one batch); any error report fails. Its report (stdout) and the
+# compute-sanitizer memcheck on short GPU runs: moet run (fp8 KV, plane experts, an 80-token
+# prompt in a chunk of 64, the GPU's cut alignment, and its tail) and moet serve (bf16 KV, three
+# requests in one batch); any error report fails. Its report (stdout) and the
 # programs' output go to build/memcheck-*.log.
 gpu_memcheck() {
     if ! command -v compute-sanitizer >/dev/null; then
@@ -208,11 +209,12 @@ gpu_memcheck() {
     fi
     local cs="compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20" rc=0
     $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
-        --ids 1,5,9,200,17,33,4000,12,7,99,1000,2,3,4,5,6 --greedy 6 --chunk 5 >build/memcheck-run.log 2>&1 || rc=1
+        --ids "1,5,9,200,17,33,4000,12,7,99,1000,2,3,4,5,6,$(seq -s, 100 163)" --greedy 6 --chunk 64 \
+        >build/memcheck-run.log 2>&1 || rc=1
     printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
         '{"id":"b","prompt":"def f(x):","max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3}' \
         '{"id":"c","messages":[{"role":"user","content":"Explain zip."}],"max_tokens":10,"stream":true}' |
-        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 16 >build/memcheck-serve.log 2>&1 || rc=1
+        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1 || rc=1
     grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2
     [ $rc = 0 ] || echo "build.sh: compute-sanitizer found errors: build/memcheck-*.log" >&2
     return $rc

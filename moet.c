@@ -619,8 +619,13 @@ static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *to
 //
 // Promises of every backend (tests/test_backend.c checks them through this interface):
 //  - a row's results depend only on its own slot's history and sampler state: never on the
-//    other rows of the step, nor on how a prompt was cut into chunks (batch and chunk
-//    invariance: a seeded request gives the same tokens alone or in a busy batch);
+//    other rows of the step (batch invariance), nor on how a prompt was cut into chunks when
+//    every cut lies at a multiple of chunk_align, counted in absolute token positions of the
+//    sequence (chunk invariance). So a seeded request gives the same tokens alone or in a busy
+//    batch. Callers cut a prompt only at such multiples or at its end, and feed generated
+//    tokens one at a time. A backend that works on fixed blocks of positions (the GPU's
+//    chunked gated delta rule) rounds differently for a cut inside a block: still
+//    deterministic for the same cuts, but not the same floats;
 //  - with no sequence admitted, any reserve <= max_len fits (a waiting request always gets in
 //    once the others are done);
 //  - a row that would take its sequence past its reserve is refused (-1), nothing changed;
@@ -657,6 +662,7 @@ typedef struct {               // arrays owned by the backend, valid until the n
 typedef struct {
     void *self;
     int n_vocab, max_seqs, max_len;
+    int chunk_align;           // tokens: prompt cuts at multiples of this keep chunk invariance (1: any cut)
     // Takes slot for a new sequence (position 0, zeroed state, sampler seeded, penalty counts from the prompt)
     // and reserves KV room for a->reserve tokens. 0 = taken; 1 = no room now (the caller keeps the request
     // waiting; nothing changed); -1 = error with e set.
@@ -1412,7 +1418,7 @@ static int ref_be_forward_all(void *self, int n, const int *slots, const int32_t
 }
 
 static engine_backend ref_backend(ref_engine *r) {
-    engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, ref_be_admit, ref_be_release,
+    engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, 1, ref_be_admit, ref_be_release,
                         ref_be_launch, ref_be_collect, ref_be_forward_all};
     return b;
 }
@@ -1448,7 +1454,8 @@ static engine_backend ref_backend(ref_engine *r) {
 //
 // Determinism: a request's tokens depend only on its own logits and its own generator, and
 // the backend promises row results independent of the other rows and of how a prompt is cut
-// into chunks, so a seeded request gives the same tokens alone or in a busy batch.
+// into chunks at multiples of its chunk_align (the only places a step cuts one), so a seeded
+// request gives the same tokens alone or in a busy batch.
 
 
 // Text side of the model: prompt text → ids, one id → its bytes.
@@ -1607,9 +1614,16 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
     const serve_config *c = &S->cfg;
     if (c->max_num_seqs < 1 || c->max_num_seqs > be.max_seqs)
         return err_set(e, "--max-num-seqs %d: the backend has %d sequence slots", c->max_num_seqs, be.max_seqs);
+    MOET_ASSERT(be.chunk_align >= 1, "chunk_align %d", be.chunk_align);
     if (c->max_batch_tokens < c->max_num_seqs)
         return err_set(e, "--max-batch-tokens %d must be at least --max-num-seqs %d (one decode token per sequence)",
                        c->max_batch_tokens, c->max_num_seqs);
+    // a step beside max_num_seqs − 1 decoding sequences must still hold one aligned prompt chunk
+    if (be.chunk_align > 1 && c->max_batch_tokens < c->max_num_seqs - 1 + be.chunk_align)
+        return err_set(e, "--max-batch-tokens %d must be at least %d: --max-num-seqs %d - 1 decode tokens plus one prompt "
+                          "chunk of %d tokens (this backend cuts prompts at multiples of %d tokens)",
+                       c->max_batch_tokens, c->max_num_seqs - 1 + be.chunk_align, c->max_num_seqs, be.chunk_align,
+                       be.chunk_align);
     if (c->max_queue < 0 || c->max_queue > MOET_MAX_QUEUE)
         return err_set(e, "--max-queue %d: expected 0 .. %d", c->max_queue, MOET_MAX_QUEUE);
     if (c->max_logprobs < 0 || c->max_logprobs > MOET_MAX_LOGPROBS)
@@ -2019,11 +2033,16 @@ static int serve_step(serve_ctx *S) {
         S->row_rec[n++] = S->running[i];
         S->off[n] = T;
     }
-    for (int i = 0; i < S->n_running && T < S->cfg.max_batch_tokens; i++) {   // prefill chunks, oldest first
+    // prefill chunks, oldest first. A chunk ends at the prompt's end or at a multiple of
+    // chunk_align (absolute positions; every earlier chunk ended at one, so n_fed is one): a
+    // prompt whose next aligned block does not fit waits, and a later one may use the room.
+    int align = S->be.chunk_align;
+    for (int i = 0; i < S->n_running && T < S->cfg.max_batch_tokens; i++) {
         serve_rec *r = &S->recs[S->running[i]];
         if (r->state != REC_PREFILL) continue;
-        int take = r->n_prompt - r->n_fed;
-        if (take > S->cfg.max_batch_tokens - T) take = S->cfg.max_batch_tokens - T;
+        int left = r->n_prompt - r->n_fed, room = S->cfg.max_batch_tokens - T;
+        int take = left <= room ? left : (r->n_fed + room) / align * align - r->n_fed;
+        if (take <= 0) continue;
         memcpy(S->ids + T, r->tok + r->n_fed, sizeof(int32_t) * (size_t)take);
         T += take;
         S->row_slot[n] = r->slot;
@@ -2619,7 +2638,9 @@ static void serve_usage(FILE *f) {
           "                          checkpoint (a Hugging Face snapshot path names it); else a warning\n"
           "  --max-num-seqs N        sequences decoded together (default 8)\n"
           "  --max-batch-tokens N    tokens per forward step; prompts are prefilled in chunks that\n"
-          "                          share it with the decoding sequences (default 256, >= max-num-seqs)\n"
+          "                          share it with the decoding sequences (default 256, >= max-num-seqs;\n"
+          "                          the GPU cuts prompt chunks at multiples of 64 tokens and needs\n"
+          "                          >= max-num-seqs + 63)\n"
           "  --max-model-len N       context length: prompt + generated tokens per request\n"
           "                          (default: the model's, at most 4096)\n"
           "  --max-queue N           requests read ahead and waiting for a free sequence (default 64);\n"
@@ -2876,7 +2897,8 @@ static void run_usage(FILE *f) {
           "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
           "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
           "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
-          "  --chunk N            prefill in chunks of N tokens (default 512)\n"
+          "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
+          "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
           "  -h, --help           this text\n",
           f);
 }
@@ -2966,6 +2988,22 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "moet run: %s\n", e.msg);
         ck_close(&m);
         return 1;
+    }
+    // a cut inside the prompt must lie at a multiple of the backend's chunk_align for the
+    // results to be those of any other chunking (the engine was sized for `chunk` tokens a step,
+    // so a chunk below one aligned block is refused rather than enlarged)
+    int align = E.be.chunk_align;
+    if (chunk < T && chunk % align) {
+        if (chunk < align) {
+            fprintf(stderr, "moet run: --chunk %d: this backend cuts prompts at multiples of %d tokens; use --chunk %d or a "
+                            "multiple of it\n", chunk, align, align);
+            engine_close(&E);
+            ck_close(&m);
+            return 2;
+        }
+        fprintf(stderr, "moet run: --chunk %d rounded down to %d (this backend cuts prompts at multiples of %d tokens)\n", chunk,
+                chunk / align * align, align);
+        chunk = chunk / align * align;
     }
     // outputs: prefill logits [T, V] (only kept with --out), decode logits [N, V], hidden [L+1][T, H]
     arena plan = arena_measure("run outputs"), mem;

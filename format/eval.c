@@ -723,13 +723,19 @@ static int eval_score(eval_ctx *E, const float *x, int32_t y, int64_t idx, uint8
 // ---- the run --------------------------------------------------------------------------------------
 
 // Feeds every window through the backend, several per step up to mbt tokens, and scores each
-// target as its logits arrive. Each window runs in a fresh slot; a window longer than the step
-// continues in the next steps.
+// target as its logits arrive. Each window runs in a fresh slot (admitted anew: position 0); a
+// window longer than the room left in a step is cut at a multiple of the backend's chunk_align
+// (its positions are the window's own) and continues in the next steps, so its logits are
+// those of any other cutting. A window whose next aligned block does not fit waits a step.
 static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
-    int V = E->V, ns = E->max_seqs;
+    int V = E->V, ns = E->max_seqs, align = be->chunk_align;
     int64_t next_w = 0, done_w = 0, scored = 0, fed = 0;
     double t0 = moet_now(), last_report = t0;
     MOET_ASSERT(be->n_vocab == V && be->max_seqs >= ns && be->max_len >= E->longest, "the backend was made for another plan");
+    MOET_ASSERT(align >= 1, "chunk_align %d", align);
+    if (E->mbt < align)   // the first window of a step must be able to take one aligned block
+        return err_set(e, "--max-batch-tokens %d must be at least %d: this backend cuts windows at multiples of %d tokens",
+                       E->mbt, align, align);
     for (int s = 0; s < ns; s++) E->slots[s].w = -1, E->slots[s].taken = 0;
     while (done_w < E->n_windows) {
         if (eval_interrupted) return err_set(e, "interrupted");
@@ -749,8 +755,9 @@ static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
                 q->taken = 1;
             }
             const eval_window *w = &E->win[q->w];
-            int take = w->len - 1 - q->fed;
-            if (take > E->mbt - T) take = E->mbt - T;
+            int left = w->len - 1 - q->fed, room = E->mbt - T;
+            int take = left <= room ? left : (q->fed + room) / align * align - q->fed;
+            if (take <= 0) continue;
             memcpy(E->step_ids + T, E->ids + w->tok + q->fed, sizeof(int32_t) * (size_t)take);
             E->row_slot[n] = s;
             E->off[n] = T;
@@ -1092,7 +1099,8 @@ static void eval_usage(FILE *f) {
           "                          kl_upper_mean bounds it from above (the rest's mass placed on the\n"
           "                          run's least likely tokens, none above the k-th probability)\n"
           "  --max-num-seqs N        windows run together (default 8)\n"
-          "  --max-batch-tokens N    tokens per forward step, shared by those windows (default 512)\n"
+          "  --max-batch-tokens N    tokens per forward step, shared by those windows (default 512;\n"
+          "                          the GPU cuts windows at multiples of 64 tokens and needs >= 64)\n"
           "  --backend B             auto (default: the GPU when there is one, else the CPU reference),\n"
           "                          gpu or cpu\n"
           "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"

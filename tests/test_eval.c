@@ -296,6 +296,84 @@ static void test_windows(void) {
           r.tokens, n);
 }
 
+// The CPU reference announcing another chunk_align (it keeps every promise of 1, so results
+// must not move), each forward_all row checked: a window's rows start at multiples of the
+// alignment (so only its last row ends elsewhere).
+static struct {
+    engine_backend in;
+    int align;
+    int pos[8];          // tokens fed to each slot's window
+    long rows, cut, misaligned;
+} al;
+
+static int al_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
+    (void)self;
+    al.pos[slot] = 0;
+    return al.in.admit(al.in.self, slot, a, e);
+}
+static void al_release(void *self, int slot) {
+    (void)self;
+    al.in.release(al.in.self, slot);
+}
+static int al_forward_all(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits, float **hidden,
+                          int32_t **router_ids, float **router_w, moet_err *e) {
+    (void)self;
+    for (int i = 0; i < n; i++) {
+        int s = slots[i];
+        al.misaligned += al.pos[s] % al.align != 0;
+        al.cut += al.pos[s] > 0;
+        al.pos[s] += off[i + 1] - off[i];
+        al.rows++;
+    }
+    return al.in.forward_all(al.in.self, n, slots, ids, off, logits, hidden, router_ids, router_w, e);
+}
+
+// eval_run over the test text with max_seqs windows at once, mbt tokens a step, on the CPU
+// reference announcing chunk_align `align`: 0 with res filled, or -1 with e set.
+static int run_aligned(int align, int max_seqs, int mbt, eval_result *res, moet_err *e) {
+    static eval_ctx E;
+    static ref_engine r;
+    eval_opts o = opts(TEXT);
+    o.max_seqs = max_seqs;
+    o.max_batch_tokens = mbt;
+    memset(res, 0, sizeof *res);
+    memset(e, 0, sizeof *e);
+    MOET_ASSERT(eval_prepare(&E, &o, &M_nv.cfg, &T, e) == 0 && ref_init(&r, &M_nv, E.max_seqs, E.longest, E.mbt, 1, e) == 0,
+                "%s", e->msg);
+    MOET_ASSERT(E.max_seqs <= 8, "%d slots", E.max_seqs);
+    memset(&al, 0, sizeof al);
+    al.in = ref_backend(&r);
+    al.align = align;
+    engine_backend be = al.in;
+    be.chunk_align = align;
+    be.admit = al_admit;
+    be.release = al_release;
+    be.forward_all = al_forward_all;
+    int rc = eval_run(&E, &be, e);
+    if (rc == 0) eval_summarize(&E, res);
+    ref_free(&r);
+    eval_release(&E);
+    return rc;
+}
+
+// Windows cut at multiples of chunk_align whatever the budget (and the room a step has left),
+// with the perplexity of the uncut run bit for bit; a budget below one aligned block is refused.
+static void test_chunk_align(void) {
+    eval_result a, b;
+    moet_err e;
+    CHECK(run_aligned(1, 8, 4096, &a, &e) == 0 && al.cut == 0, "uncut: %s (%ld rows continue a window)", e.msg, al.cut);
+    const int runs[3][3] = {{16, 3, 40}, {16, 8, 16}, {64, 2, 100}};   // align, max_seqs, max_batch_tokens
+    for (int k = 0; k < 3; k++) {
+        int rc = run_aligned(runs[k][0], runs[k][1], runs[k][2], &b, &e);
+        CHECK(rc == 0 && al.misaligned == 0 && al.cut > 0, "align %d, %d tokens a step: %s; %ld of %ld rows start off the alignment, "
+              "%ld continue a window", runs[k][0], runs[k][2], e.msg, al.misaligned, al.rows, al.cut);
+        CHECK(rc == 0 && b.ppl == a.ppl && b.nll == a.nll && b.tokens == a.tokens, "align %d: perplexity %.17g over %" PRId64
+              " tokens, uncut %.17g over %" PRId64, runs[k][0], b.ppl, b.tokens, a.ppl, a.tokens);
+    }
+    CHECK(run_aligned(16, 3, 15, &b, &e) == -1 && strstr(e.msg, "--max-batch-tokens 15 must be at least 16") && al.rows == 0,
+          "a budget below the alignment is refused before any step: %s", e.msg);
+}
+
 // References that do not belong to this run are refused before any forward pass.
 static void test_refusals(void) {
     eval_result r;
@@ -416,6 +494,7 @@ int main(void) {
     test_tokens();
     test_ppl_and_refs();
     test_windows();
+    test_chunk_align();
     test_refusals();
     test_bad_lines();
     test_cli();

@@ -184,10 +184,11 @@ static void cli_run(const char *fix, const char *sub, const char *tag) {
     fputs("]\n", f);
     fclose(f);
     // MOET_RUN_BACKEND=gpu (./build.sh test-gpu): the same command on the GPU, its KV cache in f32
-    // (the reference's precision, so the same bound holds)
+    // (the reference's precision, so the same bound holds), in chunks of 64 (its cut alignment)
     const char *be = getenv("MOET_RUN_BACKEND");
-    snprintf(cmd, sizeof cmd, "./moet run --model %s/%s --ids-file %s --greedy %zu --out %s --dump-hidden --chunk 33 --threads 2 "
-             "--backend %s --kv-dtype f32 2>/dev/null", fix, sub, ids_path, gid->numel, out_path, be ? be : "cpu");
+    int gpu = be && !strcmp(be, "gpu");
+    snprintf(cmd, sizeof cmd, "./moet run --model %s/%s --ids-file %s --greedy %zu --out %s --dump-hidden --chunk %d --threads 2 "
+             "--backend %s --kv-dtype f32 2>/dev/null", fix, sub, ids_path, gid->numel, out_path, gpu ? 64 : 33, be ? be : "cpu");
     CHECK(system(cmd) == 0, "%s", cmd);
     if (st_open(&o, out_path, &e)) { CHECK(0, "%s", e.msg); goto out; }
     const char *names[] = {"prefill_logits", "decode_logits", "hidden.0", "hidden.2", "hidden.4"};

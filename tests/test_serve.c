@@ -6,7 +6,8 @@
 // (a token fed twice, to the wrong slot, a slot not reset) changes the output. It picks
 // tokens with the same sampler bank as every backend, refuses a row past its sequence's
 // reserve, and can hold a limited pool of reserved tokens (admission answers "no room
-// now", as a paged KV cache would). The codec is
+// now", as a paged KV cache would). With an alignment (tb_align) it counts every prompt cut
+// the scheduler makes that a backend of that chunk_align does not promise. The codec is
 // byte-level: ids 0..255 are bytes, then a few added tokens. End-to-end tests with the real
 // model and tokenizer are in test_serve_e2e.c.
 #include "../moet.c"
@@ -25,6 +26,11 @@ typedef struct {
     long capacity;          // tokens all reserves together may hold (0: no limit), like a KV page pool
     long reserved, max_reserved;
     int admitted_order[256], n_admitted;   // slots' sequences in admission order (by first prompt token)
+    int align;              // chunk_align it announces (0: 1, no check)
+    int n_prompt[64];       // each slot's prompt length
+    long misaligned;        // rows it is not promised: a prompt row from or to a position off the
+                            // alignment (but the prompt's end), a generated token not alone
+    long cuts;              // prompt rows that end inside their prompt
     samp_bank bank;
     float row[TB_V];
     int32_t tok[64], top_ids[64 * MOET_MAX_LOGPROBS];
@@ -61,6 +67,7 @@ static int tb_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
     t->hash[slot] = 1469598103934665603ull;
     t->pos[slot] = 0;
     t->limit[slot] = a->reserve;
+    t->n_prompt[slot] = a->n_prompt;
     t->reserved += a->reserve;
     if (t->reserved > t->max_reserved) t->max_reserved = t->reserved;
     if (t->n_admitted < 256) t->admitted_order[t->n_admitted++] = a->prompt[a->n_prompt - 1];
@@ -97,7 +104,11 @@ static int tb_launch(void *self, const engine_step *st, moet_err *e) {
         if (t->pos[s] + off[i + 1] - off[i] > t->limit[s]) return err_set(e, "slot %d past its reserve", s);
     }
     for (int i = 0; i < n; i++) {
-        int s = slots[i];
+        int s = slots[i], end = t->pos[s] + off[i + 1] - off[i], np = t->n_prompt[s];
+        if (t->align > 1 && t->pos[s] < np) {   // a prompt row: from a multiple, to one or to the prompt's end
+            t->misaligned += t->pos[s] % t->align || end > np || (end < np && end % t->align) || st->want[i] != (end == np);
+            t->cuts += end < np;
+        } else if (t->align > 1) t->misaligned += end != t->pos[s] + 1 || !st->want[i];   // a generated token, alone
         for (int k = off[i]; k < off[i + 1]; k++) t->hash[s] = tb_mix(t->hash[s], (uint64_t)ids[k]);
         t->pos[s] += off[i + 1] - off[i];
         t->tok[i] = -1;
@@ -179,6 +190,8 @@ static char out_text[8 << 20];
 static int tb_max_new_tokens;   // serve_config.max_new_tokens of the next run (generation_config)
 static long tb_capacity;        // tb_state.capacity of the next run
 static int tb_in_fd = -1;       // when >= 0: the next run reads this instead of `input`
+static int tb_align;            // tb_state.align (and the backend's chunk_align) of the next run
+static moet_err tb_init_err;    // why the last run_server could not start
 
 // Runs a server with the given sizes over `input`; fills out_text with everything written.
 static int run_server(const char *input, int seqs, int batch_tokens, int queue, int max_len, serve_ctx *keep) {
@@ -188,12 +201,14 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.max_seqs = 64;
     tb.max_len = max_len;
     tb.capacity = tb_capacity;
-    engine_backend be = {&tb, TB_V, 64, max_len, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all};
+    tb.align = tb_align;
+    engine_backend be = {&tb, TB_V, 64, max_len, tb_align > 1 ? tb_align : 1, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all};
     serve_codec codec = {NULL, tb_encode, tb_piece};
     serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens};
     moet_err e = {{0}};
     if (samp_bank_init(&tb.bank, TB_V, 64, max_len, &e) != 0 || serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
+        tb_init_err = e;
         return -1;
     }
     char in_path[] = "/tmp/moet_test_in_XXXXXX", out_path[] = "/tmp/moet_test_out_XXXXXX";
@@ -652,6 +667,53 @@ static void test_admission_room(void) {
           tb.admitted_order[2], tb.admitted_order[3], tb.admitted_order[4]);
 }
 
+// A backend whose chunk_align is 64 (promises only cuts at multiples of 64): whatever the budget,
+// every prompt chunk starts at a multiple of 64 and ends at one or at the prompt's end, every
+// request is answered once, with the tokens of a run that never cuts a prompt; a budget that
+// cannot hold one aligned block beside the other sequences' decode tokens is refused at start.
+static void test_chunk_align(void) {
+    // raw prompts (one token a byte): 8 of 101..400 tokens among 4 short ones
+    size_t at = 0;
+    for (int k = 0; k < 12; k++) {
+        char body[512];
+        int len = k % 3 ? 70 + 31 * k : 5 + k;
+        for (int j = 0; j < len; j++) body[j] = (char)('a' + (j * 7 + k) % 26);
+        body[len] = 0;
+        at += (size_t)snprintf(input + at, sizeof input - at, "{\"id\":\"c%d\",\"prompt\":\"%s\",\"max_tokens\":%d,\"seed\":%d}\n",
+                               k, body, 6 + k % 5, k);
+    }
+    static char want[12][4096];
+    CHECK(run_server(input, 4, 4096, 16, 512, NULL) == 0, "one step per prompt: %s", tb_init_err.msg);
+    parse_answers();
+    for (int k = 0; k < 12; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "c%d", k);
+        int a = find_answer(id, "text_completion");
+        CHECK(a >= 0, "%s answered", id);
+        snprintf(want[k], sizeof want[k], "%s", a >= 0 ? path(a, "choices", "0", "text", 0)->str : "<none>");
+    }
+    const int budgets[3] = {64 + 4 - 1, 100, 200};
+    tb_align = 64;
+    for (int b = 0; b < 3; b++) {
+        int rc = run_server(input, 4, budgets[b], 16, 512, NULL);
+        CHECK(rc == 0, "budget %d: exit %d (%s)", budgets[b], rc, tb_init_err.msg);
+        parse_answers();
+        CHECK(tb.misaligned == 0 && tb.cuts > 0, "budget %d: %ld prompt rows off the alignment, %ld cuts", budgets[b], tb.misaligned,
+              tb.cuts);
+        for (int k = 0; k < 12; k++) {
+            char id[16];
+            snprintf(id, sizeof id, "c%d", k);
+            int a = find_answer(id, "text_completion");
+            CHECK(a >= 0 && count_answers(id) == 1 && !strcmp(path(a, "choices", "0", "text", 0)->str, want[k]),
+                  "budget %d: %s answered once with the uncut run's text: %s", budgets[b], id, a >= 0 ? ans_line[a] : "(none)");
+        }
+    }
+    memset(&tb_init_err, 0, sizeof tb_init_err);
+    CHECK(run_server(input, 4, 66, 16, 512, NULL) == -1 && strstr(tb_init_err.msg, "--max-batch-tokens 66 must be at least 67"),
+          "a budget below max-num-seqs - 1 + 64 is refused: %s", tb_init_err.msg);
+    tb_align = 0;
+}
+
 // A request without an id never takes the id of one that named itself: line 2 would be
 // "req-2", which line 1 uses, so it is "req-2.1"; a cancel of req-2 stops only line 1, and a
 // later line naming req-2.1 while it runs is a duplicate.
@@ -758,5 +820,6 @@ int main(void) {
     test_lifetime();
     test_long_line();
     test_many();
+    test_chunk_align();
     return check_report("test_serve");
 }
