@@ -150,7 +150,7 @@ static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, con
 }
 
 static engine_backend gpu_backend_of(gpu_backend *b) {
-    engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, 1, gpu_be_admit, gpu_be_release,
+    engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, b->g.chunk_align, gpu_be_admit, gpu_be_release,
                          gpu_be_launch, gpu_be_collect, gpu_be_forward_all};
     return be;
 }

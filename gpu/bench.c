@@ -174,6 +174,10 @@ static int cmd_bench(int argc, char **argv) {
                     int k = goal - fed[s];
                     if (k <= 0) continue;
                     if (k > Tm - T) k = Tm - T;
+                    // a cut short of the goal at a multiple of the backend's chunk alignment, as
+                    // the server cuts prompts (where one fits in the room left; else anywhere)
+                    int end = fed[s] + k, al = be->chunk_align;
+                    if (end < goal && end - end % al > fed[s]) k = end - end % al - fed[s];
                     for (int j = 0; j < k; j++) {
                         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
                         ids[T + j] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
