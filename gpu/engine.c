@@ -533,7 +533,7 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     gpu_launch(&g->k, K_ATTN_PREP_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)T, 1, 1}, 128, 0, g->compute,
                GPU_ARGS(P(g->proj), P(g->kk), P(g->vv), P(qn), P(kn), P(g->inv_freq), P(rot), P(tp), P(ts), P(g->bt), P(bts), P(kc),
                         P(vc), P(ks), P(vs), P(nh), P(kvh), P(hd), P(eps)));
-    gpu_launch(&g->k, K_ATTENTION_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)nh, (unsigned)T, 1}, 128, 0, g->compute,
+    gpu_launch(&g->k, K_ATTENTION_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)nh, (unsigned)T, 1}, 512, 0, g->compute,
                GPU_ARGS(P(g->proj), P(tp), P(ts), P(g->bt), P(bts), P(kc), P(vc), P(ks), P(vs), P(g->core), P(nh), P(kvh), P(hd), P(scale)));
     gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
 }

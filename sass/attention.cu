@@ -2,12 +2,13 @@
 // (MODEL.md §3.4 steps 6–7): for token t at position p and query head h (KV head h / (nh / kvh)),
 //   o = Σ_{τ ≤ p} softmax_τ(q · k_τ / sqrt(hd)) v_τ,   core[t, h] = o ⊙ σ(gate)
 // CPU twin: the second loop of ref_attention.
-// Launch: block 128 = 4 warps, grid (nh, T). Warp w takes positions τ ≡ w (mod 4) with an online
-// softmax (running max m, sum l, accumulator per lane over hd/32 dims); the four partial states
-// merge in warp order. The order depends only on p: batch invariant. hd ≤ 512.
+// Launch: block 512 = 16 warps, grid (nh, T). Warp w takes positions τ ≡ w (mod 16), two at a
+// time (τ and τ + 16: two independent dot products in flight), with an online softmax (running
+// max m, sum l, accumulator per lane over hd/32 dims); the sixteen partial states merge in warp
+// order. The order depends only on p: batch invariant. hd ≤ 512.
 #include "kv.cuh"
 
-#define ATT_WARPS 4
+#define ATT_WARPS 16
 #define ATT_MAXD (512 / WARP)
 
 template <class KV>
@@ -29,28 +30,32 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
         acc[i] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int tau = w; tau <= p; tau += ATT_WARPS) {
-        size_t base = kv_index(btr, tau, kvd, j * hd);
-        float s = 0.f;
+    for (int tau = w; tau <= p; tau += 2 * ATT_WARPS) {
+        int t1 = tau + ATT_WARPS, two = t1 <= p;   // the second position, when there is one
+        size_t b0 = kv_index(btr, tau, kvd, j * hd), b1 = two ? kv_index(btr, t1, kvd, j * hd) : b0;
+        float s0 = 0.f, s1 = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; i++) {
             int d = lane + i * WARP;
-            if (i < nd && d < hd) s += qr[i] * KV::get(kc[base + d]);
+            if (i < nd && d < hd) {
+                s0 += qr[i] * KV::get(kc[b0 + d]);
+                s1 += qr[i] * KV::get(kc[b1 + d]);
+            }
         }
-        float kscale = 1.f, vscale = 1.f;
+        float ks0 = 1.f, vs0 = 1.f, ks1 = 1.f, vs1 = 1.f;
         if (KV::scaled) {
-            size_t si = kv_scale_index(btr, tau, kvh, j);
-            kscale = ks[si];
-            vscale = vs[si];
+            size_t i0 = kv_scale_index(btr, tau, kvh, j), i1 = two ? kv_scale_index(btr, t1, kvh, j) : i0;
+            ks0 = ks[i0], vs0 = vs[i0], ks1 = ks[i1], vs1 = vs[i1];
         }
-        s = warp_sum(s) * kscale * scale;
-        float mn = fmaxf(m, s), c = expf(m - mn), e = expf(s - mn);
-        l = l * c + e;
-        float ev = e * vscale;
+        s0 = warp_sum(s0) * ks0 * scale;
+        s1 = warp_sum(s1) * ks1 * scale;
+        float mn = fmaxf(m, two ? fmaxf(s0, s1) : s0), c = expf(m - mn), e0 = expf(s0 - mn), e1 = two ? expf(s1 - mn) : 0.f;
+        l = l * c + e0 + e1;
+        float ev0 = e0 * vs0, ev1 = e1 * vs1;
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; i++) {
             int d = lane + i * WARP;
-            if (i < nd && d < hd) acc[i] = acc[i] * c + ev * KV::get(vc[base + d]);
+            if (i < nd && d < hd) acc[i] = acc[i] * c + ev0 * KV::get(vc[b0 + d]) + ev1 * KV::get(vc[b1 + d]);
         }
         m = mn;
     }
@@ -77,7 +82,7 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
 }
 
 #define ATTENTION(NAME, KV)                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, \
+    extern "C" __global__ void __launch_bounds__(512) NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, \
                                                            int bt_stride, const void *kc, const void *vc, const float *ks, const float *vs, \
                                                            float *core, int nh, int kvh, int hd, float scale) {                     \
         attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale); \
