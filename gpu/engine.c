@@ -436,6 +436,9 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
     CU_CHECK(cu.cuMemsetD8(g->ssm, 0, sizeof(float) * g->ssm_slot * o->max_seqs));
     if (planes && gpu_pool_load(g, planes, po, e)) return gpu_free(g), -1;
+    // the uploads and memsets above (and the pool's expert tables) went through the legacy
+    // stream, which the non-blocking streams of the steps do not wait for
+    CU_CHECK(cu.cuCtxSynchronize());
     // what a decode step reads (moet bench): the dense weights but the embedding (one row per
     // token), and per routed expert touched its three matrices
     const ck_layer *L0 = &m->layers[0];

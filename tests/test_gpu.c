@@ -355,6 +355,7 @@ static void kernel_linear(gpu_engine *g) {
             CUdeviceptr yd = (uintptr_t)arena_take(&d, sizeof(float) * (size_t)T * N, 256, "y");
             CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)T * K));
             CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)T * N));   // NaN: an unwritten output fails
+            CU_CHECK(cu.cuCtxSynchronize());   // the legacy stream's copies before the compute stream's kernel
             gpu_linear(g, &gm, xd, K, T, yd, N);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(yb, yd, sizeof(float) * (size_t)T * N));
@@ -376,6 +377,8 @@ static CUdeviceptr kt_dev(arena *d, const float *h, size_t n) {
     CUdeviceptr p = (uintptr_t)arena_take(d, sizeof(float) * n, 256, "test buffer");
     if (h) CU_CHECK(cu.cuMemcpyHtoD(p, h, sizeof(float) * n));
     else CU_CHECK(cu.cuMemsetD8(p, 0xff, sizeof(float) * n));   // NaN: an unwritten output fails
+    // those run on the legacy stream, which the engine's non-blocking streams do not wait for
+    CU_CHECK(cu.cuCtxSynchronize());
     return p;
 }
 
@@ -546,6 +549,7 @@ static void kt_gdn_launch(gpu_engine *g, int kernel, arena *d, const kt_row *rw,
         h[0][i] = rw[i].slot, h[1][i] = t, h[2][i] = rw[i].len, h[3][i] = rw[i].pos, h[4][i] = i;
     CUdeviceptr m = (uintptr_t)arena_take(d, sizeof h, 256, "test rows");
     CU_CHECK(cu.cuMemcpyHtoD(m, h, sizeof h));
+    CU_CHECK(cu.cuCtxSynchronize());
     CUdeviceptr rs = m, r0 = m + 64, rn = m + 128, rp = m + 192, rl = m + 256;
     long long sstride = (long long)nv * dk * dv;
     unsigned vcs = (unsigned)((dv + GPU_GDN_VC - 1) / GPU_GDN_VC);
@@ -690,6 +694,7 @@ static void kernel_gdn(gpu_engine *g) {
         CHECK(same1, "k_gdn_chunk's single-token pieces differ from k_gdn_rule's bits");
         // row 0 (150 tokens from 0) again from S0 on slot 0, cut at 64 and 128 into three launches
         CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
+        CU_CHECK(cu.cuCtxSynchronize());
         const kt_row parts[3] = {{0, 0, 64}, {0, 64, 64}, {0, 128, 22}};
         for (int k = 0, t = 0; k < 3; t += parts[k].len, k++)
             kt_gdn_launch(g, K_GDN_CHUNK, &d, &parts[k], 1, t, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
