@@ -620,20 +620,13 @@ static int gpu_step_check(const gpu_engine *g, int n, const int *slots, const in
     return 0;
 }
 
-// Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
-// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
-// row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows).
-// The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
-// test entry's extras (synchronous copies, host buffers as ref_forward's).
-static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
-                    float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
-    if (gpu_step_check(g, n, slots, ids, off, e)) return -1;
-    const ck_config *c = &g->m->cfg;
-    int T = off[n], H = c->hidden, Tm = g->o.max_tokens;
+// Writes a step's metadata into meta_host (the layout above) for rows at their slots' current
+// positions: nr output rows (as gpu_step's out and want say), n1 rows of one token and nm longer
+// ones (the two GDN kernels' row lists).
+static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
+                          int *nr_out, int *n1_out, int *nm_out) {
+    int Tm = g->o.max_tokens, ms = g->o.max_seqs, nr = 0, n1 = 0, nm = 0;
     int32_t *mh = g->meta_host;
-    // the previous step's metadata copy must be done before the host rewrites it
-    CU_CHECK(cu.cuStreamSynchronize(g->compute));
-    int nr = 0, n1 = 0, nm = 0, ms = g->o.max_seqs;
     for (int i = 0; i < n; i++) {
         int s = slots[i];
         for (int t = off[i]; t < off[i + 1]; t++) {
@@ -650,7 +643,24 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
         if (off[i + 1] - off[i] == 1 || g->chunk_align == 1) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
         else mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
     }
-    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, mh, sizeof(int32_t) * g->meta_ints, g->compute));
+    *nr_out = nr, *n1_out = n1, *nm_out = nm;
+}
+
+// Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
+// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
+// row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows).
+// The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
+// test entry's extras (synchronous copies, host buffers as ref_forward's).
+static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
+                    float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
+    if (gpu_step_check(g, n, slots, ids, off, e)) return -1;
+    const ck_config *c = &g->m->cfg;
+    int T = off[n], H = c->hidden;
+    // the previous step's metadata copy must be done before the host rewrites it
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    int nr, n1, nm;
+    gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
+    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
     CUdeviceptr none = 0, idsd = gpu_meta(g, GM_IDS);
     gpu_mat emb = g->embed;
     gpu_launch(&g->k, K_EMBED, (gpu_dim){(unsigned)T, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(emb), P(idsd), P(g->x), P(H)));

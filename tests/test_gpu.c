@@ -7,7 +7,9 @@
 // Per fixture variant (tiny, check: bf16, nvfp4, planes; demo: nvfp4, planes): prefill logits,
 // every hidden state, router choices, greedy tokens and decode logits against the goldens;
 // the same prompt through the CPU reference; batch and chunk invariance (bitwise); the KV cache
-// in f32, bf16 and fp8.
+// in f32, bf16 and fp8. Every kernel against its CPU twin, alone or (attention, conv, experts)
+// within its layer's block, on Qwen3.6's shapes. MOET_GPU_TESTS=kernels runs only the kernels,
+// the blocks and one fixture end to end.
 #ifndef MOET_TEST
 #define MOET_TEST
 #endif
@@ -725,13 +727,11 @@ static int synth(const char *dir, const char *config, const char *quant) {
     return rc == 0 ? 0 : -1;
 }
 
-// Every kernel on the real Qwen3.6 shapes: the first four layers of Qwen3.6-35B-A3B (three Gated
-// DeltaNet layers, then gated attention: H 2048, 256 experts top-8 of width 512, vocab 248,320,
-// head_dim 256, GDN 16 key / 32 value heads of 128) with the real ModelOpt quantization map
-// (FP8 projections, NVFP4 experts, shared experts and lm_head), random weights; its routed
-// experts also as 2-bit planes. The GPU's hidden state after every layer and its logits against
-// the CPU reference over a 48-token prompt.
-static void real_shapes(void) {
+// The first four layers of Qwen3.6-35B-A3B (three Gated DeltaNet layers, then gated attention)
+// with random weights as a checkpoint under build/ (and their routed experts as 2-bit planes at
+// `planes`), made once per run. Returns the directory, or NULL (a failure is reported).
+static const char *real4(char *planes, size_t cap) {
+    static int made;
     const char *cfg = "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048, \"num_hidden_layers\": 4, "
                       "\"full_attention_interval\": 4, \"vocab_size\": 248320, \"num_attention_heads\": 16, "
                       "\"num_key_value_heads\": 2, \"head_dim\": 256, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 32, "
@@ -740,11 +740,29 @@ static void real_shapes(void) {
                       "\"shared_expert_intermediate_size\": 512, \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, "
                       "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 262144, \"tie_word_embeddings\": false}\n";
     const char *dir = "build/gpu_real4";
-    if (synth(dir, cfg, "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.hf_quant_config.json")) return;
-    char planes[512], cmd[1024];
-    snprintf(planes, sizeof planes, "%s.planes", dir);
+    snprintf(planes, cap, "%s.planes", dir);
+    if (made) return made > 0 ? dir : NULL;
+    made = -1;
+    if (synth(dir, cfg, "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.hf_quant_config.json")) return NULL;
+    char cmd[1024];
     snprintf(cmd, sizeof cmd, "./moet build-planes --model %s --out %s >/dev/null 2>&1", dir, planes);
-    CHECK(system(cmd) == 0, "%s", cmd);
+    int rc = system(cmd);
+    CHECK(rc == 0, "%s", cmd);
+    if (rc) return NULL;
+    made = 1;
+    return dir;
+}
+
+// Every kernel on the real Qwen3.6 shapes: the first four layers of Qwen3.6-35B-A3B (three Gated
+// DeltaNet layers, then gated attention: H 2048, 256 experts top-8 of width 512, vocab 248,320,
+// head_dim 256, GDN 16 key / 32 value heads of 128) with the real ModelOpt quantization map
+// (FP8 projections, NVFP4 experts, shared experts and lm_head), random weights; its routed
+// experts also as 2-bit planes. The GPU's hidden state after every layer and its logits against
+// the CPU reference over a 48-token prompt.
+static void real_shapes(void) {
+    char planes[512];
+    const char *dir = real4(planes, sizeof planes);
+    if (!dir) return;
     for (int v = 0; v < 2; v++) {
         const char *pl = v ? planes : NULL;
         ck_model m, m2;
@@ -789,6 +807,108 @@ static void real_shapes(void) {
         ck_close(&m2);
         ck_close(&m);
     }
+}
+
+// Each block of a layer alone on the real shapes (real4: H 2048; attention 16 heads of 256 over
+// 2 KV heads, partial RoPE; GDN 16 key / 32 value heads of 128; 256 experts top-8, NVFP4 or 2-bit
+// planes), from the same normed input on the GPU and in the reference: the attention block
+// (k_linear q/k/v, k_attn_prep, k_attention; its core before o_proj and its output), the GDN
+// block (k_gdn_conv, k_gdn_chunk and k_gdn_rule, k_gated_norm; core and output) and the MoE
+// block (router, k_moe_gate_up, k_moe_down, k_silu_mul, k_moe_combine; the experts chosen and
+// the output). Two steps: a 40-token prompt (the chunked GDN form) beside a one-token row (the
+// recurrent one), then that prompt's next token at depth 40 (attention over the cache written
+// by the first step, the recurrence continuing the chunked state).
+// Tolerance GPU_TOL_F32 (f32 KV cache: the same operations in another summation order).
+static double blk_err(CUdeviceptr d, const float *ref, size_t n, float *tmp) {
+    CU_CHECK(cu.cuMemcpyDtoH(tmp, d, sizeof(float) * n));
+    return check_nerr(tmp, ref, n);
+}
+
+static void blocks_real(const char *dir, const char *planes) {
+    ck_model m, m2;
+    moet_err e = {{0}};
+    pf_attached pa = {0};
+    pf_serve_opts po = {0};
+    if (ck_open(&m, dir, &e) || ck_open(&m2, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (planes && pf_attach_planes(&m2, planes, &po, &pa, &e)) { CHECK(0, "%s", e.msg); return; }
+    const ck_config *c = &m.cfg;
+    enum { TM = 41 };
+    int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim, vd = c->value_dim, Kt = c->topk;
+    int la = -1, lg = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->full_attn[l] && la < 0) la = l;
+        if (!c->full_attn[l] && lg < 0) lg = l;
+    }
+    ref_engine r;
+    gpu_engine g;
+    gpu_opts o = {.max_seqs = 2, .max_len = TM + 1, .max_tokens = TM, .kv_dtype = GPU_KV_F32};
+    if (ref_init(&r, &m2, 2, TM + 1, TM, 16, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (gpu_init(&g, &m, &o, planes, &po, &e)) { CHECK(0, "%s", e.msg); ref_free(&r); return; }
+    size_t big = (size_t)TM * (qd > vd ? qd : vd) + (size_t)TM * H;
+    float *xn = malloc(sizeof(float) * (size_t)TM * H), *tmp = malloc(sizeof(float) * big);
+    int32_t *gsel = malloc(sizeof(int32_t) * (size_t)TM * Kt), ids[TM] = {0};
+    double worst[5] = {0};   // attention core, output; GDN core, output; MoE output
+    int same_sel = 1;
+    for (int s = 0; s < 2; s++) {
+        ref_reset(&r, s);
+        CHECK(gpu_seq_start(&g, s, TM + 1) == 0, "pages");
+    }
+    for (int step = 0; step < 2; step++) {
+        int n = step ? 1 : 2, slots[2] = {0, 1}, off0[3] = {0, 40, 41}, off1[2] = {0, 1}, nr, n1, nm;
+        const int *off = step ? off1 : off0;
+        int T = off[n];
+        for (int i = 0; i < T * H; i++) xn[i] = kt_normal();
+        gpu_step_meta(&g, n, slots, ids, off, NULL, GPU_OUT_LAST, &nr, &n1, &nm);
+        CU_CHECK(cu.cuMemcpyHtoD(g.meta, g.meta_host, sizeof(int32_t) * g.meta_ints));
+        const ck_layer *LA = &m2.layers[la], *LG = &m2.layers[lg];
+        // attention
+        memcpy(r.xn, xn, sizeof(float) * (size_t)T * H);
+        CU_CHECK(cu.cuMemcpyHtoD(g.xn, xn, sizeof(float) * (size_t)T * H));
+        CU_CHECK(cu.cuCtxSynchronize());
+        ref_linear(&r, &LA->q, r.xn, H, T, r.proj, 2 * qd);
+        ref_linear(&r, &LA->k, r.xn, H, T, r.kk, kvd);
+        ref_linear(&r, &LA->v, r.xn, H, T, r.vv, kvd);
+        for (int i = 0; i < n; i++) ref_attention(&r, LA, la, &r.seqs[slots[i]], off[i], off[i + 1] - off[i]);
+        ref_linear(&r, &LA->o, r.core, qd, T, r.y, H);
+        gpu_attention_layer(&g, &g.layers[la], la, T);
+        CU_CHECK(cu.cuStreamSynchronize(g.compute));
+        worst[0] = fmax(worst[0], blk_err(g.core, r.core, (size_t)T * qd, tmp));
+        worst[1] = fmax(worst[1], blk_err(g.y, r.y, (size_t)T * H, tmp));
+        // GDN
+        memcpy(r.xn, xn, sizeof(float) * (size_t)T * H);
+        ref_linear(&r, &LG->qkv, r.xn, H, T, r.proj, c->conv_dim);
+        ref_linear(&r, &LG->z, r.xn, H, T, r.zz, vd);
+        ref_linear(&r, &LG->b, r.xn, H, T, r.bb, c->lv_heads);
+        ref_linear(&r, &LG->a, r.xn, H, T, r.aa, c->lv_heads);
+        for (int i = 0; i < n; i++) ref_gdn(&r, LG, lg, &r.seqs[slots[i]], off[i], off[i + 1] - off[i]);
+        ref_linear(&r, &LG->out, r.core, vd, T, r.y, H);
+        gpu_gdn_layer(&g, &g.layers[lg], lg, n, n1, nm, T);
+        CU_CHECK(cu.cuStreamSynchronize(g.compute));
+        worst[2] = fmax(worst[2], blk_err(g.core, r.core, (size_t)T * vd, tmp));
+        worst[3] = fmax(worst[3], blk_err(g.y, r.y, (size_t)T * H, tmp));
+        // MoE (the GDN layer's)
+        ref_moe(&r, LG, lg, T);
+        gpu_moe_layer(&g, &g.layers[lg], T);
+        CU_CHECK(cu.cuStreamSynchronize(g.compute));
+        worst[4] = fmax(worst[4], blk_err(g.y, r.y, (size_t)T * H, tmp));
+        CU_CHECK(cu.cuMemcpyDtoH(gsel, g.sel, sizeof(int32_t) * (size_t)T * Kt));
+        same_sel &= !memcmp(gsel, r.sel, sizeof(int32_t) * (size_t)T * Kt);
+        for (int i = 0; i < n; i++) r.seqs[slots[i]].pos += off[i + 1] - off[i], g.pos[slots[i]] += off[i + 1] - off[i];
+    }
+    const char *what = planes ? "planes" : "NVFP4";
+    CHECK(worst[0] < GPU_TOL_F32 && worst[1] < GPU_TOL_F32, "attention block (real shapes): core %.3g, output %.3g", worst[0], worst[1]);
+    CHECK(worst[2] < GPU_TOL_F32 && worst[3] < GPU_TOL_F32, "GDN block (real shapes): core %.3g, output %.3g", worst[2], worst[3]);
+    CHECK(same_sel, "MoE block (real shapes, %s experts): the chosen experts differ from the reference's", what);
+    CHECK(worst[4] < GPU_TOL_F32, "MoE block (real shapes, %s experts): output %.3g", what, worst[4]);
+    printf("blocks on real shapes (%s experts), GPU vs reference, 40 + 1 tokens then 1 at depth 40: attention core %.2g, "
+           "output %.2g; GDN core %.2g, output %.2g; MoE experts %s, output %.2g\n", what, worst[0], worst[1], worst[2], worst[3],
+           same_sel ? "the same" : "DIFFERENT", worst[4]);
+    gpu_free(&g);
+    ref_free(&r);
+    free(xn), free(tmp), free(gsel);
+    pf_detach(&pa);
+    ck_close(&m2);
+    ck_close(&m);
 }
 
 // Long context: a small model (one GDN and one attention layer) over a 33,000-token prompt in
@@ -871,6 +991,16 @@ int main(void) {
             ck_close(&m);
         }
     }
+    // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
+    // a kernel is being changed), then the tiny fixture end to end once
+    const char *only = getenv("MOET_GPU_TESTS");
+    if (only && !strcmp(only, "kernels")) {
+        char pl[512];
+        const char *dir = real4(pl, sizeof pl);
+        if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
+        variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, GPU_KV_F32);
+        return check_report("test_gpu");
+    }
     char tp[512], cp[512];
     const char *tiny_pl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp, sizeof tp);
     const char *check_pl = planes_of("tests/fixtures/check/nvfp4", "check", cp, sizeof cp);
@@ -896,6 +1026,11 @@ int main(void) {
         }
     }
     real_shapes();
+    {
+        char pl[512];
+        const char *dir = real4(pl, sizeof pl);
+        if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
+    }
     long_context();
     versus_reference("tests/fixtures/demo", NULL, 200);
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
