@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -2551,8 +2552,9 @@ static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet
 // resident from their allocation (arena_sys_alloc); serve_resident makes the rest resident
 // before ready: the code, tables and static data of the program and of its libraries (a code
 // path first run after ready — a cancel, an error line, a libm function — would fault its pages
-// in), the weights the engine reads from the mapped checkpoint (ck_resident), and the main
-// stack down to MOET_SERVE_STACK below the serve loop. Worker stacks are carved from the engine's
+// in), the weights the engine reads from the mapped checkpoint (ck_resident), the main stack
+// down to MOET_SERVE_STACK below the serve loop, and a cushion at the top of the C library's
+// heap for the libraries that allocate while serving. Worker stacks are carved from the engine's
 // arena. The kernel may still drop clean file pages (code, weights) under memory pressure and
 // fault them in again; the stats line counts faults after ready.
 
@@ -2592,6 +2594,20 @@ static __attribute__((noinline)) void serve_resident_stack(void) {
     pad[0] = 0;
 }
 
+// The C library's heap (malloc's main arena): the server allocates nothing after ready, but a
+// library may; on the GPU, libcuda's calls on the serving thread grew [heap] by 48 KiB over 3,000
+// requests (/proc/PID/smaps), a page fault each. MOET_HEAP_CUSHION bytes at the heap's top are
+// written now and kept (the top is never trimmed below them), so those allocations land on
+// resident pages. Pieces of 64 KiB stay under malloc's mmap threshold (128 KiB): from the heap.
+static void serve_resident_heap(void) {
+    enum { PIECE = 64 << 10, N = MOET_HEAP_CUSHION / PIECE };
+    void *p[N];
+    mallopt(M_TRIM_THRESHOLD, 4 * MOET_HEAP_CUSHION);
+    for (int i = 0; i < N; i++)
+        if ((p[i] = malloc(PIECE))) memset(p[i], 0, PIECE);
+    for (int i = N - 1; i >= 0; i--) free(p[i]);
+}
+
 // Called by cmd_serve, the caller of serve_run, just before the ready line. Returns -1 with e set
 // when the weights or the stack cannot be made resident; a segment that cannot is a warning
 // (test_serve_e2e counts the faults after ready).
@@ -2605,6 +2621,7 @@ static int serve_resident(const ck_model *m /* NULL: the checkpoint's mapping is
     dl_iterate_phdr(serve_resident_object, &failures);
     if (failures) fprintf(stderr, "moet serve: warning: %d program segments could not be made resident\n", failures);
     serve_resident_stack();
+    serve_resident_heap();
     return 0;
 }
 

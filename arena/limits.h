@@ -61,6 +61,9 @@
 #define MOET_MAX_QUEUE         65536    // --max-queue (requests read and waiting for a slot)
 #define MOET_TEXT_PER_TOKEN    8        // planned output text bytes per token (past it: "length")
 #define MOET_OUT_BUFFER        (64u << 10) // stdout buffer; a line longer than it is written in pieces
+#define MOET_HEAP_CUSHION      (1u << 20) // the C library's heap made resident before the ready line:
+                                           // libcuda allocates there while serving (48 KiB measured
+                                           // over 3,000 GPU requests)
 #define MOET_SERVE_STACK       (256u << 10) // main-thread stack made resident before the ready line: the
                                            // serve loop's deepest path (a request nested MOET_JSON_MAX_DEPTH
                                            // deep) measured 108 KiB
