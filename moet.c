@@ -683,6 +683,13 @@ typedef struct {
                        float **hidden, int32_t **router_ids, float **router_w, moet_err *e);
 } engine_backend;
 
+// How many of a prompt's `left` tokens a step with `room` tokens left takes when `fed` are in:
+// all of them when they fit, else up to the last multiple of align (absolute positions). 0 or
+// less: the next aligned block does not fit; the prompt waits for a later step.
+static int engine_chunk_take(int fed, int left, int room, int align) {
+    return left <= room ? left : (fed + room) / align * align - fed;
+}
+
 // ==========================================================================================
 // the reference forward pass: plain C, float32, weights decoded exactly (MODEL.md §3–4)
 // ==========================================================================================
@@ -1097,6 +1104,28 @@ static void ref_gated_rmsnorm(float *o, const float *z, const ck_mat *w, int dv,
     for (int v = 0; v < dv; v++) o[v] = ck_at(w, 0, v) * (o[v] * rn) * ref_silu(z[v]);
 }
 
+// One token of the gated delta rule for one value head, recurrent form (MODEL.md §4.1): S [dk, dv]
+// in/out, q̂ and k̂ [dk] normalised (q̂ scaled by 1/sqrt(dk)), v [dv], β = σ(b), g the log decay;
+//   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  o = Sᵀq̂ (before the gated norm)
+// u: scratch [dv]. GPU twin: gdn_token (sass/gdn.cuh).
+static void ref_gdn_token(float *S, const float *qh, const float *kh, const float *vh, float beta, float g, int dk, int dv, float *u,
+                          float *o) {
+    float decay = expf(g);
+    for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] *= decay;
+    for (int v = 0; v < dv; v++) {
+        double acc = 0;
+        for (int d = 0; d < dk; d++) acc += (double)S[(size_t)d * dv + v] * kh[d];
+        u[v] = (vh[v] - (float)acc) * beta;   // the correction u = β (v − Sᵀk)
+    }
+    for (int d = 0; d < dk; d++)
+        for (int v = 0; v < dv; v++) S[(size_t)d * dv + v] += kh[d] * u[v];
+    for (int v = 0; v < dv; v++) {
+        double acc = 0;
+        for (int d = 0; d < dk; d++) acc += (double)S[(size_t)d * dv + v] * qh[d];
+        o[v] = (float)acc;
+    }
+}
+
 // Gated DeltaNet for the tokens [t0, t0 + n) of one sequence, recurrent form (MODEL.md §3.5,
 // §4.1). r->proj holds the qkv projections of these tokens; it is overwritten by the conv output.
 static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
@@ -1135,22 +1164,8 @@ static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int
             const float *qh = qv + (size_t)(j / rep) * dk, *kh = kv + (size_t)(j / rep) * dk, *vh = vv + (size_t)j * dv;
             float beta = ref_sigmoid(r->bb[(size_t)t * nv + j]);
             float g = -expf(ck_at(&L->A_log, 0, j)) * ref_softplus(r->aa[(size_t)t * nv + j] + ck_at(&L->dt_bias, 0, j));
-            float decay = expf(g);
-            float *S = S0 + (size_t)j * dk * dv;               // [dk, dv]
-            for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] *= decay;
-            for (int v = 0; v < dv; v++) {
-                double acc = 0;
-                for (int d = 0; d < dk; d++) acc += (double)S[(size_t)d * dv + v] * kh[d];
-                kvmem[v] = (vh[v] - (float)acc) * beta;       // the correction u = β (v − Sᵀk)
-            }
-            for (int d = 0; d < dk; d++)
-                for (int v = 0; v < dv; v++) S[(size_t)d * dv + v] += kh[d] * kvmem[v];
             float *o = r->core + (size_t)t * c->value_dim + (size_t)j * dv;
-            for (int v = 0; v < dv; v++) {
-                double acc = 0;
-                for (int d = 0; d < dk; d++) acc += (double)S[(size_t)d * dv + v] * qh[d];
-                o[v] = (float)acc;
-            }
+            ref_gdn_token(S0 + (size_t)j * dk * dv, qh, kh, vh, beta, g, dk, dv, kvmem, o);
             ref_gated_rmsnorm(o, r->zz + (size_t)t * c->value_dim + (size_t)j * dv, &L->gnorm, dv, c->eps);
         }
     }
@@ -2041,8 +2056,7 @@ static int serve_step(serve_ctx *S) {
     for (int i = 0; i < S->n_running && T < S->cfg.max_batch_tokens; i++) {
         serve_rec *r = &S->recs[S->running[i]];
         if (r->state != REC_PREFILL) continue;
-        int left = r->n_prompt - r->n_fed, room = S->cfg.max_batch_tokens - T;
-        int take = left <= room ? left : (r->n_fed + room) / align * align - r->n_fed;
+        int take = engine_chunk_take(r->n_fed, r->n_prompt - r->n_fed, S->cfg.max_batch_tokens - T, align);
         if (take <= 0) continue;
         memcpy(S->ids + T, r->tok + r->n_fed, sizeof(int32_t) * (size_t)take);
         T += take;

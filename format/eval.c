@@ -755,8 +755,7 @@ static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
                 q->taken = 1;
             }
             const eval_window *w = &E->win[q->w];
-            int left = w->len - 1 - q->fed, room = E->mbt - T;
-            int take = left <= room ? left : (q->fed + room) / align * align - q->fed;
+            int take = engine_chunk_take(q->fed, w->len - 1 - q->fed, E->mbt - T, align);
             if (take <= 0) continue;
             memcpy(E->step_ids + T, E->ids + w->tok + q->fed, sizeof(int32_t) * (size_t)take);
             E->row_slot[n] = s;

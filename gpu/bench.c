@@ -172,13 +172,12 @@ static int cmd_bench(int argc, char **argv) {
                 int n = 0, T = 0;
                 off[0] = 0;
                 for (int s = 0; s < B && T < Tm; s++) {
-                    int k = goal - fed[s];
-                    if (k <= 0) continue;
-                    if (k > Tm - T) k = Tm - T;
-                    // a cut short of the goal at a multiple of the backend's chunk alignment, as
-                    // the server cuts prompts (where one fits in the room left; else anywhere)
-                    int end = fed[s] + k, al = be->chunk_align;
-                    if (end < goal && end - end % al > fed[s]) k = end - end % al - fed[s];
+                    int left = goal - fed[s];
+                    if (left <= 0) continue;
+                    // cut as the server cuts prompts (at a multiple of the backend's chunk
+                    // alignment) where that takes something, else as far as the room goes
+                    int k = engine_chunk_take(fed[s], left, Tm - T, be->chunk_align);
+                    if (k <= 0) k = Tm - T;
                     for (int j = 0; j < k; j++) {
                         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
                         ids[T + j] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);

@@ -569,13 +569,13 @@ static void kt_gdn_launch(gpu_engine *g, int kernel, arena *d, const kt_row *rw,
 }
 
 // The CPU side of one row, pieces cut at multiples of 64 of the absolute position as k_gdn_chunk
-// cuts them: ref_gdn_chunk for pieces of ≥ 2 tokens, the recurrence for single tokens (and for
-// every token when `recurrent`), sums in f64. Inputs as the kernels'; S [nv, dk, dv] of the slot.
+// cuts them: ref_gdn_chunk for pieces of ≥ 2 tokens, the reference's recurrence ref_gdn_token for
+// single tokens (and for every token when `recurrent`). Inputs as the kernels'; S [nv, dk, dv] of the slot.
 static void kt_gdn_row(const float *qkv, int cd, const float *bb, const float *aa, const ck_mat *alog, const ck_mat *dtb, float *S,
                        float *o, int nk, int nv, int dk, int dv, int pos, int len, int recurrent) {
     int key_dim = nk * dk, rep = nv / nk;
     float *qh = malloc(sizeof(float) * 64 * dk), *kh = malloc(sizeof(float) * 64 * dk), *vh = malloc(sizeof(float) * 64 * dv);
-    float *po = malloc(sizeof(float) * 64 * dv), be[64], gg[64];
+    float *po = malloc(sizeof(float) * 64 * dv), *uu = malloc(sizeof(float) * dv), be[64], gg[64];
     double *w = malloc(sizeof(double) * ref_gdn_chunk_scratch(64, dv));
     for (int t = 0; t < len;) {
         int n = recurrent ? 1 : 64 - (pos + t) % 64;
@@ -600,24 +600,12 @@ static void kt_gdn_row(const float *qkv, int cd, const float *bb, const float *a
             }
             float *Sj = S + (size_t)j * dk * dv;
             if (n >= 2) ref_gdn_chunk(qh, kh, vh, be, gg, n, dk, dv, Sj, po, w);
-            else {   // S ← e^g S, u = β (v − Sᵀk̂), S ← S + k̂ uᵀ, o = Sᵀq̂
-                double decay = exp((double)gg[0]);
-                for (int v = 0; v < dv; v++) {
-                    double ks = 0, u, qs = 0;
-                    for (int dd = 0; dd < dk; dd++) ks += decay * Sj[(size_t)dd * dv + v] * kh[dd];
-                    u = be[0] * (vh[v] - ks);
-                    for (int dd = 0; dd < dk; dd++) {
-                        Sj[(size_t)dd * dv + v] = (float)(decay * Sj[(size_t)dd * dv + v] + (double)kh[dd] * u);
-                        qs += (double)Sj[(size_t)dd * dv + v] * qh[dd];
-                    }
-                    po[v] = (float)qs;
-                }
-            }
+            else ref_gdn_token(Sj, qh, kh, vh, be[0], gg[0], dk, dv, uu, po);
             for (int r = 0; r < n; r++) memcpy(o + (size_t)(t + r) * nv * dv + (size_t)j * dv, po + (size_t)r * dv, sizeof(float) * dv);
         }
         t += n;
     }
-    free(qh), free(kh), free(vh), free(po), free(w);
+    free(qh), free(kh), free(vh), free(po), free(uu), free(w);
 }
 
 // Both forms of the gated delta rule against their CPU twins, on Qwen3.6's GDN shapes (16 key
