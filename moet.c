@@ -1,11 +1,46 @@
-// moet.c — the whole program as one translation unit (a unity build).
+// moet.c — the whole program as one translation unit (a unity build), and its table of contents.
 //
-// moet serves qwen3_5_moe models (Qwen3.6-35B-A3B) with every routed expert as 2-bit planes
-// read from one MOET2PF1 file. This file is the table of contents: it includes every module in
-// dependency order, leaf modules first (arena/, format/), then holds the engine — the sampler,
-// the backend interface, the reference forward pass (the CPU backend), the scheduler and
-// serve loop — and the command line. Every function is static.
-// Tests `#define MOET_TEST` and include this file to call the internals directly.
+// moet serves qwen3_5_moe models (Qwen3.6-35B-A3B) with every routed expert as 2-bit planes read
+// from one MOET2PF1 file. Every module is included here in floor order — each file uses only
+// names defined above it — and every function is static. Tests `#define MOET_TEST` and include
+// this file to call the internals directly.
+//
+//   memory    arena/limits.h        every fixed limit (MOET_MAX_*)
+//             sass/gpu_abi.h        what host and kernels agree on (weight descriptors, KV types,
+//                                   launch geometry): constants only, shared with nvcc
+//             arena/base.c          errors (moet_err, MOET_ASSERT), checked size arithmetic, clock
+//             arena/arena.c         planned memory: host/pinned/device arenas, ARENA_TAKE, arena_plan
+//   bytes     format/json.c         RFC 8259 JSON: parser, writer
+//             format/outfile.c      output files: temporary file + rename, removed on failure
+//             format/args.c         flag values of every command
+//             format/unicode.c      Unicode properties and NFC for the tokenizer
+//             format/tokenizer.c    byte-level BPE (tokenizer.json): encode, decode, streaming
+//             format/safetensors.c  safetensors shards: mmap + validation
+//             format/checkpoint.c   config.json, the weights as stored (BF16/FP8/NVFP4),
+//                                   generation_config.json, the model's name  (format/CHECKPOINT.md)
+//             format/planes.c       the MOET2PF1 plane file: layout, quantizer, writer, reader
+//                                   (format/PLANES.md)
+//             format/planes_model.c a plane file for one model: geometry checks, attach
+//             format/st_write.c     streaming safetensors writer
+//             format/chat.c         the chat template; reasoning/content split
+//             format/protocol.c     the JSONL protocol: request lines, sampling parameters,
+//                                   the line writer's primitives (format/PROTOCOL.md)
+//   engine    (this file)           the sampler; the backend interface (engine_backend); the
+//                                   reference forward pass, the CPU backend and every kernel's
+//                                   twin (sass/MODEL.md)
+//   device    gpu/cuda.c            the Driver API (dlopen), CU_CHECK, the device
+//             gpu/kernels.c         the embedded cubins, the kernel table, gpu_launch, profiler
+//             gpu/pool.c            the resident expert pool (O_DIRECT, SHA-256, copy streams)
+//             gpu/engine.c          the device forward pass (arenas, weights, KV pages, steps)
+//             gpu/backend.c         the GPU engine_backend; engine_open (--backend)
+//   serving   (this file)           the scheduler and serve loop; the answer and error lines;
+//                                   `moet serve`
+//   commands  format/tokenizer_cmd.c  `moet tokenize`
+//             format/planes_cmd.c   `moet build-planes`, `moet verify`, `moet info`
+//             format/synth.c        `moet synth`
+//             format/eval.c         `moet eval`
+//             gpu/bench.c           `moet bench`
+//             (this file)           `moet run`; main and its command table
 
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -33,43 +68,54 @@
 #include <dirent.h>
 #include <dlfcn.h>
 
+// ==========================================================================================
+// memory
+// ==========================================================================================
+
 // defines: every fixed limit (MOET_MAX_*)
 #include "arena/limits.h"
-// defines: moet_err, err_set, MOET_ASSERT, moet_die, checked size arithmetic
-#include "arena/base.c"
-// defines: gpu_open, gpu_device, cu (the Driver API table, dlopen), CU_CHECK
-#include "gpu/cuda.c"
-// defines: gpu_kernels (the embedded cubins, the kernel table K_*), gpu_launch
-#include "gpu/kernels.c"
-// defines: gpu_mat (a weight matrix on the device), GPU_W_*, GPU_KV_*, GPU_KV_PAGE: shared with sass/
+// defines: gpu_mat, gpu_lin_set, GPU_W_*, GPU_KV_*, GPU_KV_PAGE, kernel geometry (shared with sass/)
 #include "sass/gpu_abi.h"
-// defines: arena (host, pinned, device: measure / init / take), arena_map_file, the allocation counter
+// defines: moet_err, err_set, err_wrap, MOET_ASSERT, moet_die, size_mul/size_add, moet_now
+#include "arena/base.c"
+// defines: arena (host, pinned, device: measure / init / take), ARENA_TAKE, arena_plan,
+//          arena_map_file, the allocation counter and its freeze
 #include "arena/arena.c"
+
+// ==========================================================================================
+// bytes: files, text and lines
+// ==========================================================================================
+
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
 // defines: of_begin, of_write, of_commit, of_abort (an output file: temporary file + rename,
 //          only over a regular file, removed on every error and fatal signal)
 #include "format/outfile.c"
+// defines: moet_arg_i64, moet_arg_int (flag values)
+#include "format/args.c"
 // defines: uni_props, uni_nfc (Unicode properties and NFC, tables from format/unicode_tables.h)
 #include "format/unicode.c"
-// defines: tok, tok_load, tok_encode, tok_decode, tok_decode_stream, tok_find, cmd_tokenize
+// defines: tok, tok_load, tok_encode, tok_decode, tok_decode_stream, tok_find
 #include "format/tokenizer.c"
 // defines: st_set, st_open, st_find (safetensors shards: mmap + validation)
 #include "format/safetensors.c"
-// defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode)
+// defines: ck_config, ck_model, ck_open, ck_mat + ck_row_f32/ck_row_f64 (exact weight decode),
+//          ck_gen_config (generation_config.json), ck_path, ck_hf_snapshot, ck_model_name
 #include "format/checkpoint.c"
 // defines: pf_plan, pf_quant_expert, pf_build, pf_open, pf_read_slot, pf_verify_slots,
 //          (MOET2PF1 2-bit expert plane file: layout, quantizer, writer, reader)
 #include "format/planes.c"
-// defines: pf_open_for_model, pf_expert_mats, cmd_build_planes, cmd_verify, cmd_info
-#include "format/planes_cmd.c"
+// defines: pf_serve_opts, pf_open_for_model, pf_expert_mats, pf_attach_planes
+#include "format/planes_model.c"
 // defines: stw_begin, stw_write, stw_end (streaming safetensors writer)
 #include "format/st_write.c"
-// defines: cmd_synth (a random checkpoint of any qwen3_5_moe config, full size included)
-#include "format/synth.c"
+// defines: chat_render (the Qwen3.6 chat template), chat_split_* (reasoning/content splitter)
+#include "format/chat.c"
+// defines: samp_params, proto_parse (request lines), proto_out / po_* (line writer primitives)
+#include "format/protocol.c"
 
 // ==========================================================================================
-// the sampler
+// the engine, 1: the sampler
 // ==========================================================================================
 //
 // From one row of logits to one token id, and the logprobs of it.
@@ -91,16 +137,6 @@
 // The state of a sequence's sampler — its parameters, its generator, its penalty counts —
 // lives in a samp_bank, one entry per backend sequence slot: taken at admission, cleared at
 // release. Every backend picks through it, so a request samples the same way on each.
-
-typedef struct {
-    float temperature;          // 0 = greedy
-    int top_k;                  // 0 = all
-    float top_p;                // (0, 1]
-    float min_p;                // [0, 1]
-    float presence_penalty;     // [-2, 2]
-    float frequency_penalty;    // [-2, 2]
-    float repetition_penalty;   // > 0; 1 = off
-} samp_params;
 
 typedef struct {
     uint64_t s[4];
@@ -180,23 +216,22 @@ static int samp_has_penalty(const samp_params *p) {
 
 // ---- the bank: per-slot state ---------------------------------------------------------------
 
-#define SAMP_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
 
 static void samp_bank_carve(samp_bank *b, arena *a) {
     size_t V = (size_t)b->n_vocab;
-    SAMP_TAKE(a, b->slot, b->n_slots, "sampler slots");
+    ARENA_TAKE(a, b->slot, b->n_slots, "sampler slots");
     for (int s = 0; s < b->n_slots; s++) {
         samp_slot *q = a->base ? &b->slot[s] : &(samp_slot){0};
-        SAMP_TAKE(a, q->count, V, "penalty counts");
-        SAMP_TAKE(a, q->seen, (V + 7) / 8, "penalty bits");
-        SAMP_TAKE(a, q->touched, b->touch_cap, "penalty ids");
+        ARENA_TAKE(a, q->count, V, "penalty counts");
+        ARENA_TAKE(a, q->seen, (V + 7) / 8, "penalty bits");
+        ARENA_TAKE(a, q->touched, b->touch_cap, "penalty ids");
     }
     size_t nb = (V + SAMP_BLOCK - 1) / SAMP_BLOCK;
-    SAMP_TAKE(a, b->sc.work, V, "sampler scratch");
-    SAMP_TAKE(a, b->sc.bmax, nb, "sampler block maxima");
-    SAMP_TAKE(a, b->sc.bmax_raw, nb, "sampler block maxima");
-    SAMP_TAKE(a, b->sc.heap, nb, "sampler heap");
-    SAMP_TAKE(a, b->sc.cand, V, "sampler candidates");
+    ARENA_TAKE(a, b->sc.work, V, "sampler scratch");
+    ARENA_TAKE(a, b->sc.bmax, nb, "sampler block maxima");
+    ARENA_TAKE(a, b->sc.bmax_raw, nb, "sampler block maxima");
+    ARENA_TAKE(a, b->sc.heap, nb, "sampler heap");
+    ARENA_TAKE(a, b->sc.cand, V, "sampler candidates");
 }
 
 // Plans and allocates the state of n_slots sequences of at most max_len tokens over a
@@ -207,11 +242,9 @@ static int samp_bank_init(samp_bank *b, int n_vocab, int n_slots, int max_len, m
     b->n_vocab = n_vocab;
     b->n_slots = n_slots;
     b->touch_cap = (int64_t)2 * max_len < n_vocab ? 2 * max_len : n_vocab;
-    arena plan = arena_measure("sampler");
-    samp_bank_carve(b, &plan);
-    if (arena_init(&b->mem, "sampler", plan.used, e)) return -1;
-    samp_bank_carve(b, &b->mem);
-    arena_done(&b->mem);
+    arena_plan p = arena_plan_begin(&b->mem, "sampler", ARENA_HOST, e);
+    while (arena_plan_pass(&p)) samp_bank_carve(b, p.on);
+    if (p.failed) return -1;
     for (int s = 0; s < n_slots; s++) {   // the penalty state starts (and stays, between sequences) zero
         samp_slot *q = &b->slot[s];
         memset(q->count, 0, sizeof(uint16_t) * (size_t)n_vocab);
@@ -608,8 +641,10 @@ static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *to
 }
 
 // ==========================================================================================
-// engine backend: what the scheduler needs from a forward pass (the CPU reference, the GPU)
+// the engine, 2: the backend interface
 // ==========================================================================================
+//
+// What the scheduler needs from a forward pass (the CPU reference, the GPU).
 //
 // A backend holds max_seqs sequence slots, each an independent token history of at most
 // max_len tokens; KV room, recurrent state and the sampler state (samp_bank) live behind it.
@@ -683,6 +718,49 @@ typedef struct {
                        float **hidden, int32_t **router_ids, float **router_w, moet_err *e);
 } engine_backend;
 
+// ---- the checks every backend makes -----------------------------------------------------------
+//
+// A step and an admission are checked here, once, for every backend (launch, forward_all and
+// admit call these first); a backend adds only what is its own (the GPU: free KV pages). A
+// failing check changes nothing. The forward passes behind them (ref_forward, gpu_step) only
+// assert what these established.
+
+// A step: 1..max_seqs rows, off[0] = 0 and off[n] <= max_tokens, each slot in range, holding an
+// admitted sequence (bank) and named once, each row non-empty and within its sequence's reserve
+// (pos[s] tokens so far, limit[s] its reserve: at(self, s, &pos, &limit)), every id in [0, V).
+static int engine_check_step(const char *what, int max_seqs, int max_tokens, int V, const samp_bank *bank,
+                             void (*at)(const void *self, int slot, int *pos, int *limit), const void *self, int n,
+                             const int *slots, const int32_t *ids, const int *off, moet_err *e) {
+    if (n < 1 || n > max_seqs) return err_set(e, "%s: %d rows; expected 1 .. %d", what, n, max_seqs);
+    if (off[0] != 0 || off[n] > max_tokens)
+        return err_set(e, "%s: a step of %d tokens in %d rows exceeds the %d tokens planned", what, off[n], n, max_tokens);
+    for (int i = 0; i < n; i++) {
+        int s = slots[i], pos, limit;
+        if (s < 0 || s >= max_seqs) return err_set(e, "%s: sequence slot %d out of range [0, %d)", what, s, max_seqs);
+        for (int j = 0; j < i; j++)
+            if (slots[j] == s) return err_set(e, "%s: sequence slot %d appears twice in one step", what, s);
+        if (!bank->slot[s].active) return err_set(e, "%s: sequence slot %d was not admitted", what, s);
+        if (off[i + 1] <= off[i]) return err_set(e, "%s: row %d has no tokens", what, i);
+        at(self, s, &pos, &limit);
+        if (pos + (off[i + 1] - off[i]) > limit)
+            return err_set(e, "%s: the sequence in slot %d would reach %d tokens; its reserve is %d", what, s,
+                           pos + (off[i + 1] - off[i]), limit);
+    }
+    for (int t = 0; t < off[n]; t++)
+        if (ids[t] < 0 || ids[t] >= V) return err_set(e, "%s: token id %d outside the vocabulary [0, %d)", what, ids[t], V);
+    return 0;
+}
+
+// An admission: the slot in range and free, a reserve that holds the prompt and fits the context.
+static int engine_check_admit(int max_seqs, int max_len, const samp_bank *bank, int slot, const engine_admit *a, moet_err *e) {
+    if (slot < 0 || slot >= max_seqs) return err_set(e, "admit: sequence slot %d out of range [0, %d)", slot, max_seqs);
+    if (bank->slot[slot].active) return err_set(e, "admit: sequence slot %d is taken", slot);
+    if (a->reserve < 1 || a->reserve < a->n_prompt)
+        return err_set(e, "admit: a reserve of %d tokens does not hold the prompt of %d", a->reserve, a->n_prompt);
+    if (a->reserve > max_len) return err_set(e, "admit: a reserve of %d tokens exceeds the context of %d", a->reserve, max_len);
+    return 0;
+}
+
 // How many of a prompt's `left` tokens a step with `room` tokens left takes when `fed` are in:
 // all of them when they fit, else up to the last multiple of align (absolute positions). 0 or
 // less: the next aligned block does not fit; the prompt waits for a later step.
@@ -691,8 +769,10 @@ static int engine_chunk_take(int fed, int left, int room, int align) {
 }
 
 // ==========================================================================================
-// the reference forward pass: plain C, float32, weights decoded exactly (MODEL.md §3–4)
+// the engine, 3: the reference forward pass
 // ==========================================================================================
+//
+// Plain C, float32, weights decoded exactly (MODEL.md §3–4).
 //
 // This is the executable definition of the model: every GPU kernel is checked against it,
 // and it is the backend that serves small models on machines without a GPU. It runs on the
@@ -785,7 +865,6 @@ static int ref_max_row(const ck_config *c) {
     return r;
 }
 
-#define REF_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
 
 // Carves every buffer; run once on a measuring arena (sizes only) and once on the real one.
 static void ref_carve(ref_engine *r, arena *a) {
@@ -795,44 +874,44 @@ static void ref_carve(ref_engine *r, arena *a) {
     size_t projw = (size_t)(2 * c->n_heads * c->head_dim > c->conv_dim ? 2 * c->n_heads * c->head_dim : c->conv_dim);
     size_t corew = (size_t)(c->n_heads * c->head_dim > c->value_dim ? c->n_heads * c->head_dim : c->value_dim);
     size_t ew = (size_t)(c->inter > c->shared_inter ? c->inter : c->shared_inter);
-    REF_TAKE(a, r->seqs, r->max_seqs, "sequence table");
-    REF_TAKE(a, r->kind_index, c->n_layers, "layer index");
+    ARENA_TAKE(a, r->seqs, r->max_seqs, "sequence table");
+    ARENA_TAKE(a, r->kind_index, c->n_layers, "layer index");
     for (int s = 0; s < r->max_seqs; s++) {
         ref_seq *q = a->base ? &r->seqs[s] : &(ref_seq){0};
-        REF_TAKE(a, q->k, (size_t)c->n_full * r->max_len * kvd, "KV cache keys");
-        REF_TAKE(a, q->v, (size_t)c->n_full * r->max_len * kvd, "KV cache values");
-        REF_TAKE(a, q->conv, (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim, "conv windows");
-        REF_TAKE(a, q->ssm, (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim, "GDN states");
+        ARENA_TAKE(a, q->k, (size_t)c->n_full * r->max_len * kvd, "KV cache keys");
+        ARENA_TAKE(a, q->v, (size_t)c->n_full * r->max_len * kvd, "KV cache values");
+        ARENA_TAKE(a, q->conv, (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim, "conv windows");
+        ARENA_TAKE(a, q->ssm, (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim, "GDN states");
     }
-    REF_TAKE(a, r->x, Tm * H, "residual");
-    REF_TAKE(a, r->xn, Tm * H, "normed input");
-    REF_TAKE(a, r->y, Tm * H, "sublayer output");
-    REF_TAKE(a, r->proj, Tm * projw, "projections");
-    REF_TAKE(a, r->kk, Tm * kvd, "keys");
-    REF_TAKE(a, r->vv, Tm * kvd, "values");
-    REF_TAKE(a, r->core, Tm * corew, "mixer output");
-    REF_TAKE(a, r->zz, Tm * c->value_dim, "GDN gate");
-    REF_TAKE(a, r->bb, Tm * c->lv_heads, "GDN beta");
-    REF_TAKE(a, r->aa, Tm * c->lv_heads, "GDN decay");
-    REF_TAKE(a, r->rl, Tm * c->n_experts, "router");
-    REF_TAKE(a, r->sel, Tm * c->topk, "routing");
-    REF_TAKE(a, r->selw, Tm * c->topk, "routing weights");
-    REF_TAKE(a, r->rows, Tm, "expert rows");
-    REF_TAKE(a, r->rw, Tm, "expert row weights");
-    REF_TAKE(a, r->gx, Tm * H, "expert inputs");
-    REF_TAKE(a, r->eg, Tm * ew, "expert gate");
-    REF_TAKE(a, r->eu, Tm * ew, "expert up");
-    REF_TAKE(a, r->ed, Tm * H, "expert output");
-    REF_TAKE(a, r->wrow, (size_t)r->threads * ref_max_row(c), "weight rows");
-    REF_TAKE(a, r->scores, r->max_len, "attention scores");
-    REF_TAKE(a, r->tmp, 2 * (size_t)(c->conv_dim > 2 * c->lv_dim ? c->conv_dim : 2 * c->lv_dim), "temporaries");
-    REF_TAKE(a, r->inv_freq, c->rot_dim / 2, "rotary frequencies");
-    REF_TAKE(a, r->jobs, r->threads, "worker jobs");
-    REF_TAKE(a, r->step_logits, (size_t)r->max_seqs * c->vocab, "step logits");
-    REF_TAKE(a, r->res_tok, r->max_seqs, "step tokens");
-    REF_TAKE(a, r->res_lp, r->max_seqs, "step logprobs");
-    REF_TAKE(a, r->res_top_ids, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprob ids");
-    REF_TAKE(a, r->res_top_lp, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprobs");
+    ARENA_TAKE(a, r->x, Tm * H, "residual");
+    ARENA_TAKE(a, r->xn, Tm * H, "normed input");
+    ARENA_TAKE(a, r->y, Tm * H, "sublayer output");
+    ARENA_TAKE(a, r->proj, Tm * projw, "projections");
+    ARENA_TAKE(a, r->kk, Tm * kvd, "keys");
+    ARENA_TAKE(a, r->vv, Tm * kvd, "values");
+    ARENA_TAKE(a, r->core, Tm * corew, "mixer output");
+    ARENA_TAKE(a, r->zz, Tm * c->value_dim, "GDN gate");
+    ARENA_TAKE(a, r->bb, Tm * c->lv_heads, "GDN beta");
+    ARENA_TAKE(a, r->aa, Tm * c->lv_heads, "GDN decay");
+    ARENA_TAKE(a, r->rl, Tm * c->n_experts, "router");
+    ARENA_TAKE(a, r->sel, Tm * c->topk, "routing");
+    ARENA_TAKE(a, r->selw, Tm * c->topk, "routing weights");
+    ARENA_TAKE(a, r->rows, Tm, "expert rows");
+    ARENA_TAKE(a, r->rw, Tm, "expert row weights");
+    ARENA_TAKE(a, r->gx, Tm * H, "expert inputs");
+    ARENA_TAKE(a, r->eg, Tm * ew, "expert gate");
+    ARENA_TAKE(a, r->eu, Tm * ew, "expert up");
+    ARENA_TAKE(a, r->ed, Tm * H, "expert output");
+    ARENA_TAKE(a, r->wrow, (size_t)r->threads * ref_max_row(c), "weight rows");
+    ARENA_TAKE(a, r->scores, r->max_len, "attention scores");
+    ARENA_TAKE(a, r->tmp, 2 * (size_t)(c->conv_dim > 2 * c->lv_dim ? c->conv_dim : 2 * c->lv_dim), "temporaries");
+    ARENA_TAKE(a, r->inv_freq, c->rot_dim / 2, "rotary frequencies");
+    ARENA_TAKE(a, r->jobs, r->threads, "worker jobs");
+    ARENA_TAKE(a, r->step_logits, (size_t)r->max_seqs * c->vocab, "step logits");
+    ARENA_TAKE(a, r->res_tok, r->max_seqs, "step tokens");
+    ARENA_TAKE(a, r->res_lp, r->max_seqs, "step logprobs");
+    ARENA_TAKE(a, r->res_top_ids, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprob ids");
+    ARENA_TAKE(a, r->res_top_lp, (size_t)r->max_seqs * MOET_MAX_LOGPROBS, "step top logprobs");
     r->stacks = arena_take(a, (size_t)(r->threads - 1) * REF_STACK, 4096, "worker stacks");
 }
 
@@ -915,11 +994,9 @@ static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len,
     r->max_tokens = max_tokens;
     r->threads = threads < 1 ? 1 : threads > MOET_MAX_THREADS ? MOET_MAX_THREADS : threads;
     if (max_seqs < 1 || max_len < 1 || max_tokens < 1) return err_set(e, "engine sizes must be positive");
-    arena plan = arena_measure("reference engine");
-    ref_carve(r, &plan);
-    if (arena_init(&r->mem, "reference engine", plan.used, e)) return -1;
-    ref_carve(r, &r->mem);
-    arena_done(&r->mem);
+    arena_plan p = arena_plan_begin(&r->mem, "reference engine", ARENA_HOST, e);
+    while (arena_plan_pass(&p)) ref_carve(r, p.on);
+    if (p.failed) return -1;
     if (samp_bank_init(&r->bank, m->cfg.vocab, max_seqs, max_len, e)) {
         arena_release(&r->mem);
         return -1;
@@ -1297,23 +1374,22 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
 // logits after its last token (want NULL: every sequence), in row order: [count, V].
 // hidden: NULL, or L + 1 buffers [off[n], H] receiving the residual stream as transformers'
 // output_hidden_states (0: embeddings, i: after layer i − 1, L: after the final norm).
+// The step was checked by engine_check_step (the backend's launch or forward_all, or a test
+// that feeds valid steps): returns 0.
 static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want,
                        float *logits, int all_logits, float **hidden, moet_err *e) {
     const ck_model *m = r->m;
     const ck_config *c = &m->cfg;
     int H = c->hidden, V = c->vocab, T = off[n];
-    if (n < 1 || off[0] != 0 || T > r->max_tokens)
-        return err_set(e, "step of %d tokens in %d rows exceeds the %d tokens planned", T, n, r->max_tokens);
-    for (int i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= r->max_seqs) return err_set(e, "sequence slot %d out of range", slots[i]);
-        for (int j = 0; j < i; j++) if (slots[j] == slots[i]) return err_set(e, "sequence slot %d appears twice in one step", slots[i]);
-        if (off[i + 1] <= off[i]) return err_set(e, "row %d has no tokens", i);
-        if (r->seqs[slots[i]].pos + (off[i + 1] - off[i]) > r->max_len)
-            return err_set(e, "sequence in slot %d would reach %d tokens; the limit is %d", slots[i],
-                           r->seqs[slots[i]].pos + (off[i + 1] - off[i]), r->max_len);
-    }
+    (void)e;
+    // the step was checked (engine_check_step); what would break memory is asserted
+    MOET_ASSERT(n >= 1 && n <= r->max_seqs && off[0] == 0 && T <= r->max_tokens, "step of %d tokens in %d rows", T, n);
+    for (int i = 0; i < n; i++)
+        MOET_ASSERT(slots[i] >= 0 && slots[i] < r->max_seqs && off[i + 1] > off[i] &&
+                        r->seqs[slots[i]].pos + (off[i + 1] - off[i]) <= r->max_len,
+                    "row %d: slot %d, %d tokens", i, slots[i], off[i + 1] - off[i]);
     for (int t = 0; t < T; t++) {
-        if (ids[t] < 0 || ids[t] >= V) return err_set(e, "token id %d outside the vocabulary [0, %d)", ids[t], V);
+        MOET_ASSERT(ids[t] >= 0 && ids[t] < V, "token id %d", ids[t]);
         ck_row_f32(&m->embed, ids[t], r->x + (size_t)t * H);
     }
     if (hidden) memcpy(hidden[0], r->x, sizeof(float) * (size_t)T * H);
@@ -1363,27 +1439,16 @@ static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *id
 // bounds its sequence, as the paged KV of a GPU backend would.
 
 // The rows of a step (or of forward_all) on admitted slots, within their reserves.
-static int ref_be_check(const ref_engine *r, int n, const int *slots, const int *off, const char *what, moet_err *e) {
-    if (n < 1 || n > r->max_seqs) return err_set(e, "%s: %d rows; expected 1 .. %d", what, n, r->max_seqs);
-    for (int i = 0; i < n; i++) {
-        int s = slots[i];
-        if (s < 0 || s >= r->max_seqs) return err_set(e, "%s: sequence slot %d out of range [0, %d)", what, s, r->max_seqs);
-        if (!r->bank.slot[s].active) return err_set(e, "%s: sequence slot %d was not admitted", what, s);
-        if (off[i + 1] <= off[i]) return err_set(e, "%s: row %d has no tokens", what, i);
-        if (r->seqs[s].pos + (off[i + 1] - off[i]) > r->seqs[s].limit)
-            return err_set(e, "%s: the sequence in slot %d would reach %d tokens; its reserve is %d", what, s,
-                           r->seqs[s].pos + (off[i + 1] - off[i]), r->seqs[s].limit);
-    }
-    return 0;
+// The sequence in slot s for engine_check_step: its length and its reserve.
+static void ref_be_at(const void *self, int s, int *pos, int *limit) {
+    const ref_engine *r = self;
+    *pos = r->seqs[s].pos;
+    *limit = r->seqs[s].limit;
 }
 
 static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
     ref_engine *r = self;
-    if (slot < 0 || slot >= r->max_seqs) return err_set(e, "admit: sequence slot %d out of range [0, %d)", slot, r->max_seqs);
-    if (a->reserve < 1 || a->reserve < a->n_prompt)
-        return err_set(e, "admit: a reserve of %d tokens does not hold the prompt of %d", a->reserve, a->n_prompt);
-    if (a->reserve > r->max_len)
-        return err_set(e, "admit: a reserve of %d tokens exceeds the context of %d", a->reserve, r->max_len);
+    if (engine_check_admit(r->max_seqs, r->max_len, &r->bank, slot, a, e)) return -1;
     if (samp_bank_admit(&r->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
     ref_reset(r, slot);
     r->seqs[slot].limit = a->reserve;
@@ -1400,7 +1465,8 @@ static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
     ref_engine *r = self;
     int V = r->m->cfg.vocab;
     if (r->launched) return err_set(e, "launch: the step launched before was not collected");
-    if (ref_be_check(r, s->n, s->slots, s->off, "launch", e)) return -1;
+    if (engine_check_step("launch", r->max_seqs, r->max_tokens, V, &r->bank, ref_be_at, r, s->n, s->slots, s->ids, s->off, e))
+        return -1;
     if (ref_forward(r, s->n, s->slots, s->ids, s->off, s->want, r->step_logits, 0, NULL, e)) return -1;
     for (int i = 0, j = 0; i < s->n; i++) {
         r->res_tok[i] = -1;   // no token for a mid-prompt chunk
@@ -1424,7 +1490,8 @@ static int ref_be_forward_all(void *self, int n, const int *slots, const int32_t
                               float **hidden, int32_t **router_ids, float **router_w, moet_err *e) {
     ref_engine *r = self;
     if (r->launched) return err_set(e, "forward_all: the step launched before was not collected");
-    if (ref_be_check(r, n, slots, off, "forward_all", e)) return -1;
+    if (engine_check_step("forward_all", r->max_seqs, r->max_tokens, r->m->cfg.vocab, &r->bank, ref_be_at, r, n, slots, ids, off, e))
+        return -1;
     r->trace_ids = router_ids;
     r->trace_w = router_w;
     int rc = ref_forward(r, n, slots, ids, off, NULL, logits, 1, hidden, e);
@@ -1439,21 +1506,23 @@ static engine_backend ref_backend(ref_engine *r) {
     return b;
 }
 
+// ==========================================================================================
+// the device
+// ==========================================================================================
+
+// defines: gpu_open, gpu_device, cu (the Driver API table, dlopen), CU_CHECK; the arena's GPU kinds
+#include "gpu/cuda.c"
+// defines: gpu_kernels (the embedded cubins, the kernel table K_*), gpu_launch
+#include "gpu/kernels.c"
+// defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy streams)
+#include "gpu/pool.c"
 // defines: gpu_engine (device arenas, weights, KV pages, GDN state), gpu_init, gpu_step, gpu_seq_start/end
 #include "gpu/engine.c"
-// defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy stream)
-#include "gpu/pool.c"
 // defines: gpu_backend (the GPU engine_backend), engine_open (--backend auto|cpu|gpu for every command)
 #include "gpu/backend.c"
 
-// defines: chat_render (the Qwen3.6 chat template), chat_split_* (reasoning/content splitter)
-#include "format/chat.c"
-
-// defines: proto_parse (request lines), proto_out / po_* (response writer), proto_write_error
-#include "format/protocol.c"
-
 // ==========================================================================================
-// the scheduler and the serve loop
+// serving, 1: the scheduler and the serve loop
 // ==========================================================================================
 //
 // The scheduler (continuous batching over an engine_backend) and the line loop of
@@ -1583,39 +1652,38 @@ static void serve_on_signal(int sig) {
 
 // ---- memory plan ---------------------------------------------------------------------------
 
-#define SERVE_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
 
 static void serve_carve(serve_ctx *S, arena *a) {
     const serve_config *c = &S->cfg;
     int K = c->max_logprobs;
-    SERVE_TAKE(a, S->recs, S->n_recs, "request records");
+    ARENA_TAKE(a, S->recs, S->n_recs, "request records");
     for (int i = 0; i < S->n_recs; i++) {
         serve_rec *r = a->base ? &S->recs[i] : &(serve_rec){0};
-        SERVE_TAKE(a, r->tok, S->max_len, "token buffers");
-        SERVE_TAKE(a, r->text, S->text_cap, "text buffers");
-        SERVE_TAKE(a, r->stop, MOET_MAX_STOP * MOET_MAX_STOP_BYTES, "stop strings");
-        SERVE_TAKE(a, r->lp, S->max_len, "logprobs");
-        SERVE_TAKE(a, r->lp_ids, (size_t)S->max_len * (K ? K : 1), "top logprob ids");
-        SERVE_TAKE(a, r->lp_vals, (size_t)S->max_len * (K ? K : 1), "top logprobs");
+        ARENA_TAKE(a, r->tok, S->max_len, "token buffers");
+        ARENA_TAKE(a, r->text, S->text_cap, "text buffers");
+        ARENA_TAKE(a, r->stop, MOET_MAX_STOP * MOET_MAX_STOP_BYTES, "stop strings");
+        ARENA_TAKE(a, r->lp, S->max_len, "logprobs");
+        ARENA_TAKE(a, r->lp_ids, (size_t)S->max_len * (K ? K : 1), "top logprob ids");
+        ARENA_TAKE(a, r->lp_vals, (size_t)S->max_len * (K ? K : 1), "top logprobs");
     }
-    SERVE_TAKE(a, S->free_recs, S->n_recs, "record free list");
-    SERVE_TAKE(a, S->waiting, S->n_recs, "waiting queue");
-    SERVE_TAKE(a, S->running, c->max_num_seqs, "running list");
-    SERVE_TAKE(a, S->free_slots, c->max_num_seqs, "slot free list");
-    SERVE_TAKE(a, S->ids, c->max_batch_tokens, "step tokens");
-    SERVE_TAKE(a, S->row_slot, c->max_num_seqs, "step rows");
-    SERVE_TAKE(a, S->row_rec, c->max_num_seqs, "step rows");
-    SERVE_TAKE(a, S->off, c->max_num_seqs + 1, "step offsets");
-    SERVE_TAKE(a, S->want, c->max_num_seqs, "step picks");
-    SERVE_TAKE(a, S->in, S->in_cap, "input buffer");
-    SERVE_TAKE(a, S->doc.nodes, MOET_MAX_LINE_VALUES, "request JSON values");
-    SERVE_TAKE(a, S->doc.strs, MOET_MAX_LINE + 1, "request JSON strings");
-    SERVE_TAKE(a, S->cm.scratch, MOET_MAX_LINE, "message text");
-    SERVE_TAKE(a, S->cm.args.nodes, MOET_MAX_LINE_VALUES, "tool argument values");
-    SERVE_TAKE(a, S->cm.args.strs, MOET_MAX_LINE + 1, "tool argument strings");
-    SERVE_TAKE(a, S->prompt, S->prompt_cap, "rendered prompt");
-    SERVE_TAKE(a, S->enc, S->enc_cap, "encoded prompt");
-    SERVE_TAKE(a, S->out.buf, MOET_OUT_BUFFER, "output buffer");
+    ARENA_TAKE(a, S->free_recs, S->n_recs, "record free list");
+    ARENA_TAKE(a, S->waiting, S->n_recs, "waiting queue");
+    ARENA_TAKE(a, S->running, c->max_num_seqs, "running list");
+    ARENA_TAKE(a, S->free_slots, c->max_num_seqs, "slot free list");
+    ARENA_TAKE(a, S->ids, c->max_batch_tokens, "step tokens");
+    ARENA_TAKE(a, S->row_slot, c->max_num_seqs, "step rows");
+    ARENA_TAKE(a, S->row_rec, c->max_num_seqs, "step rows");
+    ARENA_TAKE(a, S->off, c->max_num_seqs + 1, "step offsets");
+    ARENA_TAKE(a, S->want, c->max_num_seqs, "step picks");
+    ARENA_TAKE(a, S->in, S->in_cap, "input buffer");
+    ARENA_TAKE(a, S->doc.nodes, MOET_MAX_LINE_VALUES, "request JSON values");
+    ARENA_TAKE(a, S->doc.strs, MOET_MAX_LINE + 1, "request JSON strings");
+    ARENA_TAKE(a, S->cm.scratch, MOET_MAX_LINE, "message text");
+    ARENA_TAKE(a, S->cm.args.nodes, MOET_MAX_LINE_VALUES, "tool argument values");
+    ARENA_TAKE(a, S->cm.args.strs, MOET_MAX_LINE + 1, "tool argument strings");
+    ARENA_TAKE(a, S->prompt, S->prompt_cap, "rendered prompt");
+    ARENA_TAKE(a, S->enc, S->enc_cap, "encoded prompt");
+    ARENA_TAKE(a, S->out.buf, MOET_OUT_BUFFER, "output buffer");
 }
 
 // Plans and allocates everything for the backend `be` and the codec. Returns -1 with e set
@@ -1658,11 +1726,9 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
     S->cm.args.cap_nodes = MOET_MAX_LINE_VALUES;
     S->cm.args.cap_strs = MOET_MAX_LINE + 1;
     S->out.cap = MOET_OUT_BUFFER;
-    arena plan = arena_measure("serve");
-    serve_carve(S, &plan);
-    if (arena_init(&S->mem, "serve", plan.used, e)) return -1;
-    serve_carve(S, &S->mem);
-    arena_done(&S->mem);
+    arena_plan p = arena_plan_begin(&S->mem, "serve", ARENA_HOST, e);
+    while (arena_plan_pass(&p)) serve_carve(S, p.on);
+    if (p.failed) return -1;
     for (int i = 0; i < S->n_recs; i++) S->free_recs[S->n_free_recs++] = S->n_recs - 1 - i;
     for (int s = 0; s < c->max_num_seqs; s++) S->free_slots[S->n_free_slots++] = c->max_num_seqs - 1 - s;
     for (int i = 0; i < S->n_recs; i++) S->recs[i].state = REC_FREE;
@@ -1671,7 +1737,10 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
 
 static void serve_free(serve_ctx *S) { arena_release(&S->mem); }
 
-// ---- responses -------------------------------------------------------------------------------
+// ---- the lines out: answers, stream chunks, errors, stats, ready ---------------------------
+//
+// Everything the server writes on stdout is composed here, on the primitives of
+// format/protocol.c (po_*), and nowhere else.
 
 static void serve_head(serve_ctx *S, const serve_rec *r, const char *object) {
     proto_out *o = &S->out;
@@ -1829,6 +1898,36 @@ static void serve_write_final(serve_ctx *S, serve_rec *r) {
     po_end_line(o);
 }
 
+// {"id": ..., "error": {...}} — or, for a Batch line, its output line with status 400.
+static void serve_write_error(proto_out *o, const char *id, int batch, uint64_t batch_no, const char *code,
+                              const char *type, const char *msg) {
+    if (batch) {
+        po_fmt(o, "{\"id\":\"batch_req_%" PRIu64 "\",\"custom_id\":", batch_no);
+        po_cstr(o, id);
+        po_s(o, ",\"response\":{\"status_code\":400,\"request_id\":");
+        po_cstr(o, id);
+        po_s(o, ",\"body\":{\"error\":{\"message\":");
+        po_cstr(o, msg);
+        po_s(o, ",\"type\":");
+        po_cstr(o, type);
+        po_s(o, ",\"param\":null,\"code\":");
+        po_cstr(o, code);
+        po_s(o, "}}},\"error\":null}");
+    } else {
+        po_s(o, "{\"id\":");
+        if (id) po_cstr(o, id);
+        else po_s(o, "null");
+        po_s(o, ",\"error\":{\"type\":");
+        po_cstr(o, type);
+        po_s(o, ",\"code\":");
+        po_cstr(o, code);
+        po_s(o, ",\"message\":");
+        po_cstr(o, msg);
+        po_s(o, "}}");
+    }
+    po_end_line(o);
+}
+
 // Streams what became safe to show: text that no stop string can still cut, ending on a
 // whole UTF-8 character, split into reasoning/content. final: the request is finished.
 static void serve_stream(serve_ctx *S, serve_rec *r, int final) {
@@ -1903,6 +2002,66 @@ static void serve_stream(serve_ctx *S, serve_rec *r, int final) {
     }
 }
 
+// Resident memory in KiB, from /proc (read without stdio: no allocation): all of it, and its
+// anonymous part (arenas, stacks, static data: what the process owns; the rest are file pages
+// the kernel shares with the page cache and may drop). 0 when /proc cannot be read.
+static void serve_rss(long *rss_kb, long *anon_kb) {
+    long pages = 0, rss = 0, shared = 0;
+    char sm[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t k = read(fd, sm, sizeof sm - 1);
+        close(fd);
+        sm[k > 0 ? k : 0] = 0;
+        if (sscanf(sm, "%ld %ld %ld", &pages, &rss, &shared) != 3) rss = shared = 0;
+    }
+    *rss_kb = rss * (sysconf(_SC_PAGESIZE) / 1024);
+    *anon_kb = (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static void serve_stats(serve_ctx *S, const proto_req *q) {
+    proto_out *o = &S->out;
+    long rss, anon;
+    serve_rss(&rss, &anon);
+    struct rusage ru;   // page faults of every thread
+    getrusage(RUSAGE_SELF, &ru);
+    po_s(o, "{\"object\":\"stats\"");
+    if (q->has_id) { po_s(o, ",\"id\":"); po_cstr(o, q->id); }
+    po_fmt(o, ",\"running\":%d,\"waiting\":%d,\"max_num_seqs\":%d,\"requests_finished\":%" PRIu64
+              ",\"requests_cancelled\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
+              ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64,
+           S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
+           S->gen_tokens, S->steps);
+    po_fmt(o, ",\"allocations_after_ready\":%" PRIu64 ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"minor_faults_after_ready\":%ld"
+              ",\"major_faults_after_ready\":%ld,\"uptime_s\":",
+           arena_total_allocs() - S->allocs_at_ready, rss, anon, ru.ru_minflt - S->minflt_at_ready,
+           ru.ru_majflt - S->majflt_at_ready);
+    po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
+    po_fmt(o, ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64, arena_stats.device_bytes, arena_stats.pinned_bytes);
+    po_s(o, "}");
+    po_end_line(o);
+}
+
+// The answer to a cancel line: the request will stop (its own answer follows, finish_reason
+// "cancelled").
+static void serve_write_cancelled(proto_out *o, const char *id) {
+    po_s(o, "{\"object\":\"cancel\",\"id\":");
+    po_cstr(o, id);
+    po_s(o, ",\"cancelled\":true}");
+    po_end_line(o);
+}
+
+// The first line: the server is ready, with its limits.
+static void serve_ready(serve_ctx *S) {
+    proto_out *o = &S->out;
+    po_s(o, "{\"object\":\"ready\",\"model\":");
+    po_cstr(o, S->cfg.model_name);
+    po_fmt(o, ",\"max_model_len\":%d,\"max_num_seqs\":%d,\"max_batch_tokens\":%d,\"max_queue\":%d,\"n_vocab\":%d,"
+              "\"max_line_bytes\":%u}",
+           S->max_len, S->cfg.max_num_seqs, S->cfg.max_batch_tokens, S->cfg.max_queue, S->V, MOET_MAX_LINE);
+    po_end_line(o);
+}
+
 // ---- request lifetime ---------------------------------------------------------------------
 
 static void serve_release(serve_ctx *S, serve_rec *r) {
@@ -1945,7 +2104,7 @@ static void serve_finish(serve_ctx *S, serve_rec *r, int why) {
 static void serve_fail(serve_ctx *S, serve_rec *r, const char *msg) {
     if (r->cancel) S->n_cancel--;
     S->n_errors++;
-    proto_write_error(&S->out, r->id, r->batch, r->batch_no, "server_error", "server_error", msg);
+    serve_write_error(&S->out, r->id, r->batch, r->batch_no, "server_error", "server_error", msg);
     serve_release(S, r);
 }
 
@@ -2094,49 +2253,9 @@ static int serve_step(serve_ctx *S) {
 
 // ---- lines ---------------------------------------------------------------------------------
 
-// Resident memory in KiB, from /proc (read without stdio: no allocation): all of it, and its
-// anonymous part (arenas, stacks, static data: what the process owns; the rest are file pages
-// the kernel shares with the page cache and may drop). 0 when /proc cannot be read.
-static void serve_rss(long *rss_kb, long *anon_kb) {
-    long pages = 0, rss = 0, shared = 0;
-    char sm[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t k = read(fd, sm, sizeof sm - 1);
-        close(fd);
-        sm[k > 0 ? k : 0] = 0;
-        if (sscanf(sm, "%ld %ld %ld", &pages, &rss, &shared) != 3) rss = shared = 0;
-    }
-    *rss_kb = rss * (sysconf(_SC_PAGESIZE) / 1024);
-    *anon_kb = (rss - shared) * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-static void serve_stats(serve_ctx *S, const proto_req *q) {
-    proto_out *o = &S->out;
-    long rss, anon;
-    serve_rss(&rss, &anon);
-    struct rusage ru;   // page faults of every thread
-    getrusage(RUSAGE_SELF, &ru);
-    po_s(o, "{\"object\":\"stats\"");
-    if (q->has_id) { po_s(o, ",\"id\":"); po_cstr(o, q->id); }
-    po_fmt(o, ",\"running\":%d,\"waiting\":%d,\"max_num_seqs\":%d,\"requests_finished\":%" PRIu64
-              ",\"requests_cancelled\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
-              ",\"completion_tokens\":%" PRIu64 ",\"steps\":%" PRIu64,
-           S->n_running, S->n_waiting, S->cfg.max_num_seqs, S->n_done, S->n_cancelled, S->n_errors, S->prompt_tokens,
-           S->gen_tokens, S->steps);
-    po_fmt(o, ",\"allocations_after_ready\":%" PRIu64 ",\"rss_kb\":%ld,\"rss_anon_kb\":%ld,\"minor_faults_after_ready\":%ld"
-              ",\"major_faults_after_ready\":%ld,\"uptime_s\":",
-           arena_total_allocs() - S->allocs_at_ready, rss, anon, ru.ru_minflt - S->minflt_at_ready,
-           ru.ru_majflt - S->majflt_at_ready);
-    po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
-    po_fmt(o, ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64, arena_stats.device_bytes, arena_stats.pinned_bytes);
-    po_s(o, "}");
-    po_end_line(o);
-}
-
 static void serve_error(serve_ctx *S, const char *id, int batch, uint64_t batch_no, const char *code, const char *msg) {
     S->n_errors++;
-    proto_write_error(&S->out, id, batch, batch_no, code, "invalid_request_error", msg);
+    serve_write_error(&S->out, id, batch, batch_no, code, "invalid_request_error", msg);
 }
 
 static serve_rec *serve_find(serve_ctx *S, const char *id) {
@@ -2203,10 +2322,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
         }
         if (!r->cancel) S->n_cancel++;
         r->cancel = 1;
-        po_s(&S->out, "{\"object\":\"cancel\",\"id\":");
-        po_cstr(&S->out, q.id);
-        po_s(&S->out, ",\"cancelled\":true}");
-        po_end_line(&S->out);
+        serve_write_cancelled(&S->out, q.id);
         return;
     }
     uint64_t batch_no = q.batch ? ++S->batch_no : 0;
@@ -2367,16 +2483,6 @@ static void serve_input(serve_ctx *S, int block) {
     }
 }
 
-static void serve_ready(serve_ctx *S) {
-    proto_out *o = &S->out;
-    po_s(o, "{\"object\":\"ready\",\"model\":");
-    po_cstr(o, S->cfg.model_name);
-    po_fmt(o, ",\"max_model_len\":%d,\"max_num_seqs\":%d,\"max_batch_tokens\":%d,\"max_queue\":%d,\"n_vocab\":%d,"
-              "\"max_line_bytes\":%u}",
-           S->max_len, S->cfg.max_num_seqs, S->cfg.max_batch_tokens, S->cfg.max_queue, S->V, MOET_MAX_LINE);
-    po_end_line(o);
-}
-
 // The server: answers every line of fd_in on fd_out until EOF (then finishes what was read
 // and returns 0) or signals (first: stop reading and finish; second: cancel what runs).
 // Returns 1 when fd_out failed (the reader went away), or when reading fd_in failed (after
@@ -2435,11 +2541,11 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
 
 
 // ==========================================================================================
-// moet serve
+// serving, 2: moet serve
 // ==========================================================================================
 //
-// `moet serve`: flags, the model (checkpoint, tokenizer, generation
-// config, optional plane file) behind the CPU reference backend, then the line loop.
+// `moet serve`: flags, the model (checkpoint, tokenizer, generation config, optional plane
+// file) behind the backend engine_open picks (GPU or CPU reference), then the line loop.
 
 // ---- the tokenizer as the server's codec -------------------------------------------------
 
@@ -2466,97 +2572,6 @@ static void serve_tok_piece(void *self, int32_t id, int skip_special, const char
     if (en->kind == TOK_GAP || (skip_special && en->kind == TOK_ADDED && en->special)) return;
     *s = (const char *)t->bytes + en->off;
     *n = en->len;
-}
-
-// dir + "/" + file into out[cap]; -1 when it does not fit.
-static int serve_path(char *out, size_t cap, const char *dir, const char *file) {
-    size_t a = strlen(dir), b = strlen(file);
-    if (a + 1 + b + 1 > cap) return -1;
-    memcpy(out, dir, a);
-    out[a] = '/';
-    memcpy(out + a + 1, file, b + 1);
-    return 0;
-}
-
-// The "model" of the answers when --served-model-name is not given: ORG/NAME for a Hugging Face
-// cache snapshot (…/models--ORG--NAME/snapshots/REV, whose last component is only the revision),
-// else the directory's own name — never the path as typed, which would put a local path in
-// every answer ("dir/" and "a/b/." name "dir" and "b").
-static void serve_model_name(const char *dir, char *out, size_t cap) {
-    char repo[256], rev[256];
-    if (pf_hf_snapshot(dir, repo, sizeof repo, rev, sizeof rev)) {
-        snprintf(out, cap, "%s", repo);
-        return;
-    }
-    char p[MOET_MAX_PATH];
-    snprintf(p, sizeof p, "%s", dir);
-    size_t n = strlen(p);
-    while (n > 1 && p[n - 1] == '/') p[--n] = 0;
-    const char *b = strrchr(p, '/');
-    b = b && b[1] ? b + 1 : p;
-    if ((!strcmp(b, ".") || !strcmp(b, "..")) && realpath(dir, p)) {   // the name of what "." is
-        b = strrchr(p, '/');
-        b = b && b[1] ? b + 1 : p;
-    }
-    snprintf(out, cap, "%s", b);
-}
-
-// ---- generation_config.json: sampling defaults and stop ids ---------------------------------
-
-static int serve_gen_config(const char *dir, const tok *t, serve_config *c, moet_err *e) {
-    char path[MOET_MAX_PATH];
-    if (serve_path(path, sizeof path, dir, "generation_config.json")) return err_set(e, "%s: path too long", dir);
-    // without the file: temperature 1, top_p 1, top_k 0 (PROTOCOL.md), stop on the chat end tokens
-    samp_params d = {1.0f, 0, 1.0f, 0, 0, 0, 1.0f};
-    c->defaults = d;
-    c->n_eos = 0;
-    c->max_new_tokens = 0;
-    struct stat sb;
-    if (stat(path, &sb) == 0) {
-        js_doc doc;
-        if (js_load_file(&doc, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
-        const js_node *root = js_root(&doc), *v;
-        int rc = -1;
-        if (!root || root->type != JS_OBJ) { err_set(e, "%s: expected a JSON object", path); goto out; }
-        double x;
-        int64_t k;
-        if ((v = js_get(&doc, root, "temperature")) && js_num(v, &x) == 0 && x >= 0) c->defaults.temperature = (float)x;
-        if ((v = js_get(&doc, root, "top_p")) && js_num(v, &x) == 0 && x > 0 && x <= 1) c->defaults.top_p = (float)x;
-        if ((v = js_get(&doc, root, "top_k")) && js_int(v, &k) == 0 && k >= 0 && k <= INT32_MAX) c->defaults.top_k = (int)k;
-        if ((v = js_get(&doc, root, "min_p")) && js_num(v, &x) == 0 && x >= 0 && x <= 1) c->defaults.min_p = (float)x;
-        if ((v = js_get(&doc, root, "repetition_penalty")) && js_num(v, &x) == 0 && x > 0) c->defaults.repetition_penalty = (float)x;
-        if ((v = js_get(&doc, root, "presence_penalty")) && js_num(v, &x) == 0 && x >= -2 && x <= 2) c->defaults.presence_penalty = (float)x;
-        // do_sample false means greedy decoding (transformers' GenerationConfig)
-        if ((v = js_get(&doc, root, "do_sample")) && v->type == JS_FALSE) c->defaults.temperature = 0;
-        if ((v = js_get(&doc, root, "max_new_tokens")) && js_int(v, &k) == 0 && k >= 1 && k <= INT32_MAX) c->max_new_tokens = (int)k;
-        v = js_get(&doc, root, "eos_token_id");
-        if (v && v->type == JS_NUM) {
-            if (js_int(v, &k) || k < 0 || k >= t->n_ids) { err_set(e, "%s: eos_token_id is not a token id", path); goto out; }
-            c->eos[c->n_eos++] = (int32_t)k;
-        } else if (v && v->type == JS_ARR) {
-            const js_node *x1 = js_first(v);
-            for (uint32_t i = 0; i < v->len; i++, x1 = js_next(&doc, x1)) {
-                if (js_int(x1, &k) || k < 0 || k >= t->n_ids) { err_set(e, "%s: eos_token_id[%u] is not a token id", path, i); goto out; }
-                if (c->n_eos == MOET_MAX_EOS_IDS) { err_set(e, "%s: more than %d eos_token_id entries", path, MOET_MAX_EOS_IDS); goto out; }
-                c->eos[c->n_eos++] = (int32_t)k;
-            }
-        } else if (v && v->type != JS_NULL) {
-            err_set(e, "%s: eos_token_id: expected an integer or a list, got %s", path, js_type_name(v));
-            goto out;
-        }
-        rc = 0;
-    out:
-        js_free_doc(&doc);
-        if (rc) return -1;
-    }
-    if (c->n_eos == 0) {
-        const char *names[] = {"<|im_end|>", "<|endoftext|>"};
-        for (int i = 0; i < 2; i++) {
-            int32_t id = tok_find(t, names[i], strlen(names[i]));
-            if (id >= 0) c->eos[c->n_eos++] = id;
-        }
-    }
-    return 0;
 }
 
 // ---- resident before the ready line ---------------------------------------------------------
@@ -2691,27 +2706,6 @@ static void serve_usage(FILE *f) {
           f);
 }
 
-// A flag's integer value in [lo, hi] (every command's flags): 0, or -1 after a message on
-// stderr naming the command, the flag, what was given and what is expected.
-static int moet_arg_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "%s: %s %s: expected an integer in %" PRId64 "..%" PRId64 "\n", cmd, flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int moet_arg_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
-    int64_t v;
-    if (moet_arg_i64(cmd, flag, s, lo, hi, &v)) return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *planes = NULL, *name = NULL, *backend = "auto";
     int seqs = 8, batch = 256, max_len = 0, queue = 64, max_lp = MOET_MAX_LOGPROBS, threads = 1, have_seed = 0;
@@ -2806,7 +2800,7 @@ static int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "moet serve: loading %s\n", model);
     if (ck_open(&m, model, &e)) goto fail;
     have_m = 1;
-    if (serve_path(tpath, sizeof tpath, model, "tokenizer.json") || serve_path(cpath, sizeof cpath, model, "tokenizer_config.json")) {
+    if (ck_path(tpath, sizeof tpath, model, "tokenizer.json") || ck_path(cpath, sizeof cpath, model, "tokenizer_config.json")) {
         err_set(&e, "%s: path too long", model);
         goto fail;
     }
@@ -2815,7 +2809,12 @@ static int cmd_serve(int argc, char **argv) {
     have_tok = 1;
     serve_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    if (serve_gen_config(model, &st.t, &cfg, &e)) goto fail;
+    ck_gen gen;
+    if (ck_gen_config(model, &st.t, &gen, &e)) goto fail;
+    cfg.defaults = (samp_params){gen.temperature, gen.top_k, gen.top_p, gen.min_p, gen.presence_penalty, 0, gen.repetition_penalty};
+    cfg.max_new_tokens = gen.max_new_tokens;
+    cfg.n_eos = gen.n_eos;
+    memcpy(cfg.eos, gen.eos, sizeof cfg.eos);
     if (max_len == 0) max_len = m.cfg.max_pos < 4096 ? m.cfg.max_pos : 4096;
     if (max_len > m.cfg.max_pos)
         fprintf(stderr, "moet serve: warning: --max-model-len %d is above the model's max_position_embeddings %d\n", max_len,
@@ -2824,7 +2823,7 @@ static int cmd_serve(int argc, char **argv) {
     if (engine_open(&E, backend, &m, &eo, "moet serve", &e)) goto fail;
     have_r = 1;
     char base[MOET_MAX_PATH];
-    serve_model_name(model, base, sizeof base);
+    ck_model_name(model, base, sizeof base);
     cfg.max_num_seqs = seqs;
     cfg.max_batch_tokens = batch;
     cfg.max_queue = queue;
@@ -2862,16 +2861,21 @@ done:
     return rc;
 }
 
+// ==========================================================================================
+// the commands
+// ==========================================================================================
+
+// defines: cmd_tokenize
+#include "format/tokenizer_cmd.c"
+// defines: cmd_build_planes, cmd_verify, cmd_info
+#include "format/planes_cmd.c"
+// defines: cmd_synth (a random checkpoint of any qwen3_5_moe config, full size included)
+#include "format/synth.c"
 // defines: eval_main, cmd_eval (perplexity of a JSONL data set; MOETREF1 reference files for
 //          KL divergence and top-1 agreement between runs)
 #include "format/eval.c"
-
 // defines: cmd_bench (moet bench: prefill / decode throughput, bytes per step, achieved GB/s)
 #include "gpu/bench.c"
-
-// ==========================================================================================
-// command line
-// ==========================================================================================
 
 // ---- moet run: the reference forward over token ids --------------------------------------
 
@@ -3037,21 +3041,20 @@ static int cmd_run(int argc, char **argv) {
         chunk = chunk / align * align;
     }
     // outputs: prefill logits [T, V] (only kept with --out), decode logits [N, V], hidden [L+1][T, H]
-    arena plan = arena_measure("run outputs"), mem;
+    arena mem;
     float *prefill = NULL, *decode = NULL, *hid[MOET_MAX_LAYERS + 1] = {0};
     int32_t *gids = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        arena *a = pass ? &mem : &plan;
-        if (pass && arena_init(&mem, "run outputs", plan.used, &e)) {
-            fprintf(stderr, "moet run: %s\n", e.msg);
-            return 1;
-        }
-        prefill = arena_take(a, sizeof(float) * (size_t)(out ? T : chunk) * V, 64, "prefill logits");
-        decode = arena_take(a, sizeof(float) * (size_t)(greedy ? greedy : 1) * V, 64, "decode logits");
-        gids = arena_take(a, sizeof(int32_t) * (size_t)(greedy ? greedy : 1), 64, "greedy ids");
-        for (int i = 0; dump_hidden && i <= L; i++) hid[i] = arena_take(a, sizeof(float) * (size_t)T * H, 64, "hidden");
+    arena_plan mp = arena_plan_begin(&mem, "run outputs", ARENA_HOST, &e);
+    while (arena_plan_pass(&mp)) {
+        ARENA_TAKE(mp.on, prefill, (size_t)(out ? T : chunk) * V, "prefill logits");
+        ARENA_TAKE(mp.on, decode, (size_t)(greedy ? greedy : 1) * V, "decode logits");
+        ARENA_TAKE(mp.on, gids, greedy ? greedy : 1, "greedy ids");
+        for (int i = 0; dump_hidden && i <= L; i++) ARENA_TAKE(mp.on, hid[i], (size_t)T * H, "hidden");
     }
-    arena_done(&mem);
+    if (mp.failed) {
+        fprintf(stderr, "moet run: %s\n", e.msg);
+        return 1;
+    }
     // through the backend interface's test entry (forward_all: the logits of every token), so
     // the same command runs on any backend
     engine_backend be = E.be;
@@ -3107,19 +3110,30 @@ done:
     return rc;
 }
 
+// ---- main: the command table ---------------------------------------------------------------
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);   // argv[1] is the command's name
+    const char *what;                    // one line for `moet --help`
+} moet_command;
+
+static const moet_command moet_commands[] = {
+    {"run", cmd_run, "forward pass of a model over token ids: logits, greedy tokens, hidden states"},
+    {"serve", cmd_serve, "JSONL requests on stdin, answers on stdout (moet serve --help)"},
+    {"eval", cmd_eval, "perplexity of a JSONL data set, KL divergence against a reference run (moet eval --help)"},
+    {"build-planes", cmd_build_planes, "requantize the routed experts of a checkpoint into a MOET2PF1 plane file"},
+    {"verify", cmd_verify, "check a plane file: header, slot table, every slot's SHA-256 and padding"},
+    {"info", cmd_info, "print the header of a plane file as JSON"},
+    {"bench", cmd_bench, "prefill and decode throughput on the GPU (or the CPU), bytes per step, GB/s"},
+    {"synth", cmd_synth, "write a random checkpoint with the tensors a config describes"},
+    {"tokenize", cmd_tokenize, "text lines (JSON strings) to token ids, or back with --decode"},
+};
+#define MOET_N_COMMANDS ((int)(sizeof moet_commands / sizeof moet_commands[0]))
+
 static void moet_usage(FILE *f) {
-    fputs("usage: moet <command> [options]\n"
-          "commands:\n"
-          "  run       forward pass of a model over token ids: logits, greedy tokens, hidden states\n"
-          "  serve     JSONL requests on stdin, answers on stdout (moet serve --help)\n"
-          "  eval      perplexity of a JSONL data set, KL divergence against a reference run (moet eval --help)\n"
-          "  build-planes  requantize the routed experts of a checkpoint into a MOET2PF1 plane file\n"
-          "  verify    check a plane file: header, slot table, every slot's SHA-256 and padding\n"
-          "  info      print the header of a plane file as JSON\n"
-          "  bench     prefill and decode throughput on the GPU (or the CPU), bytes per step, GB/s\n"
-        "  synth     write a random checkpoint with the tensors a config describes\n"
-          "  tokenize  text lines (JSON strings) to token ids, or back with --decode\n",
-          f);
+    fputs("usage: moet <command> [options]\ncommands:\n", f);
+    for (int i = 0; i < MOET_N_COMMANDS; i++) fprintf(f, "  %-13s %s\n", moet_commands[i].name, moet_commands[i].what);
 }
 
 #ifndef MOET_TEST
@@ -3128,15 +3142,8 @@ int main(int argc, char **argv) {
         moet_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "run")) return cmd_run(argc, argv);
-    if (!strcmp(argv[1], "serve")) return cmd_serve(argc, argv);
-    if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
-    if (!strcmp(argv[1], "build-planes")) return cmd_build_planes(argc, argv);
-    if (!strcmp(argv[1], "verify")) return cmd_verify(argc, argv);
-    if (!strcmp(argv[1], "info")) return cmd_info(argc, argv);
-    if (!strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
-    if (!strcmp(argv[1], "bench")) return cmd_bench(argc, argv);
-    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
+    for (int i = 0; i < MOET_N_COMMANDS; i++)
+        if (!strcmp(argv[1], moet_commands[i].name)) return moet_commands[i].run(argc, argv);
     fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
     moet_usage(stderr);
     return 2;

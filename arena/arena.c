@@ -97,23 +97,27 @@ static int arena_init(arena *a, const char *name, size_t cap, moet_err *e) {
     return 0;
 }
 
+// Pinned host memory and device memory come from the GPU runtime: gpu/cuda.c registers these
+// when it opens the driver (gpu_open). The arena only plans, counts and carves them, so memory
+// sits below the device in the include order.
+typedef struct {
+    void *(*alloc)(int kind, size_t bytes);                 // NULL when the driver refuses
+    void (*free)(int kind, void *p);
+    void (*fill)(int kind, void *p, int byte, size_t bytes);   // MOET_POISON
+} arena_gpu_ops;
+static arena_gpu_ops arena_gpu;
+
 // A pinned-host or device allocation of `bytes`, counted and frozen like host ones. Returns
 // NULL when the driver refuses (out of memory): the caller says what did not fit.
 static uint8_t *arena_gpu_alloc(int kind, size_t bytes, const char *what) {
     MOET_ASSERT(!arena_stats.frozen, "%s allocation of %zu bytes for %s after ready", arena_kind_name[kind], bytes, what);
+    MOET_ASSERT(arena_gpu.alloc, "%s memory for %s before the GPU was opened", arena_kind_name[kind], what);
     if (bytes == 0) bytes = 1;
-    if (kind == ARENA_PINNED) {
-        void *p = NULL;
-        if (cu.cuMemHostAlloc(&p, bytes, GPU_MEMHOSTALLOC_PORTABLE)) return NULL;
-        arena_stats.pinned_allocs++;
-        arena_stats.pinned_bytes += bytes;
-        return p;
-    }
-    CUdeviceptr d = 0;
-    if (cu.cuMemAlloc(&d, bytes)) return NULL;
-    arena_stats.device_allocs++;
-    arena_stats.device_bytes += bytes;
-    return (uint8_t *)(uintptr_t)d;
+    uint8_t *p = arena_gpu.alloc(kind, bytes);
+    if (!p) return NULL;
+    if (kind == ARENA_PINNED) arena_stats.pinned_allocs++, arena_stats.pinned_bytes += bytes;
+    else arena_stats.device_allocs++, arena_stats.device_bytes += bytes;
+    return p;
 }
 
 // Allocates a real arena of `cap` bytes of `kind` (from a measuring pass). -1 on refusal.
@@ -130,15 +134,13 @@ static int arena_init_kind(arena *a, const char *name, int kind, size_t cap, moe
     if (!a->base)
         return err_set(e, "cannot allocate %.2f GiB of %s memory for the %s arena", (double)cap / (1u << 30), arena_kind_name[kind], name);
 #ifdef MOET_POISON
-    if (kind == ARENA_PINNED) memset(a->base, 0xff, cap);
-    else CU_CHECK(cu.cuMemsetD8((CUdeviceptr)(uintptr_t)a->base, 0xff, cap));
+    arena_gpu.fill(kind, a->base, 0xff, cap);
 #endif
     return 0;
 }
 
 static void arena_release(arena *a) {
-    if (a->base && a->kind == ARENA_PINNED) CU_CHECK(cu.cuMemFreeHost(a->base));
-    else if (a->base && a->kind == ARENA_DEVICE) CU_CHECK(cu.cuMemFree((CUdeviceptr)(uintptr_t)a->base));
+    if (a->base && a->kind != ARENA_HOST) arena_gpu.free(a->kind, a->base);
     else if (a->base) arena_sys_free(a->base, a->cap);
     a->base = NULL;
     a->cap = a->used = 0;
@@ -161,6 +163,45 @@ static void *arena_take(arena *a, size_t bytes, size_t align, const char *what) 
 static void arena_done(const arena *a) {
     MOET_ASSERT(!a->base || a->used == a->cap, "arena %s carved %zu of %zu planned bytes",
                 a->name, a->used, a->cap);
+}
+
+// The one carve macro: `ptr` gets `count` elements of its own type, 64-byte aligned (a cache
+// line). Carve functions take an arena and run on a measuring one and then on the real one.
+#define ARENA_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
+
+// The plan of one arena from its carve function: a measuring pass, one allocation of exactly
+// what it measured, the real pass, and the check that both agree (arena_done):
+//
+//     arena_plan p = arena_plan_begin(&x->mem, "what it holds", ARENA_HOST, e);
+//     while (arena_plan_pass(&p)) x_carve(x, p.on);
+//     if (p.failed) return -1;   // e says what did not fit; nothing is left allocated
+typedef struct {
+    arena *mem;        // the real arena: allocated between the two passes
+    arena measure;     // the measuring pass's
+    arena *on;         // the arena this pass carves
+    int kind, pass, failed;
+    const char *name;
+    moet_err *e;
+} arena_plan;
+
+static arena_plan arena_plan_begin(arena *mem, const char *name, int kind, moet_err *e) {
+    arena_plan p = {mem, arena_measure(name), NULL, kind, 0, 0, name, e};
+    return p;
+}
+
+// 1 while a pass is to run (carve on p->on); 0 when the plan is done or failed (p->failed).
+static int arena_plan_pass(arena_plan *p) {
+    switch (p->pass++) {
+    case 0: p->on = &p->measure; return 1;
+    case 1:
+        if (arena_init_kind(p->mem, p->name, p->kind, p->measure.used, p->e)) {
+            p->failed = 1;
+            return 0;
+        }
+        p->on = p->mem;
+        return 1;
+    default: arena_done(p->mem); return 0;
+    }
 }
 
 // ---- read-only file mappings (checkpoint shards); counted like allocations

@@ -743,3 +743,133 @@ static void ck_expert_f64(const ck_model *m, int l, int x, double *w13, double *
     }
     for (int r = 0; r < H; r++) ck_row_f64(&L->down[x], r, w2 + (size_t)r * I);
 }
+
+// ---- where a checkpoint lives and what it is called -------------------------------------------
+
+// A Hugging Face cache snapshot directory ".../models--ORG--NAME/snapshots/REV" names its repo
+// and revision. Returns 1 and fills repo ("ORG/NAME") and rev when dir is one, else 0.
+static int ck_hf_snapshot(const char *dir, char *repo, size_t repo_cap, char *rev, size_t rev_cap) {
+    char p[MOET_MAX_PATH];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (attempt == 0) snprintf(p, sizeof p, "%s", dir);
+        else if (!realpath(dir, p)) return 0;
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/') p[--n] = 0;
+        char *c3 = strrchr(p, '/');                 // "/REV"
+        if (!c3) continue;
+        *c3 = 0;
+        char *c2 = strrchr(p, '/');                 // "/snapshots"
+        if (!c2 || strcmp(c2 + 1, "snapshots")) continue;
+        *c2 = 0;
+        char *c1 = strrchr(p, '/');                 // "/models--ORG--NAME"
+        const char *m = c1 ? c1 + 1 : p;
+        if (strncmp(m, "models--", 8) || !m[8] || !c3[1]) continue;
+        const char *name = m + 8;
+        const char *sep = strstr(name, "--");      // Hub names cannot contain "--": the first one is the "/"
+        if (sep) snprintf(repo, repo_cap, "%.*s/%s", (int)(sep - name), name, sep + 2);
+        else snprintf(repo, repo_cap, "%s", name);
+        snprintf(rev, rev_cap, "%s", c3 + 1);
+        return 1;
+    }
+    return 0;
+}
+
+// dir + "/" + file into out[cap]; -1 when it does not fit.
+static int ck_path(char *out, size_t cap, const char *dir, const char *file) {
+    size_t a = strlen(dir), b = strlen(file);
+    if (a + 1 + b + 1 > cap) return -1;
+    memcpy(out, dir, a);
+    out[a] = '/';
+    memcpy(out + a + 1, file, b + 1);
+    return 0;
+}
+
+// The "model" of the answers when --served-model-name is not given: ORG/NAME for a Hugging Face
+// cache snapshot (…/models--ORG--NAME/snapshots/REV, whose last component is only the revision),
+// else the directory's own name — never the path as typed, which would put a local path in
+// every answer ("dir/" and "a/b/." name "dir" and "b").
+static void ck_model_name(const char *dir, char *out, size_t cap) {
+    char repo[256], rev[256];
+    if (ck_hf_snapshot(dir, repo, sizeof repo, rev, sizeof rev)) {
+        snprintf(out, cap, "%s", repo);
+        return;
+    }
+    char p[MOET_MAX_PATH];
+    snprintf(p, sizeof p, "%s", dir);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = 0;
+    const char *b = strrchr(p, '/');
+    b = b && b[1] ? b + 1 : p;
+    if ((!strcmp(b, ".") || !strcmp(b, "..")) && realpath(dir, p)) {   // the name of what "." is
+        b = strrchr(p, '/');
+        b = b && b[1] ? b + 1 : p;
+    }
+    snprintf(out, cap, "%s", b);
+}
+
+// ---- generation_config.json: sampling defaults and stop ids ---------------------------------
+
+// What the checkpoint's generation_config.json recommends; without the file: temperature 1,
+// top_p 1, top_k 0 (format/PROTOCOL.md), no max_new_tokens, stop on the chat end tokens.
+typedef struct {
+    float temperature;          // 0: greedy (also for "do_sample": false)
+    int top_k;                  // 0: all
+    float top_p, min_p, repetition_penalty, presence_penalty;
+    int max_new_tokens;         // 0: not given
+    int n_eos;
+    int32_t eos[MOET_MAX_EOS_IDS];   // stop token ids (eos_token_id, else <|im_end|> / <|endoftext|>)
+} ck_gen;
+
+static int ck_gen_config(const char *dir, const tok *t, ck_gen *c, moet_err *e) {
+    char path[MOET_MAX_PATH];
+    memset(c, 0, sizeof *c);
+    c->temperature = c->top_p = c->repetition_penalty = 1.0f;
+    if (ck_path(path, sizeof path, dir, "generation_config.json")) return err_set(e, "%s: path too long", dir);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        js_doc doc;
+        if (js_load_file(&doc, path, MOET_MAX_CONFIG_BYTES, e)) return -1;
+        const js_node *root = js_root(&doc), *v;
+        int rc = -1;
+        if (!root || root->type != JS_OBJ) { err_set(e, "%s: expected a JSON object", path); goto out; }
+        double x;
+        int64_t k;
+        if ((v = js_get(&doc, root, "temperature")) && js_num(v, &x) == 0 && x >= 0) c->temperature = (float)x;
+        if ((v = js_get(&doc, root, "top_p")) && js_num(v, &x) == 0 && x > 0 && x <= 1) c->top_p = (float)x;
+        if ((v = js_get(&doc, root, "top_k")) && js_int(v, &k) == 0 && k >= 0 && k <= INT32_MAX) c->top_k = (int)k;
+        if ((v = js_get(&doc, root, "min_p")) && js_num(v, &x) == 0 && x >= 0 && x <= 1) c->min_p = (float)x;
+        if ((v = js_get(&doc, root, "repetition_penalty")) && js_num(v, &x) == 0 && x > 0) c->repetition_penalty = (float)x;
+        if ((v = js_get(&doc, root, "presence_penalty")) && js_num(v, &x) == 0 && x >= -2 && x <= 2) c->presence_penalty = (float)x;
+        // do_sample false means greedy decoding (transformers' GenerationConfig)
+        if ((v = js_get(&doc, root, "do_sample")) && v->type == JS_FALSE) c->temperature = 0;
+        if ((v = js_get(&doc, root, "max_new_tokens")) && js_int(v, &k) == 0 && k >= 1 && k <= INT32_MAX) c->max_new_tokens = (int)k;
+        v = js_get(&doc, root, "eos_token_id");
+        if (v && v->type == JS_NUM) {
+            if (js_int(v, &k) || k < 0 || k >= t->n_ids) { err_set(e, "%s: eos_token_id is not a token id", path); goto out; }
+            c->eos[c->n_eos++] = (int32_t)k;
+        } else if (v && v->type == JS_ARR) {
+            const js_node *x1 = js_first(v);
+            for (uint32_t i = 0; i < v->len; i++, x1 = js_next(&doc, x1)) {
+                if (js_int(x1, &k) || k < 0 || k >= t->n_ids) { err_set(e, "%s: eos_token_id[%u] is not a token id", path, i); goto out; }
+                if (c->n_eos == MOET_MAX_EOS_IDS) { err_set(e, "%s: more than %d eos_token_id entries", path, MOET_MAX_EOS_IDS); goto out; }
+                c->eos[c->n_eos++] = (int32_t)k;
+            }
+        } else if (v && v->type != JS_NULL) {
+            err_set(e, "%s: eos_token_id: expected an integer or a list, got %s", path, js_type_name(v));
+            goto out;
+        }
+        rc = 0;
+    out:
+        js_free_doc(&doc);
+        if (rc) return -1;
+    }
+    if (c->n_eos == 0) {
+        const char *names[] = {"<|im_end|>", "<|endoftext|>"};
+        for (int i = 0; i < 2; i++) {
+            int32_t id = tok_find(t, names[i], strlen(names[i]));
+            if (id >= 0) c->eos[c->n_eos++] = id;
+        }
+    }
+    return 0;
+}
+

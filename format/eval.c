@@ -307,39 +307,38 @@ static int64_t eval_cut(eval_ctx *E, int64_t tok0, int n, const uint8_t *m, eval
 }
 
 // Carves the data set and the step buffers; run once on a measuring arena and once for real.
-#define EVAL_TAKE(a, ptr, count, what) ((ptr) = arena_take((a), sizeof(*(ptr)) * (size_t)(count), 64, (what)))
 static void eval_carve(eval_ctx *E, arena *a) {
     int has_ref = E->o.ref != NULL;
-    EVAL_TAKE(a, E->ids, E->n_tok, "tokens");
-    EVAL_TAKE(a, E->mask, E->n_tok, "target mask");
-    EVAL_TAKE(a, E->win, E->n_windows, "windows");
-    EVAL_TAKE(a, E->nll, E->n_scored, "token NLL");
-    EVAL_TAKE(a, E->kl, has_ref ? E->n_scored : 0, "token KL");
-    EVAL_TAKE(a, E->kl_hi, has_ref ? E->n_scored : 0, "token KL bound");
-    EVAL_TAKE(a, E->top1, has_ref ? E->n_scored : 0, "top-1 agreement");
-    EVAL_TAKE(a, E->logits, (size_t)E->mbt * E->V, "step logits");
-    EVAL_TAKE(a, E->step_ids, E->mbt, "step tokens");
-    EVAL_TAKE(a, E->row_slot, E->max_seqs, "step rows");
-    EVAL_TAKE(a, E->off, E->max_seqs + 1, "step offsets");
-    EVAL_TAKE(a, E->slots, E->max_seqs, "slots");
-    EVAL_TAKE(a, E->cand, E->V, "top-k candidates");
-    EVAL_TAKE(a, E->top_ids, E->V, "top-k ids");
-    EVAL_TAKE(a, E->mark, E->V, "top-k marks");
-    EVAL_TAKE(a, E->tail, has_ref ? E->V : 0, "tail log-probabilities");
+    ARENA_TAKE(a, E->ids, E->n_tok, "tokens");
+    ARENA_TAKE(a, E->mask, E->n_tok, "target mask");
+    ARENA_TAKE(a, E->win, E->n_windows, "windows");
+    ARENA_TAKE(a, E->nll, E->n_scored, "token NLL");
+    ARENA_TAKE(a, E->kl, has_ref ? E->n_scored : 0, "token KL");
+    ARENA_TAKE(a, E->kl_hi, has_ref ? E->n_scored : 0, "token KL bound");
+    ARENA_TAKE(a, E->top1, has_ref ? E->n_scored : 0, "top-1 agreement");
+    ARENA_TAKE(a, E->logits, (size_t)E->mbt * E->V, "step logits");
+    ARENA_TAKE(a, E->step_ids, E->mbt, "step tokens");
+    ARENA_TAKE(a, E->row_slot, E->max_seqs, "step rows");
+    ARENA_TAKE(a, E->off, E->max_seqs + 1, "step offsets");
+    ARENA_TAKE(a, E->slots, E->max_seqs, "slots");
+    ARENA_TAKE(a, E->cand, E->V, "top-k candidates");
+    ARENA_TAKE(a, E->top_ids, E->V, "top-k ids");
+    ARENA_TAKE(a, E->mark, E->V, "top-k marks");
+    ARENA_TAKE(a, E->tail, has_ref ? E->V : 0, "tail log-probabilities");
     E->recs = arena_take(a, E->o.save_ref ? (size_t)E->mbt * E->out_rec : 0, 64, "reference records");
 }
 
 static void eval_carve_line(eval_ctx *E, arena *a) {
-    EVAL_TAKE(a, E->doc.nodes, E->doc.cap_nodes, "line JSON values");
-    EVAL_TAKE(a, E->doc.strs, E->doc.cap_strs, "line JSON strings");
-    EVAL_TAKE(a, E->cm.scratch, E->cm.scratch_cap, "message text");
-    EVAL_TAKE(a, E->cm.args.nodes, E->cm.args.cap_nodes, "tool argument values");
-    EVAL_TAKE(a, E->cm.args.strs, E->cm.args.cap_strs, "tool argument strings");
-    EVAL_TAKE(a, E->turns.at, 2 * (size_t)E->turns.max, "assistant turns");
-    EVAL_TAKE(a, E->text, E->text_cap, "rendered conversation");
-    EVAL_TAKE(a, E->enc, E->text_cap, "line tokens");
-    EVAL_TAKE(a, E->whole, E->text_cap, "conversation tokens");
-    EVAL_TAKE(a, E->enc_mask, E->text_cap, "line mask");
+    ARENA_TAKE(a, E->doc.nodes, E->doc.cap_nodes, "line JSON values");
+    ARENA_TAKE(a, E->doc.strs, E->doc.cap_strs, "line JSON strings");
+    ARENA_TAKE(a, E->cm.scratch, E->cm.scratch_cap, "message text");
+    ARENA_TAKE(a, E->cm.args.nodes, E->cm.args.cap_nodes, "tool argument values");
+    ARENA_TAKE(a, E->cm.args.strs, E->cm.args.cap_strs, "tool argument strings");
+    ARENA_TAKE(a, E->turns.at, 2 * (size_t)E->turns.max, "assistant turns");
+    ARENA_TAKE(a, E->text, E->text_cap, "rendered conversation");
+    ARENA_TAKE(a, E->enc, E->text_cap, "line tokens");
+    ARENA_TAKE(a, E->whole, E->text_cap, "conversation tokens");
+    ARENA_TAKE(a, E->enc_mask, E->text_cap, "line mask");
 }
 
 // Reads the data: line buffers sized by the longest line, a counting pass (tokens, windows,
@@ -367,11 +366,9 @@ static int eval_load(eval_ctx *E, moet_err *e) {
     E->doc.cap_strs = E->cm.args.cap_strs = longest + 1;
     E->cm.scratch_cap = longest;
     E->turns.max = MOET_EVAL_MAX_TURNS;
-    arena plan = arena_measure("eval lines");
-    eval_carve_line(E, &plan);
-    if (arena_init(&E->line_mem, "eval lines", plan.used, e)) return -1;
-    eval_carve_line(E, &E->line_mem);
-    arena_done(&E->line_mem);
+    arena_plan lp = arena_plan_begin(&E->line_mem, "eval lines", ARENA_HOST, e);
+    while (arena_plan_pass(&lp)) eval_carve_line(E, lp.on);
+    if (lp.failed) return -1;
     if (tok_scratch_init(&E->sc, &E->sc_mem, E->text_cap, e)) return -1;
 
     for (int pass = 0; pass < 2; pass++) {
@@ -410,11 +407,9 @@ static int eval_load(eval_ctx *E, moet_err *e) {
             E->n_forward = forward;
             if (scored == 0) return err_set(e, "%s: no token to score in %" PRId64 " lines", E->o.data, lines);
             if (E->max_seqs > nw) E->max_seqs = (int)nw;   // no more slots than windows
-            arena p2 = arena_measure("eval");
-            eval_carve(E, &p2);
-            if (arena_init(&E->mem, "eval", p2.used, e)) return -1;
-            eval_carve(E, &E->mem);
-            arena_done(&E->mem);
+            arena_plan p2 = arena_plan_begin(&E->mem, "eval", ARENA_HOST, e);
+            while (arena_plan_pass(&p2)) eval_carve(E, p2.on);
+            if (p2.failed) return -1;
             memset(E->mark, 0, (size_t)E->V);
         } else {
             MOET_ASSERT(at == E->n_tok && nw == E->n_windows && scored == E->n_scored, "the two data passes disagree");
@@ -968,7 +963,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     have_m = 1;
     char tpath[MOET_MAX_PATH], cpath[MOET_MAX_PATH];
     if (opts->tokenizer) snprintf(tpath, sizeof tpath, "%s", opts->tokenizer);
-    else if (serve_path(tpath, sizeof tpath, opts->model, "tokenizer.json")) { err_set(e, "%s: path too long", opts->model); goto out; }
+    else if (ck_path(tpath, sizeof tpath, opts->model, "tokenizer.json")) { err_set(e, "%s: path too long", opts->model); goto out; }
     int has_cfg = tok_config_beside(tpath, cpath, sizeof cpath) == 0;
     if (tok_load(&t, tpath, has_cfg ? cpath : NULL, e)) goto out;
     have_t = 1;

@@ -703,11 +703,10 @@ typedef struct {
     pf_worker *wk;       // [T]
 } pf_build_mem;
 
-// Every buffer of a build, carved from a (measuring or real) arena. m = NULL while measuring.
+// Every buffer of a build, carved from a (measuring or real) arena; on a measuring one m's
+// pointers are NULL.
 static void pf_build_carve(arena *a, const pf_layout *L, int T, uint32_t B, pf_build_mem *m) {
     size_t w13_n = (size_t)2 * L->g.inter * L->g.hidden, w2_n = (size_t)L->g.inter * L->g.hidden;
-    pf_build_mem z;
-    if (!m) m = &z;
     m->ring = arena_take(a, sizeof(uint8_t *) * B, 8, "ring");
     m->ready = arena_take(a, B, 8, "ready flags");
     m->table = arena_take(a, sizeof(pf_entry) * L->n_slots, 8, "slot table");
@@ -827,18 +826,16 @@ static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
     uint32_t B = (uint32_t)(2 * T);
 
     // memory plan: the same carve runs on a measuring arena, then on the real one
-    arena probe = arena_measure("plane build");
-    pf_build_carve(&probe, L, T, B, NULL);
     arena mem;
-    if (arena_init(&mem, "plane build", probe.used, e)) return -1;
+    pf_build_mem m = {0};
+    arena_plan mp = arena_plan_begin(&mem, "plane build", ARENA_HOST, e);
+    while (arena_plan_pass(&mp)) pf_build_carve(mp.on, L, T, B, &m);
+    if (mp.failed) return -1;
     pf_build_ctx b;
     memset(&b, 0, sizeof b);
     b.o = o;
     b.L = L;
     b.B = B;
-    pf_build_mem m;
-    pf_build_carve(&mem, L, T, B, &m);
-    arena_done(&mem);
     b.ring = m.ring;
     b.ready = m.ready;
     b.table = m.table;
@@ -1094,7 +1091,8 @@ static void pf_slot_problem(const pf_verify_ctx *v, uint64_t i, char *out, size_
     }
 }
 
-// Every buffer of a verification; v = NULL while measuring.
+// Every buffer of a verification, carved from a (measuring or real) arena; v's buffers and *wp
+// are set on the real one.
 static void pf_verify_carve(arena *a, const pf_layout *L, int T, uint32_t run, pf_verify_ctx *v, pf_verifier **wp) {
     size_t ns = (size_t)L->n_slots;
     uint8_t *status = arena_take(a, ns, 8, "status");
@@ -1103,13 +1101,13 @@ static void pf_verify_carve(arena *a, const pf_layout *L, int T, uint32_t run, p
     pf_verifier *w = arena_take(a, sizeof(pf_verifier) * (size_t)T, 8, "verifiers");
     for (int t = 0; t < T; t++) {
         uint8_t *buf = arena_take(a, (size_t)run * L->slot_stride, PF_PAGE, "read buffer");
-        if (v) {
+        if (a->base) {
             memset(&w[t], 0, sizeof w[t]);
             w[t].v = v;
             w[t].buf = buf;
         }
     }
-    if (v) {
+    if (a->base) {
         v->status = status;
         v->detail = detail;
         v->sums = sums;
@@ -1136,21 +1134,20 @@ static int pf_verify_slots(pf_file *f, int threads, int progress, FILE *log, pf_
         run = (uint32_t)((L->n_slots + (uint64_t)T - 1) / (uint64_t)T);
         if ((uint64_t)T > L->n_slots) T = (int)L->n_slots;
     }
-    arena probe = arena_measure("plane verify"), mem;
-    pf_verify_carve(&probe, L, T, run, NULL, NULL);
-    if (arena_init(&mem, "plane verify", probe.used, e)) return -1;
     pf_verify_ctx v;
     memset(&v, 0, sizeof v);
+    pf_verifier *w = NULL;
+    arena mem;
+    arena_plan mp = arena_plan_begin(&mem, "plane verify", ARENA_HOST, e);
+    while (arena_plan_pass(&mp)) pf_verify_carve(mp.on, L, T, run, &v, &w);
+    if (mp.failed) return -1;
     v.f = f;
     v.run = run;
     atomic_init(&v.next, 0);
     atomic_init(&v.bytes_done, 0);
     atomic_init(&v.n_bad, 0);
-    pf_verifier *w;
-    pf_verify_carve(&mem, L, T, run, &v, &w);
     memset(v.status, 0, (size_t)L->n_slots);
     memset(v.detail, 0, (size_t)L->n_slots * 4);
-    arena_done(&mem);
     int rc = -1, started = 0;
     pthread_t tid[MOET_PF_MAX_THREADS];
     for (int t = 0; t < T; t++)

@@ -1,10 +1,24 @@
 // format/protocol.c — the JSONL protocol of `moet serve` (format/PROTOCOL.md): one request
-// line in, validated into a proto_req; responses out as JSON lines.
+// line in, validated into a proto_req (with its sampling parameters, samp_params); and the
+// primitives of the line writer (proto_out, po_*) on which the server composes every line it
+// writes (moet.c, serving: "the lines out").
 //
 // Parsing never allocates: the caller owns the line, the JSON document memory and the
 // proto_req. Every rejected line gets an error with a code (what kind of mistake), and a
 // message that says where and what was expected; `id` is filled as soon as the line gave one,
 // so the error line can carry it.
+
+// A request's sampling parameters (the sampler in moet.c applies them; format/PROTOCOL.md gives
+// their ranges and defaults).
+typedef struct {
+    float temperature;          // 0 = greedy
+    int top_k;                  // 0 = all
+    float top_p;                // (0, 1]
+    float min_p;                // [0, 1]
+    float presence_penalty;     // [-2, 2]
+    float frequency_penalty;    // [-2, 2]
+    float repetition_penalty;   // > 0; 1 = off
+} samp_params;
 
 enum { PROTO_CHAT, PROTO_COMPLETION, PROTO_STATS, PROTO_CANCEL };
 
@@ -425,34 +439,4 @@ static void po_num(proto_out *o, double v) {
 static void po_end_line(proto_out *o) {
     po_raw(o, "\n", 1);
     po_flush(o);
-}
-
-// {"id": ..., "error": {...}} — or, for a Batch line, its output line with status 400.
-static void proto_write_error(proto_out *o, const char *id, int batch, uint64_t batch_no, const char *code,
-                              const char *type, const char *msg) {
-    if (batch) {
-        po_fmt(o, "{\"id\":\"batch_req_%" PRIu64 "\",\"custom_id\":", batch_no);
-        po_cstr(o, id);
-        po_s(o, ",\"response\":{\"status_code\":400,\"request_id\":");
-        po_cstr(o, id);
-        po_s(o, ",\"body\":{\"error\":{\"message\":");
-        po_cstr(o, msg);
-        po_s(o, ",\"type\":");
-        po_cstr(o, type);
-        po_s(o, ",\"param\":null,\"code\":");
-        po_cstr(o, code);
-        po_s(o, "}}},\"error\":null}");
-    } else {
-        po_s(o, "{\"id\":");
-        if (id) po_cstr(o, id);
-        else po_s(o, "null");
-        po_s(o, ",\"error\":{\"type\":");
-        po_cstr(o, type);
-        po_s(o, ",\"code\":");
-        po_cstr(o, code);
-        po_s(o, ",\"message\":");
-        po_cstr(o, msg);
-        po_s(o, "}}");
-    }
-    po_end_line(o);
 }

@@ -23,35 +23,29 @@ typedef struct {
 
 static void gpu_be_carve(gpu_backend *b, arena *a) {
     int S = b->g.o.max_seqs;
-    REF_TAKE(a, b->reserve, S, "reserves");
-    REF_TAKE(a, b->res_tok, S, "picked ids");
-    REF_TAKE(a, b->res_lp, S, "logprobs");
-    REF_TAKE(a, b->res_top_ids, (size_t)S * MOET_MAX_LOGPROBS, "top ids");
-    REF_TAKE(a, b->res_top_lp, (size_t)S * MOET_MAX_LOGPROBS, "top logprobs");
-    REF_TAKE(a, b->l_slots, S, "step slots");
-    REF_TAKE(a, b->l_want, S, "step wants");
+    ARENA_TAKE(a, b->reserve, S, "reserves");
+    ARENA_TAKE(a, b->res_tok, S, "picked ids");
+    ARENA_TAKE(a, b->res_lp, S, "logprobs");
+    ARENA_TAKE(a, b->res_top_ids, (size_t)S * MOET_MAX_LOGPROBS, "top ids");
+    ARENA_TAKE(a, b->res_top_lp, (size_t)S * MOET_MAX_LOGPROBS, "top logprobs");
+    ARENA_TAKE(a, b->l_slots, S, "step slots");
+    ARENA_TAKE(a, b->l_want, S, "step wants");
 }
 
-static int gpu_be_check(gpu_backend *b, int n, const int *slots, const int *off, const char *what, moet_err *e) {
-    for (int i = 0; i < n; i++) {
-        int s = slots[i];
-        if (s < 0 || s >= b->g.o.max_seqs) return err_set(e, "%s: sequence slot %d out of range [0, %d)", what, s, b->g.o.max_seqs);
-        if (!b->bank.slot[s].active) return err_set(e, "%s: sequence slot %d was not admitted", what, s);
-        if (off[i + 1] <= off[i]) return err_set(e, "%s: row %d has no tokens", what, i);
-        if (b->g.pos[s] + (off[i + 1] - off[i]) > b->reserve[s])
-            return err_set(e, "%s: the sequence in slot %d would reach %d tokens; its reserve is %d", what, s,
-                           b->g.pos[s] + (off[i + 1] - off[i]), b->reserve[s]);
-    }
-    return 0;
+// The sequence in slot s for engine_check_step: its length and its reserve.
+static void gpu_be_at(const void *self, int s, int *pos, int *limit) {
+    const gpu_backend *b = self;
+    *pos = b->g.pos[s];
+    *limit = b->reserve[s];
+}
+
+static int gpu_be_check(const gpu_backend *b, const char *what, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
+    return engine_check_step(what, b->g.o.max_seqs, b->g.o.max_tokens, b->g.m->cfg.vocab, &b->bank, gpu_be_at, b, n, slots, ids, off, e);
 }
 
 static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
     gpu_backend *b = self;
-    if (slot < 0 || slot >= b->g.o.max_seqs) return err_set(e, "admit: sequence slot %d out of range [0, %d)", slot, b->g.o.max_seqs);
-    if (a->reserve < 1 || a->reserve < a->n_prompt)
-        return err_set(e, "admit: a reserve of %d tokens does not hold the prompt of %d", a->reserve, a->n_prompt);
-    if (a->reserve > b->g.o.max_len) return err_set(e, "admit: a reserve of %d tokens exceeds the context of %d", a->reserve, b->g.o.max_len);
-    if (b->bank.slot[slot].active) return err_set(e, "admit: sequence slot %d is taken", slot);
+    if (engine_check_admit(b->g.o.max_seqs, b->g.o.max_len, &b->bank, slot, a, e)) return -1;
     if (gpu_seq_start(&b->g, slot, a->reserve)) return 1;   // not enough free KV pages now
     if (samp_bank_admit(&b->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) {
         gpu_seq_end(&b->g, slot);
@@ -71,7 +65,7 @@ static void gpu_be_release(void *self, int slot) {
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "launch: the step launched before was not collected");
-    if (gpu_be_check(b, s->n, s->slots, s->off, "launch", e)) return -1;
+    if (gpu_be_check(b, "launch", s->n, s->slots, s->ids, s->off, e)) return -1;
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
     gpu_step_logits_async(&b->g, nr);
@@ -103,7 +97,7 @@ static int gpu_be_forward_all(void *self, int n, const int *slots, const int32_t
                               float **hidden, int32_t **router_ids, float **router_w, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "forward_all: the step launched before was not collected");
-    if (gpu_be_check(b, n, slots, off, "forward_all", e)) return -1;
+    if (gpu_be_check(b, "forward_all", n, slots, ids, off, e)) return -1;
     int nr;
     if (gpu_step(&b->g, n, slots, ids, off, NULL, GPU_OUT_ALL, hidden, router_ids, router_w, &nr, e)) return -1;
     memcpy(logits, gpu_step_logits(&b->g, nr), sizeof(float) * (size_t)nr * b->g.m->cfg.vocab);
@@ -137,14 +131,12 @@ static void gpu_be_free(gpu_backend *b) {
 static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
     memset(b, 0, sizeof *b);
     if (gpu_init(&b->g, m, o, planes, po, e)) return -1;
-    arena plan = arena_measure("gpu backend");
-    gpu_be_carve(b, &plan);
-    if (arena_init(&b->mem, "gpu backend", plan.used, e) || samp_bank_init(&b->bank, m->cfg.vocab, o->max_seqs, o->max_len, e)) {
+    arena_plan p = arena_plan_begin(&b->mem, "gpu backend", ARENA_HOST, e);
+    while (arena_plan_pass(&p)) gpu_be_carve(b, p.on);
+    if (p.failed || samp_bank_init(&b->bank, m->cfg.vocab, o->max_seqs, o->max_len, e)) {
         gpu_be_free(b);
         return -1;
     }
-    gpu_be_carve(b, &b->mem);
-    arena_done(&b->mem);
     gpu_warm(&b->g);
     return 0;
 }

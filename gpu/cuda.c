@@ -99,6 +99,24 @@ typedef struct {
     double peak_gbs;   // from the memory clock and bus width (a datasheet figure, for the log)
 } gpu_device;
 
+// The arena's pinned and device kinds (arena/arena.c), on the Driver API.
+static void *gpu_arena_alloc(int kind, size_t bytes) {
+    if (kind == ARENA_PINNED) {
+        void *p = NULL;
+        return cu.cuMemHostAlloc(&p, bytes, GPU_MEMHOSTALLOC_PORTABLE) ? NULL : p;
+    }
+    CUdeviceptr d = 0;
+    return cu.cuMemAlloc(&d, bytes) ? NULL : (void *)(uintptr_t)d;
+}
+static void gpu_arena_free(int kind, void *p) {
+    if (kind == ARENA_PINNED) CU_CHECK(cu.cuMemFreeHost(p));
+    else CU_CHECK(cu.cuMemFree((CUdeviceptr)(uintptr_t)p));
+}
+static void gpu_arena_fill(int kind, void *p, int byte, size_t bytes) {
+    if (kind == ARENA_PINNED) memset(p, byte, bytes);
+    else CU_CHECK(cu.cuMemsetD8((CUdeviceptr)(uintptr_t)p, (unsigned char)byte, bytes));
+}
+
 // Loads libcuda and opens device 0 with its primary context, current in this thread. Returns
 // -1 with e saying why when there is no driver or no device (not an abort: `auto` falls back).
 static int gpu_open(gpu_device *d, moet_err *e) {
@@ -146,6 +164,7 @@ static int gpu_open(gpu_device *d, moet_err *e) {
                        d->cc_major, d->cc_minor);
     CU_CHECK(cu.cuDevicePrimaryCtxRetain(&d->ctx, d->dev));
     CU_CHECK(cu.cuCtxSetCurrent(d->ctx));
+    arena_gpu = (arena_gpu_ops){gpu_arena_alloc, gpu_arena_free, gpu_arena_fill};
     return 0;
 }
 

@@ -260,12 +260,12 @@ static void gpu_carve_pinned(gpu_engine *g, arena *a) {
 
 static void gpu_carve_host(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
-    REF_TAKE(a, g->layers, c->n_layers, "layer descriptors");
-    REF_TAKE(a, g->kind_index, c->n_layers, "layer index");
-    REF_TAKE(a, g->bt_host, (size_t)g->o.max_seqs * g->bt_stride, "block table");
-    REF_TAKE(a, g->free_pages, g->n_pages, "free pages");
-    REF_TAKE(a, g->seq_pages, g->o.max_seqs, "pages per sequence");
-    REF_TAKE(a, g->pos, g->o.max_seqs, "positions");
+    ARENA_TAKE(a, g->layers, c->n_layers, "layer descriptors");
+    ARENA_TAKE(a, g->kind_index, c->n_layers, "layer index");
+    ARENA_TAKE(a, g->bt_host, (size_t)g->o.max_seqs * g->bt_stride, "block table");
+    ARENA_TAKE(a, g->free_pages, g->n_pages, "free pages");
+    ARENA_TAKE(a, g->seq_pages, g->o.max_seqs, "pages per sequence");
+    ARENA_TAKE(a, g->pos, g->o.max_seqs, "positions");
 }
 
 static void gpu_free(gpu_engine *g) {
@@ -293,7 +293,6 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
             GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
 }
 
-static int gpu_pool_load(gpu_engine *g, const char *path, const pf_serve_opts *po, moet_err *e);
 
 // MemAvailable of /proc/meminfo in bytes (0 when unknown): on a GPU with unified memory, what can
 // be taken without pushing the host into swap or the OOM killer.
@@ -435,7 +434,11 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     CU_CHECK(cu.cuMemcpyHtoD(g->bt, g->bt_host, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride));
     CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
     CU_CHECK(cu.cuMemsetD8(g->ssm, 0, sizeof(float) * g->ssm_slot * o->max_seqs));
-    if (planes && gpu_pool_load(g, planes, po, e)) return gpu_free(g), -1;
+    if (planes) {
+        CUdeviceptr tables[MOET_MAX_LAYERS];
+        for (int l = 0; l < c->n_layers; l++) tables[l] = g->layers[l].experts;
+        if (gpu_pool_load(&g->dev, (CUdeviceptr)(uintptr_t)g->pool.base, tables, m, planes, po, e)) return gpu_free(g), -1;
+    }
     // the uploads and memsets above (and the pool's expert tables) went through the legacy
     // stream, which the non-blocking streams of the steps do not wait for
     CU_CHECK(cu.cuCtxSynchronize());
@@ -598,26 +601,19 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
 // What a step returns: logits of each row's last token, or of every token.
 enum { GPU_OUT_LAST, GPU_OUT_ALL };
 
-// Validates a step against the plan (the same checks as ref_forward). 0 or -1 with e.
-static int gpu_step_check(const gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, moet_err *e) {
+// What the step must be (engine_check_step checked it in the backend; gpu_warm and the tests
+// feed valid steps): asserted, since a wrong step would write outside its buffers.
+static void gpu_step_assert(const gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off) {
     int T = n > 0 ? off[n] : 0, V = g->m->cfg.vocab;
-    if (n < 1 || n > g->o.max_seqs || off[0] != 0 || T > g->o.max_tokens)
-        return err_set(e, "step of %d tokens in %d rows exceeds the %d tokens planned", T, n, g->o.max_tokens);
+    MOET_ASSERT(n >= 1 && n <= g->o.max_seqs && off[0] == 0 && T <= g->o.max_tokens, "step of %d tokens in %d rows", T, n);
     for (int i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= g->o.max_seqs) return err_set(e, "sequence slot %d out of range", slots[i]);
-        for (int j = 0; j < i; j++)
-            if (slots[j] == slots[i]) return err_set(e, "sequence slot %d appears twice in one step", slots[i]);
-        if (off[i + 1] <= off[i]) return err_set(e, "row %d has no tokens", i);
-        int reach = g->pos[slots[i]] + (off[i + 1] - off[i]);
-        if (reach > g->o.max_len)
-            return err_set(e, "sequence in slot %d would reach %d tokens; the limit is %d", slots[i], reach, g->o.max_len);
-        if (g->m->cfg.n_full && reach > g->seq_pages[slots[i]] * GPU_KV_PAGE)
-            return err_set(e, "sequence in slot %d would reach %d tokens; it holds KV pages for %d", slots[i], reach,
-                           g->seq_pages[slots[i]] * GPU_KV_PAGE);
+        int s = slots[i], reach = g->pos[s] + (off[i + 1] - off[i]);
+        MOET_ASSERT(s >= 0 && s < g->o.max_seqs && off[i + 1] > off[i] && reach <= g->o.max_len, "row %d: slot %d", i, s);
+        for (int j = 0; j < i; j++) MOET_ASSERT(slots[j] != s, "slot %d twice in one step", s);
+        MOET_ASSERT(!g->m->cfg.n_full || reach <= g->seq_pages[s] * GPU_KV_PAGE, "slot %d: %d tokens in %d KV pages", s, reach,
+                    g->seq_pages[s]);
     }
-    for (int t = 0; t < T; t++)
-        if (ids[t] < 0 || ids[t] >= V) return err_set(e, "token id %d outside the vocabulary [0, %d)", ids[t], V);
-    return 0;
+    for (int t = 0; t < T; t++) MOET_ASSERT(ids[t] >= 0 && ids[t] < V, "token id %d", ids[t]);
 }
 
 // Writes a step's metadata into meta_host (the layout above) for rows at their slots' current
@@ -653,7 +649,8 @@ static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t 
 // test entry's extras (synchronous copies, host buffers as ref_forward's).
 static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
                     float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
-    if (gpu_step_check(g, n, slots, ids, off, e)) return -1;
+    (void)e;   // the step was checked before (gpu_step_assert): nothing here fails but a CU_CHECK, which aborts
+    gpu_step_assert(g, n, slots, ids, off);
     const ck_config *c = &g->m->cfg;
     int T = off[n], H = c->hidden;
     // the previous step's metadata copy must be done before the host rewrites it

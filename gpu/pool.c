@@ -11,7 +11,8 @@
 #define GPU_POOL_RUN_BYTES (8u << 20)   // bytes per read: large enough for full disk speed
 
 typedef struct {
-    gpu_engine *g;
+    const gpu_device *dev;
+    CUdeviceptr pool;                // the pool's device memory: slot i at pool + i · slot_stride
     pf_file *f;
     uint32_t run;                    // slots per read
     _Atomic uint64_t *next, *done;   // next run, slots done
@@ -25,10 +26,9 @@ typedef struct {
 
 static void *gpu_pool_read(void *arg) {
     gpu_pool_reader *w = arg;
-    gpu_engine *g = w->g;
     pf_file *f = w->f;
     const pf_layout *L = &f->h.L;
-    gpu_bind(&g->dev);
+    gpu_bind(w->dev);
     CUstream s;
     CUevent ev[2];
     int used[2] = {0, 0}, cur = 0;
@@ -75,7 +75,7 @@ static void *gpu_pool_read(void *arg) {
             atomic_store(w->failed, 1);
             break;
         }
-        CU_CHECK(cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)g->pool.base + first * L->slot_stride, w->buf[cur], bytes, s));
+        CU_CHECK(cu.cuMemcpyHtoDAsync(w->pool + first * L->slot_stride, w->buf[cur], bytes, s));
         CU_CHECK(cu.cuEventRecord(ev[cur], s));
         used[cur] = 1;
         cur ^= 1;
@@ -87,13 +87,16 @@ static void *gpu_pool_read(void *arg) {
     return NULL;
 }
 
-// Loads and checks every slot into g->pool, then points each layer's expert table at its slots.
-static int gpu_pool_load(gpu_engine *g, const char *path, const pf_serve_opts *po, moet_err *e) {
-    const ck_config *c = &g->m->cfg;
+// Loads and checks every slot of the plane file `path` (for model m) into the device memory at
+// `pool` (n_slots · slot_stride bytes), then writes each layer's expert table: tables[l] is the
+// device address of layer l's [E, 3] gpu_mat descriptors (gate, up, down) over its slots.
+static int gpu_pool_load(const gpu_device *dev, CUdeviceptr pool, const CUdeviceptr *tables /* [L] */, const ck_model *m,
+                         const char *path, const pf_serve_opts *po, moet_err *e) {
+    const ck_config *c = &m->cfg;
     pf_file f;
     pf_serve_opts oo = *po;
     oo.no_verify = 1;   // hashed below as the slots arrive: one pass over the file
-    if (pf_open_for_model(&f, path, c, g->m->dir, &oo, e)) return -1;
+    if (pf_open_for_model(&f, path, c, m->dir, &oo, e)) return -1;
     const pf_layout *L = &f.h.L;
     int T = po->threads > 0 ? po->threads : 8;   // readers: enough requests in flight for NVMe, hashing spread
     if (T > MOET_PF_MAX_THREADS) T = MOET_PF_MAX_THREADS;
@@ -109,14 +112,17 @@ static int gpu_pool_load(gpu_engine *g, const char *path, const pf_serve_opts *p
     pthread_t tid[MOET_PF_MAX_THREADS];
     _Atomic uint64_t next = 0, done = 0;
     _Atomic int failed = 0;
-    if (arena_init_kind(&staging, "plane staging", ARENA_PINNED, (size_t)T * 2 * run * L->slot_stride, e)) goto out0;
     for (int t = 0; t < T; t++) {
         memset(&w[t], 0, sizeof w[t]);
-        w[t] = (gpu_pool_reader){g, &f, run, &next, &done, &failed, !po->no_verify, {0}, {0}, {{0}}, 0};
-        for (int b = 0; b < 2; b++) w[t].buf[b] = arena_take(&staging, (size_t)run * L->slot_stride, PF_PAGE, "plane staging");
-        if (pf_sha_init(&w[t].sha, e)) goto join;
+        w[t] = (gpu_pool_reader){dev, pool, &f, run, &next, &done, &failed, !po->no_verify, {0}, {0}, {{0}}, 0};
     }
-    arena_done(&staging);
+    arena_plan sp = arena_plan_begin(&staging, "plane staging", ARENA_PINNED, e);   // two buffers of `run` slots per reader
+    while (arena_plan_pass(&sp))
+        for (int t = 0; t < T; t++)
+            for (int b = 0; b < 2; b++) w[t].buf[b] = arena_take(sp.on, (size_t)run * L->slot_stride, PF_PAGE, "plane staging");
+    if (sp.failed) goto out0;
+    for (int t = 0; t < T; t++)
+        if (pf_sha_init(&w[t].sha, e)) goto join;
     pf_progress pr;
     pf_progress_start(&pr, po->no_verify ? "loading experts into the GPU pool" : "loading + verifying experts into the GPU pool");
     for (; started < T; started++)
@@ -158,7 +164,7 @@ join:
             gpu_mat *tab = arena_sys_alloc(sizeof(gpu_mat) * 3 * L->g.n_experts, "expert table");
             MOET_ASSERT(tab, "expert table");
             for (uint32_t x = 0; x < L->g.n_experts; x++) {
-                uint64_t base = (uint64_t)(uintptr_t)g->pool.base + ((uint64_t)l * L->g.n_experts + x) * L->slot_stride;
+                uint64_t base = pool + ((uint64_t)l * L->g.n_experts + x) * L->slot_stride;
                 gpu_mat gate = {0};
                 gate.kind = GPU_W_PLANES;
                 gate.rows = I;
@@ -176,7 +182,7 @@ join:
                 down.scale = base + L->sec_off[PF_W2_SCALES];
                 tab[3 * x] = gate, tab[3 * x + 1] = up, tab[3 * x + 2] = down;
             }
-            CU_CHECK(cu.cuMemcpyHtoD(g->layers[L->g.first_layer + l].experts, tab, sizeof(gpu_mat) * 3 * L->g.n_experts));
+            CU_CHECK(cu.cuMemcpyHtoD(tables[L->g.first_layer + l], tab, sizeof(gpu_mat) * 3 * L->g.n_experts));
             arena_sys_free(tab, sizeof(gpu_mat) * 3 * L->g.n_experts);
         }
     }

@@ -61,6 +61,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t k = size < sizeof path - 1 ? size : sizeof path - 1;
     memcpy(path, data, k);
     path[k] = 0;
-    if (pf_hf_snapshot(path, repo, sizeof repo, rev, sizeof rev)) MOET_ASSERT(strlen(repo) < sizeof repo, "repo fits");
+    if (ck_hf_snapshot(path, repo, sizeof repo, rev, sizeof rev)) MOET_ASSERT(strlen(repo) < sizeof repo, "repo fits");
     return 0;
 }

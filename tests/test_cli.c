@@ -335,7 +335,7 @@ static void test_model_name(void) {
     const char *plain[] = {"tests/fixtures/demo", "tests/fixtures/demo/", "tests/fixtures/demo//", "./tests/fixtures/demo/.",
                            "tests/fixtures/tok/../demo"};
     for (size_t k = 0; k < sizeof plain / sizeof plain[0]; k++) {
-        serve_model_name(plain[k], name, sizeof name);
+        ck_model_name(plain[k], name, sizeof name);
         CHECK(!strcmp(name, "demo"), "model name of %s: %s", plain[k], name);
     }
     // a Hugging Face cache snapshot: ORG/NAME, not the revision
@@ -346,7 +346,7 @@ static void test_model_name(void) {
     MOET_ASSERT(system(cmd) == 0, "snapshot fixture");
     char with_slash[300];
     snprintf(with_slash, sizeof with_slash, "%s/", snap);
-    serve_model_name(with_slash, name, sizeof name);
+    ck_model_name(with_slash, name, sizeof name);
     CHECK(!strcmp(name, "Org/Some-Model"), "model name of a snapshot: %s", name);
     // the running server says it: in the ready line and in an answer
     const char *req = "{\"id\":\"n\",\"prompt\":\"def\",\"max_tokens\":1}\n";

@@ -751,13 +751,13 @@ static void test_commands(const char *path) {
 
     // Hugging Face cache snapshot paths
     char repo[256], rev[256];
-    CHECK(pf_hf_snapshot("/x/hub/models--nvidia--Qwen3.6-35B-A3B-NVFP4/snapshots/491c2f1e0123456789abcdef0123456789abcdef/", repo,
+    CHECK(ck_hf_snapshot("/x/hub/models--nvidia--Qwen3.6-35B-A3B-NVFP4/snapshots/491c2f1e0123456789abcdef0123456789abcdef/", repo,
                          sizeof repo, rev, sizeof rev) == 1 &&
           !strcmp(repo, "nvidia/Qwen3.6-35B-A3B-NVFP4") && !strcmp(rev, "491c2f1e0123456789abcdef0123456789abcdef"), "snapshot: %s %s", repo, rev);
-    CHECK(pf_hf_snapshot("models--gpt2/snapshots/abc", repo, sizeof repo, rev, sizeof rev) == 1 && !strcmp(repo, "gpt2") &&
+    CHECK(ck_hf_snapshot("models--gpt2/snapshots/abc", repo, sizeof repo, rev, sizeof rev) == 1 && !strcmp(repo, "gpt2") &&
           !strcmp(rev, "abc"), "snapshot without org: %s %s", repo, rev);
-    CHECK(pf_hf_snapshot("/x/models--a--b/refs/main", repo, sizeof repo, rev, sizeof rev) == 0, "refs/ is not a snapshot");
-    CHECK(pf_hf_snapshot(FIX "/nvfp4", repo, sizeof repo, rev, sizeof rev) == 0, "a plain directory is not a snapshot");
+    CHECK(ck_hf_snapshot("/x/models--a--b/refs/main", repo, sizeof repo, rev, sizeof rev) == 0, "refs/ is not a snapshot");
+    CHECK(ck_hf_snapshot(FIX "/nvfp4", repo, sizeof repo, rev, sizeof rev) == 0, "a plain directory is not a snapshot");
     // a snapshot directory (symlinked to the fixture) fills repo and revision, and the flags must agree
     char snap[160], snapdir[128];
     tpath(snapdir, sizeof snapdir, "models--org--tiny");
