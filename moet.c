@@ -10,6 +10,7 @@
 //                                   launch geometry): constants only, shared with nvcc
 //             arena/base.c          errors (moet_err, MOET_ASSERT), checked size arithmetic, clock
 //             arena/arena.c         planned memory: host/pinned/device arenas, ARENA_TAKE, arena_plan
+//                                   (arena/DESIGN.md: memory plan, numerics, streams, invariance)
 //   bytes     format/json.c         RFC 8259 JSON: parser, writer
 //             format/outfile.c      output files: temporary file + rename, removed on failure
 //             format/args.c         flag values of every command
@@ -772,7 +773,7 @@ static int engine_chunk_take(int fed, int left, int room, int align) {
 // the engine, 3: the reference forward pass
 // ==========================================================================================
 //
-// Plain C, float32, weights decoded exactly (MODEL.md §3–4).
+// Plain C, float32, weights decoded exactly (sass/MODEL.md §3–4).
 //
 // This is the executable definition of the model: every GPU kernel is checked against it,
 // and it is the backend that serves small models on machines without a GPU. It runs on the
@@ -1060,7 +1061,7 @@ static void ref_linear(ref_engine *r, const ck_mat *W, const float *x, int ldx, 
     pthread_mutex_unlock(&r->mu);
 }
 
-// Zero-centred RMSNorm (MODEL.md §3.2): y = x / sqrt(mean(x²) + eps) · (1 + w).
+// Zero-centred RMSNorm (sass/MODEL.md §3.2): y = x / sqrt(mean(x²) + eps) · (1 + w).
 static void ref_rmsnorm1p(const float *x, const ck_mat *w, int n, double eps, float *y) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -1073,7 +1074,7 @@ static float ref_silu(float x) { return x * ref_sigmoid(x); }
 // PyTorch softplus (beta 1, threshold 20): x itself above the threshold.
 static float ref_softplus(float x) { return x > 20.f ? x : (float)log1p(exp((double)x)); }
 
-// Partial rotary embedding on the first rot_dim dims of u (MODEL.md §3.4 step 4), position p.
+// Partial rotary embedding on the first rot_dim dims of u (sass/MODEL.md §3.4 step 4), position p.
 static void ref_rope(const ref_engine *r, float *u, int p) {
     int half = r->m->cfg.rot_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -1119,7 +1120,7 @@ static void ref_kv_round(float *x, int n, int kv) {
     }
 }
 
-// Gated full attention for the tokens [t0, t0 + n) of one sequence (MODEL.md §3.4).
+// Gated full attention for the tokens [t0, t0 + n) of one sequence (sass/MODEL.md §3.4).
 static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
     const ck_config *c = &r->m->cfg;
     int hd = c->head_dim, nh = c->n_heads, kvh = c->n_kv_heads, group = nh / kvh;
@@ -1172,7 +1173,7 @@ static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *
     }
 }
 
-// The gated RMSNorm of one GDN value head (MODEL.md §3.3): o = w · (o / rms(o)) · SiLU(z), a
+// The gated RMSNorm of one GDN value head (sass/MODEL.md §3.3): o = w · (o / rms(o)) · SiLU(z), a
 // plain weight (not 1 + w). GPU twin: k_gated_norm.
 static void ref_gated_rmsnorm(float *o, const float *z, const ck_mat *w, int dv, double eps) {
     double ss = 0;
@@ -1181,7 +1182,7 @@ static void ref_gated_rmsnorm(float *o, const float *z, const ck_mat *w, int dv,
     for (int v = 0; v < dv; v++) o[v] = ck_at(w, 0, v) * (o[v] * rn) * ref_silu(z[v]);
 }
 
-// One token of the gated delta rule for one value head, recurrent form (MODEL.md §4.1): S [dk, dv]
+// One token of the gated delta rule for one value head, recurrent form (sass/MODEL.md §4.1): S [dk, dv]
 // in/out, q̂ and k̂ [dk] normalised (q̂ scaled by 1/sqrt(dk)), v [dv], β = σ(b), g the log decay;
 //   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  o = Sᵀq̂ (before the gated norm)
 // u: scratch [dv]. GPU twin: gdn_token (sass/gdn.cuh).
@@ -1203,7 +1204,7 @@ static void ref_gdn_token(float *S, const float *qh, const float *kh, const floa
     }
 }
 
-// Gated DeltaNet for the tokens [t0, t0 + n) of one sequence, recurrent form (MODEL.md §3.5,
+// Gated DeltaNet for the tokens [t0, t0 + n) of one sequence, recurrent form (sass/MODEL.md §3.5,
 // §4.1). r->proj holds the qkv projections of these tokens; it is overwritten by the conv output.
 static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
     const ck_config *c = &r->m->cfg;
@@ -1248,7 +1249,7 @@ static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int
     }
 }
 
-// The chunked (WY) form of the gated delta rule (MODEL.md §4.2) for one value head over n tokens
+// The chunked (WY) form of the gated delta rule (sass/MODEL.md §4.2) for one value head over n tokens
 // taken as one chunk: q̂, k̂ [n, dk] already L2-normalised (q̂ scaled by 1/sqrt(dk)), v [n, dv],
 // beta [n] = σ(b), g [n] the log decays (≤ 0); S [dk, dv] in/out, o [n, dv] out. Sums in f64;
 // w: scratch of ref_gdn_chunk_scratch(n, dv) doubles. It is the same map as the recurrence of
@@ -1297,7 +1298,7 @@ static void ref_gdn_chunk(const float *qh, const float *kh, const float *vh, con
         }
 }
 
-// The router of one token (MODEL.md §3.6): softmax over the E logits p (overwritten by the
+// The router of one token (sass/MODEL.md §3.6): softmax over the E logits p (overwritten by the
 // probabilities), the K most probable experts (ties to the lower id) into sel, by descending
 // probability, and their probabilities renormalised to sum 1 into w. GPU twin: k_router.
 static void ref_route(float *p, int E, int Kt, int *sel, float *w) {
@@ -1321,7 +1322,7 @@ static void ref_route(float *p, int E, int Kt, int *sel, float *w) {
     for (int k = 0; k < Kt; k++) w[k] = (float)(w[k] / ws);
 }
 
-// Router, routed experts and the gated shared expert over all T tokens (MODEL.md §3.6).
+// Router, routed experts and the gated shared expert over all T tokens (sass/MODEL.md §3.6).
 // Output in r->y.
 static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
     const ck_config *c = &r->m->cfg;

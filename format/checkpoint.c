@@ -1,6 +1,6 @@
 // format/checkpoint.c — a qwen3_5_moe checkpoint: config, quantization map, every weight.
 //
-// Three on-disk flavours are accepted (CHECKPOINT.md, MODEL.md §2):
+// Three on-disk flavours are accepted (CHECKPOINT.md, sass/MODEL.md §2):
 //   1. BF16 (or F16/F32) with fused 3-D routed experts: mlp.experts.gate_up_proj [E, 2I, H]
 //      (gate rows first) and mlp.experts.down_proj [E, H, I];
 //   2. per-expert 2-D experts: mlp.experts.{e}.{gate,up,down}_proj.weight;

@@ -212,7 +212,7 @@ static size_t pf_scale_index(uint32_t n, uint32_t b, uint32_t K) {
 }
 
 // Quantizes one matrix W [N, K] (f64) into its codes section (fragment-major, N·K/4 bytes) and
-// scales section (N·K/32 bytes). scratch holds N·K bytes. The zero-sign rule (§2.4) is applied
+// scales section (N·K/32 bytes). scratch holds N·K bytes. The zero-sign rule (PLANES.md §2 step 4) is applied
 // over the whole matrix. A non-finite weight is refused (it has no scale): -1 naming its place.
 static int pf_quant_matrix(const double *w /* [N, K] */, uint32_t N, uint32_t K, uint8_t *codes,
                            uint8_t *scales, uint8_t *scratch /* [N·K] */, const char *what, moet_err *e) {

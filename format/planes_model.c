@@ -129,7 +129,7 @@ static void *pf_loader_run(void *arg) {
 }
 
 // Reads every slot of the plane file into memory, with several threads, hashing each slot as it
-// arrives (DESIGN: stream the slots while hashing them; the bytes served are the bytes checked),
+// arrives (arena/DESIGN.md §6: stream the slots while hashing them; the bytes served are the bytes checked),
 // a progress bar and GB/s on stderr; then the model's routed experts point into those slots.
 // Only a complete, verified set replaces the checkpoint's experts.
 static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *o, pf_attached *a, moet_err *e) {

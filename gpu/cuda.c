@@ -4,7 +4,7 @@
 // CPU backend then serves). Only the entry points in the table below are used; no cudart, no
 // cuda.h: the few types and constants are declared here. Every call goes through CU_CHECK,
 // which names the call, its error name and string, file and line on stderr and aborts
-// (DESIGN: GPU failures are tier-1 errors); gpu_open is the one place that turns a missing
+// (arena/DESIGN.md §1: GPU failures are tier-1 errors); gpu_open is the one place that turns a missing
 // driver or device into an ordinary error, so `--backend auto` can fall back.
 
 typedef int CUresult;             // 0 = CUDA_SUCCESS

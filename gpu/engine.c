@@ -4,7 +4,7 @@
 // launches on the compute stream.
 //
 // The math is the reference forward's (ref_forward in moet.c), op for op; each kernel's CPU
-// twin is named in its sass/ header. Activations are fp32 (DESIGN numerics: fp32 accumulation,
+// twin is named in its sass/ header. Activations are fp32 (arena/DESIGN.md §3: fp32 accumulation,
 // norms and state; the weights, which are what decode reads, stay in their stored precision and
 // are decoded in registers).
 //
@@ -30,7 +30,7 @@ typedef struct {
     const ck_model *m;
     gpu_opts o;
     CUstream compute, copy;
-    // arenas (DESIGN memory table)
+    // arenas (arena/DESIGN.md §2.2)
     arena weights, pool, kv, state, act, pinned, host;
     gpu_layer *layers;               // [L] host copies of the descriptors
     gpu_mat embed, final_norm, lm_head;

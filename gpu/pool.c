@@ -1,6 +1,6 @@
 // gpu/pool.c — the resident expert pool: every slot of the plane file on the device, one slot
 // per (layer, expert), addressed through each layer's expert table (gate, up, down descriptors
-// pointing into the slot, PLANES.md §1: w13 rows 0..I−1 are gate_proj, I..2I−1 up_proj).
+// pointing into the slot, format/PLANES.md §1: w13 rows 0..I−1 are gate_proj, I..2I−1 up_proj).
 //
 // Boot load: reader threads claim runs of consecutive slots, read each run with one O_DIRECT
 // pread into their own pinned buffer, hash every slot against its table entry (SHA-256) and

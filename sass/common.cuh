@@ -1,7 +1,7 @@
 // sass/common.cuh — what every kernel shares: exact decoders of the stored formats, fixed-order
 // reductions, and the per-warp dot product of one weight row with a tile of activations.
 //
-// Numerics (DESIGN.md): activations, accumulators, norms and softmax are fp32; weights are decoded
+// Numerics (arena/DESIGN.md §3): activations, accumulators, norms and softmax are fp32; weights are decoded
 // in registers exactly (each stored value is exact in fp32). Every reduction has a fixed order that
 // depends only on the reduced length, never on the batch: a row's result is the same whatever
 // else runs in the step (batch invariance).
@@ -32,7 +32,7 @@ __device__ __forceinline__ float dec_e2m1(uint32_t n) {
     return __uint_as_float(bits | ((n & 8u) << 28));
 }
 
-// 2-bit plane code c → level {-4, -1, +1, +4}[c] (PLANES.md §2).
+// 2-bit plane code c → level {-4, -1, +1, +4}[c] (format/PLANES.md §2).
 __device__ __forceinline__ float dec_plane(uint32_t c) {
     float mag = ((c ^ (c >> 1)) & 1u) ? 1.f : 4.f;
     return (c & 2u) ? mag : -mag;
@@ -200,7 +200,7 @@ __device__ __forceinline__ void row_dot(const gpu_mat &W, int row, const float *
         break;
     }
     case GPU_W_PLANES: {
-        // PLANES.md §3: row n sits in 16-row block nb as (tile, g); for each 64-wide k block kb and
+        // format/PLANES.md §3: row n sits in 16-row block nb as (tile, g); for each 64-wide k block kb and
         // each t < 4, lane (g, t) of the fragment holds 4 bytes of this row at +tile·4:
         // bytes k32·2 + half, each 4 codes at k = kb·64 + k32·32 + half·16 + 4t + j.
         const int KB = K / 64, nb = row / 16, tile = (row % 16) / 8, g = row % 8;

@@ -14,7 +14,7 @@ enum { GPU_KV_F32 = 0, GPU_KV_BF16 = 1, GPU_KV_FP8 = 2 };
 #define GPU_KV_PAGE 16
 
 // One weight matrix [rows, cols] = [out_features, in_features] in device memory, in its stored
-// precision (CHECKPOINT layouts, PLANES.md §3 for the 2-bit planes). Passed by value to kernels
+// precision (format/CHECKPOINT.md §A.5–A.7, format/PLANES.md §3 for the 2-bit planes). Passed by value to kernels
 // or read from a device table (routed experts). 48 bytes.
 typedef struct {
     unsigned long long w;          // device address of row 0 (NVFP4: packed [rows, cols/2]; PLANES: fragment-major codes)

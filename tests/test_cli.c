@@ -376,7 +376,7 @@ static void test_model_name(void) {
 // ---- the documents ---------------------------------------------------------------------------
 
 // Every relative link of a Markdown file (](target)), and every path-like name of a .md file in
-// its text (format/PLANES.md, docs/X.md), must name a file of the repository. Links resolve
+// its text (format/PLANES.md, sass/MODEL.md), must name a file of the repository. Links resolve
 // from the file's directory, names in the text from the repository root.
 static void check_doc(const char *md, const char *dir) {
     size_t len;

@@ -173,7 +173,7 @@ static void test_quantizer_edges(void) {
 // ---- layout ------------------------------------------------------------------------------
 
 static void test_plan(void) {
-    // PLANES.md §1 reference numbers for Qwen3.6-35B-A3B (40 x 256, H 2048, I 512)
+    // format/PLANES.md §1 reference numbers for Qwen3.6-35B-A3B (40 x 256, H 2048, I 512)
     pf_geom g = {40, 0, 256, 2048, 512};
     pf_layout L;
     moet_err e = {{0}};
@@ -305,7 +305,7 @@ static void test_fixture_slots(const char *planes_path) {
         for (uint64_t p = L.slot_bytes; p < L.slot_stride; p++) bad += b.data[L.body_offset + i * L.slot_stride + p] != 0;
     }
     CHECK(bad == 0, "file slots equal the golden and padding is zero (%" PRIu64 " bad)", bad);
-    // the header bytes, field by field, against PLANES.md §1
+    // the header bytes, field by field, against format/PLANES.md §1
     if (b.size >= 4096) {
         const uint8_t *h = b.data;
         CHECK(!memcmp(h, "MOET2PF1", 8) && pf_get32(h + 8) == 1 && pf_get32(h + 12) == 4096, "magic, version, page");

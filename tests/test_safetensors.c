@@ -232,7 +232,7 @@ static const sf_want sf_two[] = {
     {"lm_head.weight_scale", SF_S2, "F8_E4M3", 1, {4}, 4, 4, 4},
     {"lm_head.weight_scale_2", SF_S2, "F32", 0, {0}, 1, 8, 4},
 };
-// total_size is deliberately wrong: nothing may depend on it (CHECKPOINT.md §B)
+// total_size is deliberately wrong: nothing may depend on it (format/CHECKPOINT.md §B)
 static const char *sf_index =
     "{\"metadata\":{\"total_size\":999},\"weight_map\":{"
     "\"lm_head.weight\":\"" SF_S2 "\",\"lm_head.weight_scale\":\"" SF_S2 "\",\"lm_head.weight_scale_2\":\"" SF_S2 "\","
@@ -569,7 +569,7 @@ static const st_tensor *sf_has(int line, const st_set *s, const char *name, cons
 }
 #define SF_HAS(s, name, dtype, ndim, d0, d1, d2) sf_has(__LINE__, s, name, dtype, ndim, d0, d1, d2)
 
-// A linear layer's weight, logically [N, K], in its stored format (CHECKPOINT.md §A.6–A.7):
+// A linear layer's weight, logically [N, K], in its stored format (format/CHECKPOINT.md §A.6–A.7):
 // BF16 [N, K]; FP8: F8_E4M3 [N, K] with an F32 scalar weight_scale; NVFP4: U8 [N, K/2] (two
 // e2m1 per byte) with F8_E4M3 weight_scale [N, K/16] and an F32 scalar weight_scale_2.
 static void sf_linear(int line, const st_set *s, const char *prefix, int64_t N, int64_t K) {
@@ -649,7 +649,7 @@ static void test_fixture(const char *dir) {
     if (sf_open_ok(dir) == 0) {
         const st_set *s = &sf_set;
         char nm[256];
-        // every dtype is one this checkpoint format uses (CHECKPOINT.md §B)
+        // every dtype is one this checkpoint format uses (format/CHECKPOINT.md §B)
         int dt_ok = 1;
         for (uint32_t i = 0; i < s->n_tensors; i++) {
             int dt = s->tensors[i].dtype;
