@@ -800,11 +800,12 @@ static int engine_check_from(int block, int n_blocks, const int *end, const engi
     return 0;
 }
 
-// A save: a kept-block id in range, a slot holding a sequence that stands on a block boundary.
-static int engine_check_save(int block, int n_blocks, int max_seqs, const samp_bank *bank, int slot, int pos, int id,
+// A save: a free block id in range, a slot holding a sequence that stands on a block boundary.
+static int engine_check_save(int block, int n_blocks, const int *end, int max_seqs, const samp_bank *bank, int slot, int pos, int id,
                              moet_err *e) {
     if (block < 1) return err_set(e, "save: this backend keeps no prefix blocks");
     if (id < 0 || id >= n_blocks) return err_set(e, "save: prefix block %d out of range [0, %d)", id, n_blocks);
+    if (end[id]) return err_set(e, "save: prefix block %d is kept (drop it first)", id);
     if (slot < 0 || slot >= max_seqs || !bank->slot[slot].active) return err_set(e, "save: sequence slot %d holds no sequence", slot);
     if (pos < block || pos % block)
         return err_set(e, "save: the sequence in slot %d stands at %d tokens, not at a multiple of %d", slot, pos, block);
@@ -1605,7 +1606,7 @@ static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e
 static int ref_be_save(void *self, int slot, int block, moet_err *e) {
     ref_engine *r = self;
     if (r->launched) return err_set(e, "save: a step is launched and not collected");
-    if (engine_check_save(r->pfx_block, r->pfx_blocks, r->max_seqs, &r->bank, slot, slot >= 0 && slot < r->max_seqs ? r->seqs[slot].pos : 0,
+    if (engine_check_save(r->pfx_block, r->pfx_blocks, r->pfx_end, r->max_seqs, &r->bank, slot, slot >= 0 && slot < r->max_seqs ? r->seqs[slot].pos : 0,
                           block, e))
         return -1;
     ref_prefix_save(r, &r->seqs[slot], block);
@@ -1614,7 +1615,7 @@ static int ref_be_save(void *self, int slot, int block, moet_err *e) {
 
 static void ref_be_drop(void *self, int block) {
     ref_engine *r = self;
-    MOET_ASSERT(block >= 0 && block < r->pfx_blocks, "prefix block %d of %d", block, r->pfx_blocks);
+    MOET_ASSERT(block >= 0 && block < r->pfx_blocks && r->pfx_end[block] > 0, "prefix block %d of %d is not kept", block, r->pfx_blocks);
     r->pfx_end[block] = 0;
 }
 

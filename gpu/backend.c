@@ -63,10 +63,9 @@ static int gpu_be_save(void *self, int slot, int block, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "save: a step is launched and not collected");
     const gpu_engine *g = &b->g;
-    if (engine_check_save(g->pfx_block, g->pfx_blocks, g->o.max_seqs, &b->bank, slot, slot >= 0 && slot < g->o.max_seqs ? g->pos[slot] : 0,
-                          block, e))
+    if (engine_check_save(g->pfx_block, g->pfx_blocks, g->pfx_end, g->o.max_seqs, &b->bank, slot,
+                          slot >= 0 && slot < g->o.max_seqs ? g->pos[slot] : 0, block, e))
         return -1;
-    if (g->pfx_end[block]) return err_set(e, "save: prefix block %d is kept; drop it first", block);
     gpu_prefix_save(&b->g, slot, block);
     return 0;
 }
