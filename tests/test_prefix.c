@@ -261,7 +261,9 @@ static void backend_checks(int gpu, const char *model, const char *planes) {
     pf_attached pa = {0};
     pf_serve_opts po = {0, 0, 0, 0};
     if (ck_open(&m, model, &e)) { CHECK(0, "%s", e.msg); return; }
-    if (planes && !gpu && pf_attach_planes(&m, planes, &po, &pa, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    // the CPU serves the experts from the planes through the model; the GPU loads them into its pool
+    // (and its comparison with the reference uses the attached ones)
+    if (planes && pf_attach_planes(&m, planes, &po, &pa, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
     int N = 64, T = 3 * N + 37, V = m.cfg.vocab;
     int32_t ids[512];
     for (int t = 0; t < T; t++) ids[t] = (int32_t)(((int64_t)t * 7919 + 13 + t * t) % V);
@@ -273,6 +275,20 @@ static void backend_checks(int gpu, const char *model, const char *planes) {
     else {
         CHECK(p.be.prefix_blocks == 8, "%s: 8 blocks planned, %d", tag, p.be.prefix_blocks);
         check_backend(&p, ids, T, N);
+        if (gpu) {   // and the GPU computes what the reference does (its pages and state as before)
+            pbe c;
+            float *a = malloc(sizeof(float) * (size_t)T * V), *b = malloc(sizeof(float) * (size_t)T * V);
+            engine_admit ad = greedy_admit(ids, T, T);
+            int ok = pbe_make(&c, 0, &m, NULL, 1, T, T, N, 0, &e) == 0;
+            ok = ok && p.be.admit(p.be.self, 0, &ad, &e) == 0 && c.be.admit(c.be.self, 0, &ad, &e) == 0;
+            ok = ok && feed_all(&p.be, 0, ids, T, T, a) == 0 && feed_all(&c.be, 0, ids, T, T, b) == 0;
+            double err = ok ? check_nerr(a, b, (size_t)T * V) : INFINITY;
+            CHECK(err < 1e-4, "%s: logits against the CPU reference: normalised error %.3g (%s)", tag, err, e.msg);
+            printf("%s: %.2g normalised error against the CPU reference (f32 KV)\n", tag, err);
+            p.be.release(p.be.self, 0);
+            if (c.be.self) pbe_free(&c);
+            free(a), free(b);
+        }
         pbe_free(&p);
     }
     pf_detach(&pa);
