@@ -2378,6 +2378,9 @@ static void serve_sample(serve_ctx *S, serve_rec *r, const engine_result *res, i
 // for those blocks to be saved (and so do the ones behind it): computing them again would cost
 // what the cache saves. When the backend has no room, unused cached blocks are evicted, least
 // recently used first, before the request waits.
+
+// 1 when a running request still prefilling (and saving blocks) will save blocks of r's prompt
+// beyond the `have` that r found in the table.
 static int serve_prefix_pending(const serve_ctx *S, const serve_rec *r, int have) {
     int N = S->pfx.block;
     for (int i = 0; i < S->n_running; i++) {

@@ -226,6 +226,15 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
             return -1;
+        if (blocks && prefix_block % GPU_GDN_C) {   // a flag the GPU cannot take is an error where there is one, not a fallback
+            gpu_device d;
+            moet_err pe = {{0}};
+            if (gpu_open(&d, &pe) == 0) {
+                gpu_close(&d);
+                return err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
+                               prefix_block, GPU_GDN_C);
+            }
+        }
         moet_err ge = {{0}};
         if (gpu_be_init_prefix(&E->g, m, &go, blocks ? prefix_block : 0, blocks, o->planes, &o->popt, &ge) == 0) {
             E->is_gpu = 1;
