@@ -73,7 +73,7 @@
                                         // tokens (a multiple of every backend's chunk_align and of
                                         // the GPU's KV page)
 #define MOET_PREFIX_BLOCKS     64       // default blocks kept when --prefix-cache-gb is not given
-                                        // (the demo model: 28 MiB on the CPU; Qwen3.6: 4.2 GiB on the GPU,
+                                        // (the demo model: 29 MiB on the CPU; Qwen3.6: 4.2 GiB on the GPU,
                                         // 67.8 MiB a block: 62.8 MiB of GDN state + 256 tokens of bf16 KV)
 #define MOET_MAX_PREFIX_BLOCKS (1 << 20)// blocks of one cache (its table's indices are int32)
 
