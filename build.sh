@@ -178,7 +178,8 @@ gen_unicode() {
         > tests/fixtures/unicode/nfc_tests.txt
 }
 
-# The GPU tests: tests/test_gpu.c and the GPU backend in tests/test_backend.c's suite (under
+# The GPU tests: tests/test_gpu.c, the GPU backend in tests/test_backend.c's suite and the prefix
+# cache's exactness on it in tests/test_prefix.c (under
 # `./build.sh test` they say they did not run when there is no GPU; here a missing GPU is a
 # failure, MOET_REQUIRE_GPU=1), and the end-to-end server tests with
 # every `moet serve` on the GPU (MOET_E2E_BACKEND=gpu), and `moet run` against the goldens on the
@@ -186,12 +187,13 @@ gen_unicode() {
 run_gpu_tests() {
     mkdir -p build
     local t rc=0
-    for t in test_gpu test_backend test_serve_e2e test_forward; do
+    for t in test_gpu test_backend test_prefix test_serve_e2e test_forward; do
         $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$t" "tests/$t.c" $LIBS || rc=1
     done
     [ $rc = 0 ] || return 1
     MOET_REQUIRE_GPU=1 build/test_gpu || rc=1
     MOET_REQUIRE_GPU=1 build/test_backend || rc=1
+    MOET_REQUIRE_GPU=1 build/test_prefix || rc=1
     MOET_E2E_BACKEND=gpu build/test_serve_e2e || rc=1
     MOET_RUN_BACKEND=gpu build/test_forward || rc=1
     gpu_memcheck || rc=1

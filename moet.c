@@ -34,7 +34,9 @@
 //             gpu/pool.c            the resident expert pool (O_DIRECT, SHA-256, copy streams)
 //             gpu/engine.c          the device forward pass (arenas, weights, KV pages, steps)
 //             gpu/backend.c         the GPU engine_backend; engine_open (--backend)
-//   serving   (this file)           the scheduler and serve loop; the answer and error lines;
+//   serving   serve/prefix.c        the prefix cache's block table: hash chains of prompt blocks,
+//                                   least recently used eviction, the cache's identity
+//             (this file)           the scheduler and serve loop; the answer and error lines;
 //                                   `moet serve`
 //   commands  format/tokenizer_cmd.c  `moet tokenize`
 //             format/planes_cmd.c   `moet build-planes`, `moet verify`, `moet info`
@@ -666,7 +668,12 @@ static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *to
 //  - with no sequence admitted, any reserve <= max_len fits (a waiting request always gets in
 //    once the others are done);
 //  - a row that would take its sequence past its reserve is refused (-1), nothing changed;
-//  - a failing call (-1, e set) changes nothing.
+//  - a failing call (-1, e set) changes nothing;
+//  - a sequence admitted from saved prefix blocks (engine_backend.admit_from, save) gives
+//    the same bits as the same sequence computed from its first token, with every cut at a
+//    multiple of chunk_align: a block holds the state after a multiple of prefix_block tokens,
+//    itself a multiple of chunk_align, so the restored sequence is one cut at its first
+//    position, which chunk invariance promises to be free.
 
 // What a sequence slot needs from the request that takes it (admission).
 typedef struct {
@@ -717,6 +724,20 @@ typedef struct {
     // The slots must be admitted (their reserve bounds them as in launch); not while a launch is uncollected.
     int (*forward_all)(void *self, int n, const int *slots, const int32_t *ids, const int *off, float *logits,
                        float **hidden, int32_t **router_ids, float **router_w, moet_err *e);
+    // Prefix snapshots (the scheduler's prefix cache, serve/prefix.c). 0 / NULL: the backend keeps none.
+    int prefix_block;          // tokens per block: a multiple of chunk_align
+    int prefix_blocks;         // block ids 0 .. prefix_blocks − 1, storage planned at boot
+    // admit, with the sequence starting after the saved blocks from[0 .. n_from) (save), in the order of the
+    // sequence (from[i] holds the state after (i + 1) · prefix_block tokens): at position n_from · prefix_block
+    // with the GDN states and conv windows of from[n_from − 1] and the KV of the positions of each. The prompt
+    // (for the penalties) is the whole one. 0 / 1 / -1 as admit.
+    int (*admit_from)(void *self, int slot, const engine_admit *a, const int32_t *from, int n_from, moet_err *e);
+    // The slot's sequence stands at pos = k · prefix_block after a collected step: keep its state as block
+    // `block` (a free id or one dropped before): the GDN states and conv windows, and the KV of positions
+    // [pos − prefix_block, pos) (copied, or its pages shared by reference count). Not while a step is launched.
+    int (*save)(void *self, int slot, int block, moet_err *e);
+    // Block `block` is no longer kept (KV pages it shares return when no sequence holds them either).
+    void (*drop)(void *self, int block);
 } engine_backend;
 
 // ---- the checks every backend makes -----------------------------------------------------------
@@ -762,11 +783,53 @@ static int engine_check_admit(int max_seqs, int max_len, const samp_bank *bank, 
     return 0;
 }
 
+// The saved blocks an admission starts from: each one kept (end[b] > 0: the position its state is
+// after) and in the sequence's order (from[i] ended at (i + 1) · block), all within the reserve.
+static int engine_check_from(int block, int n_blocks, const int *end, const engine_admit *a, const int32_t *from, int n_from,
+                             moet_err *e) {
+    if (n_from == 0) return 0;
+    if (n_from < 0 || !from || block < 1) return err_set(e, "admit: %d prefix blocks; this backend keeps none", n_from);
+    if ((int64_t)n_from * block >= a->reserve)
+        return err_set(e, "admit: %d prefix blocks of %d tokens leave nothing of a reserve of %d", n_from, block, a->reserve);
+    for (int i = 0; i < n_from; i++) {
+        int b = from[i];
+        if (b < 0 || b >= n_blocks) return err_set(e, "admit: prefix block %d out of range [0, %d)", b, n_blocks);
+        if (end[b] != (i + 1) * block)
+            return err_set(e, "admit: prefix block %d holds the state after %d tokens; position %d of the sequence needs %d", b,
+                           end[b], i, (i + 1) * block);
+    }
+    return 0;
+}
+
+// A save: a free block id in range, a slot holding a sequence that stands on a block boundary.
+static int engine_check_save(int block, int n_blocks, const int *end, int max_seqs, const samp_bank *bank, int slot, int pos, int id,
+                             moet_err *e) {
+    if (block < 1) return err_set(e, "save: this backend keeps no prefix blocks");
+    if (id < 0 || id >= n_blocks) return err_set(e, "save: prefix block %d out of range [0, %d)", id, n_blocks);
+    if (end[id]) return err_set(e, "save: prefix block %d is kept (drop it first)", id);
+    if (slot < 0 || slot >= max_seqs || !bank->slot[slot].active) return err_set(e, "save: sequence slot %d holds no sequence", slot);
+    if (pos < block || pos % block)
+        return err_set(e, "save: the sequence in slot %d stands at %d tokens, not at a multiple of %d", slot, pos, block);
+    return 0;
+}
+
 // How many of a prompt's `left` tokens a step with `room` tokens left takes when `fed` are in:
 // all of them when they fit, else up to the last multiple of align (absolute positions). 0 or
 // less: the next aligned block does not fit; the prompt waits for a later step.
 static int engine_chunk_take(int fed, int left, int room, int align) {
     return left <= room ? left : (fed + room) / align * align - fed;
+}
+
+// The same cut with a prefix cache saving a block every `block` tokens (a multiple of align; 0:
+// none): a chunk also ends at the next multiple of block, so that each block's state can be
+// saved after the step that reaches it. Chunk invariance makes the extra cuts free.
+static int engine_chunk_take_block(int fed, int left, int room, int align, int block) {
+    int take = engine_chunk_take(fed, left, room, align);
+    if (block > 0 && take > 0) {
+        int next = (fed / block + 1) * block;
+        if (fed + take > next) take = next - fed;
+    }
+    return take;
 }
 
 // ==========================================================================================
@@ -857,6 +920,14 @@ typedef struct ref_engine_s {
     float *res_top_lp;   // [max_seqs, MOET_MAX_LOGPROBS]
     int launched;        // a step waits for collect
     arena mem;
+    // prefix blocks (engine_backend.save; ref_prefix_init): copies of a sequence's state after
+    // a multiple of pfx_block tokens and of the keys and values of the block's own positions
+    int pfx_block, pfx_blocks;  // tokens per block, blocks (0: none kept)
+    int *pfx_end;        // [pfx_blocks] the position each block's state is after (0: free)
+    float *pfx_conv;     // [pfx_blocks, n_gdn, conv_k − 1, conv_dim] conv windows
+    float *pfx_ssm;      // [pfx_blocks, n_gdn, lv_heads, lk_dim, lv_dim] GDN states
+    float *pfx_k, *pfx_v;// [pfx_blocks, n_full, pfx_block, kvh·hd] keys / values of positions [end − pfx_block, end)
+    arena pfx_mem;
 } ref_engine;
 
 static int ref_max_row(const ck_config *c) {
@@ -983,6 +1054,7 @@ static void ref_free(ref_engine *r) {
     }
     samp_bank_free(&r->bank);
     arena_release(&r->mem);
+    arena_release(&r->pfx_mem);
 }
 
 // Plans and allocates an engine for max_seqs sequences of max_len tokens, steps of at most
@@ -1031,6 +1103,77 @@ static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len,
         }
     }
     return 0;
+}
+
+// ---- prefix blocks ---------------------------------------------------------------------------
+//
+// A block is the state of a sequence after k · pfx_block tokens: GDN states and conv windows
+// copied whole, keys and values of its own pfx_block positions (a sequence's KV is one
+// contiguous region per slot here, so a restored sequence copies every block of its chain).
+
+// Floats of one slot's GDN state and of its conv windows.
+static size_t ref_ssm_floats(const ck_config *c) { return (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim; }
+static size_t ref_conv_floats(const ck_config *c) { return (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim; }
+
+// Bytes one block of `block` tokens takes (what --prefix-cache-gb is divided by).
+static size_t ref_prefix_bytes(const ck_config *c, int block) {
+    return sizeof(float) * (ref_ssm_floats(c) + ref_conv_floats(c) + 2 * (size_t)c->n_full * block * c->n_kv_heads * c->head_dim);
+}
+
+static void ref_prefix_carve(ref_engine *r, arena *a) {
+    const ck_config *c = &r->m->cfg;
+    size_t nb = (size_t)r->pfx_blocks, kv = (size_t)c->n_full * r->pfx_block * c->n_kv_heads * c->head_dim;
+    ARENA_TAKE(a, r->pfx_end, nb, "prefix block ends");
+    ARENA_TAKE(a, r->pfx_conv, nb * ref_conv_floats(c), "prefix conv windows");
+    ARENA_TAKE(a, r->pfx_ssm, nb * ref_ssm_floats(c), "prefix GDN states");
+    ARENA_TAKE(a, r->pfx_k, nb * kv, "prefix keys");
+    ARENA_TAKE(a, r->pfx_v, nb * kv, "prefix values");
+}
+
+// Plans `blocks` prefix blocks of `block` tokens (after ref_init, before serving). 0 blocks: none.
+static int ref_prefix_init(ref_engine *r, int block, int blocks, moet_err *e) {
+    if (blocks == 0) return 0;
+    if (block < 1 || blocks < 0 || blocks > MOET_MAX_PREFIX_BLOCKS || block > r->max_len)
+        return err_set(e, "prefix cache: %d blocks of %d tokens (context %d)", blocks, block, r->max_len);
+    r->pfx_block = block;
+    r->pfx_blocks = blocks;
+    arena_plan p = arena_plan_begin(&r->pfx_mem, "prefix cache", ARENA_HOST, e);
+    while (arena_plan_pass(&p)) ref_prefix_carve(r, p.on);
+    if (p.failed) {
+        r->pfx_block = r->pfx_blocks = 0;
+        return -1;
+    }
+    memset(r->pfx_end, 0, sizeof(int) * (size_t)blocks);
+    return 0;
+}
+
+// Copies slot q's state (after pos = k · block tokens) and its KV rows [pos − block, pos) into block b.
+static void ref_prefix_save(ref_engine *r, const ref_seq *q, int b) {
+    const ck_config *c = &r->m->cfg;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, N = (size_t)r->pfx_block, p0 = (size_t)q->pos - N;
+    memcpy(r->pfx_conv + b * ref_conv_floats(c), q->conv, sizeof(float) * ref_conv_floats(c));
+    memcpy(r->pfx_ssm + b * ref_ssm_floats(c), q->ssm, sizeof(float) * ref_ssm_floats(c));
+    for (int l = 0; l < c->n_full; l++) {
+        size_t from = ((size_t)l * r->max_len + p0) * kvd, to = ((size_t)b * c->n_full + l) * N * kvd;
+        memcpy(r->pfx_k + to, q->k + from, sizeof(float) * N * kvd);
+        memcpy(r->pfx_v + to, q->v + from, sizeof(float) * N * kvd);
+    }
+    r->pfx_end[b] = q->pos;
+}
+
+// Slot q starts after the chain from[0 .. n): the KV rows of every block, the state of the last.
+static void ref_prefix_restore(ref_engine *r, ref_seq *q, const int32_t *from, int n) {
+    const ck_config *c = &r->m->cfg;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, N = (size_t)r->pfx_block;
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < c->n_full; l++) {
+            size_t to = ((size_t)l * r->max_len + (size_t)i * N) * kvd, src = ((size_t)from[i] * c->n_full + l) * N * kvd;
+            memcpy(q->k + to, r->pfx_k + src, sizeof(float) * N * kvd);
+            memcpy(q->v + to, r->pfx_v + src, sizeof(float) * N * kvd);
+        }
+    memcpy(q->conv, r->pfx_conv + from[n - 1] * ref_conv_floats(c), sizeof(float) * ref_conv_floats(c));
+    memcpy(q->ssm, r->pfx_ssm + from[n - 1] * ref_ssm_floats(c), sizeof(float) * ref_ssm_floats(c));
+    q->pos = n * r->pfx_block;
 }
 
 // ---- ops ---------------------------------------------------------------------------------
@@ -1447,13 +1590,34 @@ static void ref_be_at(const void *self, int s, int *pos, int *limit) {
     *limit = r->seqs[s].limit;
 }
 
-static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
+static int ref_be_admit_from(void *self, int slot, const engine_admit *a, const int32_t *from, int n_from, moet_err *e) {
     ref_engine *r = self;
-    if (engine_check_admit(r->max_seqs, r->max_len, &r->bank, slot, a, e)) return -1;
+    if (engine_check_admit(r->max_seqs, r->max_len, &r->bank, slot, a, e) ||
+        engine_check_from(r->pfx_block, r->pfx_blocks, r->pfx_end, a, from, n_from, e))
+        return -1;
     if (samp_bank_admit(&r->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
     ref_reset(r, slot);
+    if (n_from) ref_prefix_restore(r, &r->seqs[slot], from, n_from);
     r->seqs[slot].limit = a->reserve;
     return 0;
+}
+
+static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) { return ref_be_admit_from(self, slot, a, NULL, 0, e); }
+
+static int ref_be_save(void *self, int slot, int block, moet_err *e) {
+    ref_engine *r = self;
+    if (r->launched) return err_set(e, "save: a step is launched and not collected");
+    if (engine_check_save(r->pfx_block, r->pfx_blocks, r->pfx_end, r->max_seqs, &r->bank, slot, slot >= 0 && slot < r->max_seqs ? r->seqs[slot].pos : 0,
+                          block, e))
+        return -1;
+    ref_prefix_save(r, &r->seqs[slot], block);
+    return 0;
+}
+
+static void ref_be_drop(void *self, int block) {
+    ref_engine *r = self;
+    MOET_ASSERT(block >= 0 && block < r->pfx_blocks && r->pfx_end[block] > 0, "prefix block %d of %d is not kept", block, r->pfx_blocks);
+    r->pfx_end[block] = 0;
 }
 
 static void ref_be_release(void *self, int slot) {
@@ -1503,7 +1667,9 @@ static int ref_be_forward_all(void *self, int n, const int *slots, const int32_t
 
 static engine_backend ref_backend(ref_engine *r) {
     engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, 1, ref_be_admit, ref_be_release,
-                        ref_be_launch, ref_be_collect, ref_be_forward_all};
+                        ref_be_launch, ref_be_collect, ref_be_forward_all, r->pfx_block, r->pfx_blocks,
+                        r->pfx_blocks ? ref_be_admit_from : NULL, r->pfx_blocks ? ref_be_save : NULL,
+                        r->pfx_blocks ? ref_be_drop : NULL};
     return b;
 }
 
@@ -1521,6 +1687,13 @@ static engine_backend ref_backend(ref_engine *r) {
 #include "gpu/engine.c"
 // defines: gpu_backend (the GPU engine_backend), engine_open (--backend auto|cpu|gpu for every command)
 #include "gpu/backend.c"
+
+// ==========================================================================================
+// serving, 0: the prefix cache
+// ==========================================================================================
+
+// defines: prefix_table (the block table: find, match, evict, link), prefix_hash, prefix_identity
+#include "serve/prefix.c"
 
 // ==========================================================================================
 // serving, 1: the scheduler and the serve loop
@@ -1565,6 +1738,7 @@ typedef struct {
     uint64_t seed_base;     // requests without a seed draw from this + a counter
     int thinking;           // enable_thinking of requests that do not set it
     int max_new_tokens;     // max_tokens of requests that give none (generation_config.json); 0: to the context limit
+    uint64_t prefix_identity;   // the prefix cache's chain seed (prefix_identity); the cache is on when the backend keeps blocks
 } serve_config;
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
@@ -1602,6 +1776,12 @@ typedef struct {
     int cancel;             // asked to stop
     int sent_first;         // stream: the first chunk (with the role) went out
     double t_read, t_admit, t_first, t_done;
+    // prefix cache
+    int n_cached;           // prompt tokens restored from saved blocks at admission
+    int pfx_at;             // the prefix block it holds (the last it started from or saved), −1: none
+    int pfx_depth;          // its chain's blocks so far: pfx_at's depth
+    uint64_t pfx_hash;      // the chain hash through pfx_at
+    int pfx_off;            // saves no more blocks (the table had no room, or a save failed)
 } serve_rec;
 
 typedef struct {
@@ -1642,6 +1822,10 @@ typedef struct {
     double t_start;
     uint64_t allocs_at_ready;
     long minflt_at_ready, majflt_at_ready;   // page faults of the process before the ready line
+    // prefix cache (on when the backend keeps blocks: pfx.cap > 0)
+    prefix_table pfx;
+    int32_t *chain;         // [max_len / prefix_block] one admission's cached blocks
+    uint64_t cached_tokens; // prompt tokens restored from the cache
     arena mem;
 } serve_ctx;
 
@@ -1685,6 +1869,10 @@ static void serve_carve(serve_ctx *S, arena *a) {
     ARENA_TAKE(a, S->prompt, S->prompt_cap, "rendered prompt");
     ARENA_TAKE(a, S->enc, S->enc_cap, "encoded prompt");
     ARENA_TAKE(a, S->out.buf, MOET_OUT_BUFFER, "output buffer");
+    if (S->pfx.cap) {
+        prefix_carve(&S->pfx, a);
+        ARENA_TAKE(a, S->chain, S->max_len / S->pfx.block + 1, "prefix chain");
+    }
 }
 
 // Plans and allocates everything for the backend `be` and the codec. Returns -1 with e set
@@ -1727,9 +1915,18 @@ static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, 
     S->cm.args.cap_nodes = MOET_MAX_LINE_VALUES;
     S->cm.args.cap_strs = MOET_MAX_LINE + 1;
     S->out.cap = MOET_OUT_BUFFER;
+    if (be.prefix_blocks > 0) {   // the backend keeps blocks: the table has as many entries
+        int aligned = be.prefix_block > 0 && be.prefix_block % be.chunk_align == 0;
+        MOET_ASSERT(be.admit_from && be.save && be.drop && aligned, "prefix blocks of %d tokens, chunk_align %d", be.prefix_block,
+                    be.chunk_align);
+        S->pfx.block = be.prefix_block;
+        S->pfx.cap = be.prefix_blocks;
+        S->pfx.seed = c->prefix_identity;
+    }
     arena_plan p = arena_plan_begin(&S->mem, "serve", ARENA_HOST, e);
     while (arena_plan_pass(&p)) serve_carve(S, p.on);
     if (p.failed) return -1;
+    if (S->pfx.cap) prefix_init(&S->pfx);
     for (int i = 0; i < S->n_recs; i++) S->free_recs[S->n_free_recs++] = S->n_recs - 1 - i;
     for (int s = 0; s < c->max_num_seqs; s++) S->free_slots[S->n_free_slots++] = c->max_num_seqs - 1 - s;
     for (int i = 0; i < S->n_recs; i++) S->recs[i].state = REC_FREE;
@@ -1754,7 +1951,9 @@ static void serve_head(serve_ctx *S, const serve_rec *r, const char *object) {
 static void serve_usage_timing(serve_ctx *S, const serve_rec *r) {
     proto_out *o = &S->out;
     int gen = r->n_tok - r->n_prompt;
-    po_fmt(o, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt, gen, r->n_tok);
+    po_fmt(o, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+           r->n_prompt, gen, r->n_tok, r->n_cached);
     double t_first = r->t_first > 0 ? r->t_first : r->t_done;
     double admit = r->t_admit > 0 ? r->t_admit : r->t_done;
     double decode = r->t_done - t_first;
@@ -2039,6 +2238,10 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
            ru.ru_majflt - S->majflt_at_ready);
     po_num(o, round((moet_now() - S->t_start) * 1000) / 1000);
     po_fmt(o, ",\"device_bytes\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64, arena_stats.device_bytes, arena_stats.pinned_bytes);
+    const prefix_table *T = &S->pfx;
+    po_fmt(o, ",\"cached_prompt_tokens\":%" PRIu64 ",\"prefix_cache\":{\"block_tokens\":%d,\"blocks\":%d,\"blocks_used\":%d,"
+              "\"blocks_held\":%d,\"hits\":%" PRIu64 ",\"saves\":%" PRIu64 ",\"evictions\":%" PRIu64 "}",
+           S->cached_tokens, T->block, T->cap, T->n_live, T->cap ? prefix_held(T) : 0, T->hits, T->saves, T->evictions);
     po_s(o, "}");
     po_end_line(o);
 }
@@ -2058,8 +2261,9 @@ static void serve_ready(serve_ctx *S) {
     po_s(o, "{\"object\":\"ready\",\"model\":");
     po_cstr(o, S->cfg.model_name);
     po_fmt(o, ",\"max_model_len\":%d,\"max_num_seqs\":%d,\"max_batch_tokens\":%d,\"max_queue\":%d,\"n_vocab\":%d,"
-              "\"max_line_bytes\":%u}",
-           S->max_len, S->cfg.max_num_seqs, S->cfg.max_batch_tokens, S->cfg.max_queue, S->V, MOET_MAX_LINE);
+              "\"max_line_bytes\":%u,\"prefix_block\":%d,\"prefix_blocks\":%d}",
+           S->max_len, S->cfg.max_num_seqs, S->cfg.max_batch_tokens, S->cfg.max_queue, S->V, MOET_MAX_LINE, S->pfx.block,
+           S->pfx.cap);
     po_end_line(o);
 }
 
@@ -2067,6 +2271,8 @@ static void serve_ready(serve_ctx *S) {
 
 static void serve_release(serve_ctx *S, serve_rec *r) {
     int idx = (int)(r - S->recs);
+    if (r->pfx_at >= 0) prefix_unhold(&S->pfx, r->pfx_at);
+    r->pfx_at = -1;
     if (r->slot >= 0) {
         S->be.release(S->be.self, r->slot);
         S->free_slots[S->n_free_slots++] = r->slot;
@@ -2166,15 +2372,46 @@ static void serve_sample(serve_ctx *S, serve_rec *r, const engine_result *res, i
 // all the tokens it may reach (prompt + max_tokens, or the context), so a running sequence
 // never runs out of it (no preemption: results stay deterministic); when the backend has no
 // room now, the request at the head waits and so do the ones behind it (first come, first served).
+//
+// With the prefix cache, a request starts after the longest chain of saved blocks its prompt
+// begins with (at least one prompt token is left to compute: its logits pick the first token).
+// A request whose prompt shares whole blocks beyond that with a prompt still being computed waits
+// for those blocks to be saved (and so do the ones behind it): computing them again would cost
+// what the cache saves. When the backend has no room, unused cached blocks are evicted, least
+// recently used first, before the request waits.
+
+// 1 when a running request still prefilling (and saving blocks) will save blocks of r's prompt
+// beyond the `have` that r found in the table.
+static int serve_prefix_pending(const serve_ctx *S, const serve_rec *r, int have) {
+    int N = S->pfx.block;
+    for (int i = 0; i < S->n_running; i++) {
+        const serve_rec *q = &S->recs[S->running[i]];
+        if (q->state != REC_PREFILL || q->pfx_off) continue;
+        int lim = r->n_prompt - 1 < q->n_prompt ? r->n_prompt - 1 : q->n_prompt, same = 0;
+        while (same < lim && r->tok[same] == q->tok[same]) same++;
+        if (same / N > have && q->n_fed < same / N * N) return 1;
+    }
+    return 0;
+}
+
 static void serve_admit(serve_ctx *S) {
     while (S->n_waiting && S->n_free_slots) {
         int idx = S->waiting[S->wait_head];
         serve_rec *r = &S->recs[idx];
         int slot = S->free_slots[S->n_free_slots - 1];
         int reserve = r->max_tokens && r->max_tokens < S->max_len - r->n_prompt ? r->n_prompt + r->max_tokens : S->max_len;
+        int nb = 0;
+        uint64_t h = 0;
+        if (S->pfx.cap) {
+            nb = prefix_match(&S->pfx, r->tok, (r->n_prompt - 1) / S->pfx.block, S->chain, &h);
+            if (serve_prefix_pending(S, r, nb)) break;
+            if (nb) prefix_hold(&S->pfx, S->chain[nb - 1]);   // not evicted below (nor its parents: they have a child)
+        }
         engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve};
         moet_err e = {{0}};
-        int rc = S->be.admit(S->be.self, slot, &a, &e);
+        int rc = S->pfx.cap ? S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e) : S->be.admit(S->be.self, slot, &a, &e);
+        while (rc == 1 && S->pfx.cap && prefix_evict(&S->pfx, &S->be)) rc = S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e);
+        if (rc != 0 && nb) prefix_unhold(&S->pfx, S->chain[nb - 1]);
         if (rc == 1 && S->n_running > 0) break;   // room comes back when a running sequence ends
         S->wait_head = (S->wait_head + 1) % S->n_recs;
         S->n_waiting--;
@@ -2188,8 +2425,52 @@ static void serve_admit(serve_ctx *S) {
         r->slot = slot;
         r->state = REC_PREFILL;
         r->t_admit = moet_now();
+        if (nb) {
+            r->pfx_at = S->chain[nb - 1];
+            r->pfx_depth = nb;
+            r->pfx_hash = h;
+            r->n_fed = r->n_cached = nb * S->pfx.block;
+            S->cached_tokens += (uint64_t)r->n_cached;
+            S->pfx.hits++;
+        }
         S->running[S->n_running++] = idx;
     }
+}
+
+// r's last step ended on a block boundary of its prompt (n_fed = k · N, k = pfx_depth + 1): the
+// block is saved, unless it is in the table already (another request computed the same
+// tokens: the same bits), and r holds it instead of the one before. When the table has no room
+// (every block held or a parent), r saves no more.
+static void serve_prefix_save(serve_ctx *S, serve_rec *r) {
+    prefix_table *T = &S->pfx;
+    int N = T->block, depth = r->n_fed / N;
+    if (depth != r->pfx_depth + 1) {   // every boundary is a cut (engine_chunk_take_block): a skipped one ends the chain
+        r->pfx_off = 1;
+        return;
+    }
+    const int32_t *ids = r->tok + (size_t)(depth - 1) * N;
+    uint64_t h = prefix_hash(r->pfx_depth ? r->pfx_hash : T->seed, ids, N);
+    int e = prefix_find(T, r->pfx_at, h, ids);
+    if (e < 0) {
+        e = prefix_take(T, &S->be);
+        if (e < 0) {
+            r->pfx_off = 1;
+            return;
+        }
+        moet_err err = {{0}};
+        if (S->be.save(S->be.self, r->slot, e, &err)) {
+            prefix_put(T, e);
+            fprintf(stderr, "moet serve: request %s: prefix block not saved: %s\n", r->id, err.msg);
+            r->pfx_off = 1;
+            return;
+        }
+        prefix_link(T, e, r->pfx_at, depth, h, ids);
+    } else T->ent[e].used = ++T->tick;
+    prefix_hold(T, e);
+    if (r->pfx_at >= 0) prefix_unhold(T, r->pfx_at);
+    r->pfx_at = e;
+    r->pfx_depth = depth;
+    r->pfx_hash = h;
 }
 
 static void serve_input(serve_ctx *S, int block);
@@ -2216,7 +2497,8 @@ static int serve_step(serve_ctx *S) {
     for (int i = 0; i < S->n_running && T < S->cfg.max_batch_tokens; i++) {
         serve_rec *r = &S->recs[S->running[i]];
         if (r->state != REC_PREFILL) continue;
-        int take = engine_chunk_take(r->n_fed, r->n_prompt - r->n_fed, S->cfg.max_batch_tokens - T, align);
+        int take = engine_chunk_take_block(r->n_fed, r->n_prompt - r->n_fed, S->cfg.max_batch_tokens - T, align,
+                                           S->pfx.cap && !r->pfx_off ? S->pfx.block : 0);
         if (take <= 0) continue;
         memcpy(S->ids + T, r->tok + r->n_fed, sizeof(int32_t) * (size_t)take);
         T += take;
@@ -2245,6 +2527,9 @@ static int serve_step(serve_ctx *S) {
     for (int i = 0; i < n; i++) {
         serve_rec *r = &S->recs[S->row_rec[i]];
         r->n_fed += S->off[i + 1] - S->off[i];
+        // a prompt chunk that ended on a block boundary: its state is saved before the request
+        // may finish (and its slot go) on the token it picks
+        if (S->pfx.cap && !r->pfx_off && r->n_fed <= r->n_prompt && r->n_fed % S->pfx.block == 0) serve_prefix_save(S, r);
         if (!S->want[i]) continue;   // more prompt to go
         r->state = REC_DECODE;
         serve_sample(S, r, &res, i);
@@ -2406,6 +2691,7 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     }
     r->n_prompt = r->n_tok = n_ids;
     r->slot = -1;
+    r->pfx_at = -1;
     chat_split_init(&r->split, r->thinking);
     r->t_read = t_read;
     S->prompt_tokens += (uint64_t)n_ids;
@@ -2698,6 +2984,11 @@ static void serve_usage(FILE *f) {
           "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
           "                          and head) or f32\n"
           "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
+          "  --prefix-block N        prefix cache: the model state is kept after every N prompt tokens\n"
+          "                          (default 256; on the GPU a multiple of 64), and a request whose\n"
+          "                          prompt starts with kept blocks computes only the rest\n"
+          "  --prefix-cache-gb G     memory for the kept blocks, planned at boot (default: room for 64\n"
+          "                          blocks; the boot line says how much that is); 0 turns the cache off\n"
           "  --served-model-name S   the \"model\" of every answer (default: the model directory's name)\n"
           "  --seed N                base of the seeds of requests that give none (default: from the clock)\n"
           "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
@@ -2712,6 +3003,8 @@ static int cmd_serve(int argc, char **argv) {
     int seqs = 8, batch = 256, max_len = 0, queue = 64, max_lp = MOET_MAX_LOGPROBS, threads = 1, have_seed = 0;
     int kv_dtype = GPU_KV_BF16;
     int thinking = -1;   // -1: on, except for the bundled demo model
+    int prefix_block = 0;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
+    double prefix_gb = -1;         // < 0: room for MOET_PREFIX_BLOCKS blocks
     uint64_t seed = 0;
     pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
     for (int i = 2; i < argc; i++) {
@@ -2738,7 +3031,16 @@ static int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-queue")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_QUEUE, &queue);
         else if (!strcmp(a, "--max-logprobs")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_LOGPROBS, &max_lp);
         else if (!strcmp(a, "--threads")) rc = moet_arg_int("moet serve", a, v, 1, MOET_MAX_THREADS, &threads);
-        else if (!strcmp(a, "--default-thinking")) {
+        else if (!strcmp(a, "--prefix-block")) rc = moet_arg_int("moet serve", a, v, 1, 1 << 20, &prefix_block);
+        else if (!strcmp(a, "--prefix-cache-gb")) {
+            char *end;
+            errno = 0;
+            prefix_gb = strtod(v, &end);
+            if (end == v || *end || errno || !(prefix_gb >= 0 && prefix_gb <= 1 << 20)) {
+                fprintf(stderr, "moet serve: --prefix-cache-gb %s: expected a number of GiB in 0..1048576\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--default-thinking")) {
             if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "moet serve: --default-thinking %s: expected on or off\n", v); return 2; }
             thinking = !strcmp(v, "on");
         } else if (!strcmp(a, "--seed")) {
@@ -2820,9 +3122,23 @@ static int cmd_serve(int argc, char **argv) {
     if (max_len > m.cfg.max_pos)
         fprintf(stderr, "moet serve: warning: --max-model-len %d is above the model's max_position_embeddings %d\n", max_len,
                 m.cfg.max_pos);
+    // the prefix cache: blocks of --prefix-block tokens (the default only where the context is
+    // longer than a block), as many as --prefix-cache-gb holds
+    if (prefix_block && prefix_block >= max_len) {
+        err_set(&e, "--prefix-block %d must be shorter than the context of %d tokens", prefix_block, max_len);
+        goto fail;
+    }
+    int pblock = prefix_block ? prefix_block : MOET_PREFIX_BLOCK < max_len ? MOET_PREFIX_BLOCK : 0;
     engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt};
-    if (engine_open(&E, backend, &m, &eo, "moet serve", &e)) goto fail;
+    if (engine_open_prefix(&E, backend, &m, &eo, pblock, prefix_gb, "moet serve", &e)) goto fail;
     have_r = 1;
+    if (E.be.prefix_blocks) {
+        cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
+        size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);
+        fprintf(stderr, "moet serve: prefix cache: %d blocks of %d tokens, %.2f MiB each, %.2f GiB\n", E.be.prefix_blocks,
+                E.be.prefix_block, per / 1048576.0, (double)per * E.be.prefix_blocks / 1073741824.0);
+    } else
+        fprintf(stderr, "moet serve: prefix cache: off\n");
     char base[MOET_MAX_PATH];
     ck_model_name(model, base, sizeof base);
     cfg.max_num_seqs = seqs;
@@ -2847,8 +3163,8 @@ static int cmd_serve(int argc, char **argv) {
     arena_freeze();   // from the ready line on, nothing is allocated
     rc = serve_run(&S, 0, 1);
     fprintf(stderr, "moet serve: done: %" PRIu64 " requests answered (%" PRIu64 " cancelled), %" PRIu64 " errors, %" PRIu64
-            " prompt + %" PRIu64 " generated tokens in %" PRIu64 " steps\n",
-            S.n_done, S.n_cancelled, S.n_errors, S.prompt_tokens, S.gen_tokens, S.steps);
+            " prompt (%" PRIu64 " from the prefix cache) + %" PRIu64 " generated tokens in %" PRIu64 " steps, %.3f s after ready\n",
+            S.n_done, S.n_cancelled, S.n_errors, S.prompt_tokens, S.cached_tokens, S.gen_tokens, S.steps, moet_now() - S.t_start);
     goto done;
 fail:
     fprintf(stderr, "moet serve: %s\n", e.msg);

@@ -68,6 +68,15 @@
                                            // serve loop's deepest path (a request nested MOET_JSON_MAX_DEPTH
                                            // deep) measured 108 KiB
 
+// ---- prefix cache (moet serve --prefix-block, --prefix-cache-gb; serve/prefix.c) -----------
+#define MOET_PREFIX_BLOCK      256      // default tokens per block: a saved state after each 256 prompt
+                                        // tokens (a multiple of every backend's chunk_align and of
+                                        // the GPU's KV page)
+#define MOET_PREFIX_BLOCKS     64       // default blocks kept when --prefix-cache-gb is not given
+                                        // (the demo model: 29 MiB on the CPU; Qwen3.6: 4.2 GiB on the GPU,
+                                        // 67.8 MiB a block: 62.8 MiB of GDN state + 256 tokens of bf16 KV)
+#define MOET_MAX_PREFIX_BLOCKS (1 << 20)// blocks of one cache (its table's indices are int32)
+
 // ---- moet eval ---------------------------------------------------------------------------
 #define MOET_EVAL_MAX_TURNS    4096     // assistant turns of one conversation line
 #define MOET_EVAL_REF_PAGE     4096     // header page of a reference file (magic, length, JSON)

@@ -43,10 +43,12 @@ static int gpu_be_check(const gpu_backend *b, const char *what, int n, const int
     return engine_check_step(what, b->g.o.max_seqs, b->g.o.max_tokens, b->g.m->cfg.vocab, &b->bank, gpu_be_at, b, n, slots, ids, off, e);
 }
 
-static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) {
+static int gpu_be_admit_from(void *self, int slot, const engine_admit *a, const int32_t *from, int n_from, moet_err *e) {
     gpu_backend *b = self;
-    if (engine_check_admit(b->g.o.max_seqs, b->g.o.max_len, &b->bank, slot, a, e)) return -1;
-    if (gpu_seq_start(&b->g, slot, a->reserve)) return 1;   // not enough free KV pages now
+    if (engine_check_admit(b->g.o.max_seqs, b->g.o.max_len, &b->bank, slot, a, e) ||
+        engine_check_from(b->g.pfx_block, b->g.pfx_blocks, b->g.pfx_end, a, from, n_from, e))
+        return -1;
+    if (gpu_seq_start_from(&b->g, slot, a->reserve, from, n_from)) return 1;   // not enough free KV pages now
     if (samp_bank_admit(&b->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) {
         gpu_seq_end(&b->g, slot);
         return -1;
@@ -54,6 +56,21 @@ static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e
     b->reserve[slot] = a->reserve;
     return 0;
 }
+
+static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) { return gpu_be_admit_from(self, slot, a, NULL, 0, e); }
+
+static int gpu_be_save(void *self, int slot, int block, moet_err *e) {
+    gpu_backend *b = self;
+    if (b->launched) return err_set(e, "save: a step is launched and not collected");
+    const gpu_engine *g = &b->g;
+    if (engine_check_save(g->pfx_block, g->pfx_blocks, g->pfx_end, g->o.max_seqs, &b->bank, slot,
+                          slot >= 0 && slot < g->o.max_seqs ? g->pos[slot] : 0, block, e))
+        return -1;
+    gpu_prefix_save(&b->g, slot, block);
+    return 0;
+}
+
+static void gpu_be_drop(void *self, int block) { gpu_prefix_drop(&((gpu_backend *)self)->g, block); }
 
 static void gpu_be_release(void *self, int slot) {
     gpu_backend *b = self;
@@ -128,9 +145,11 @@ static void gpu_be_free(gpu_backend *b) {
     arena_release(&b->mem);
 }
 
-static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+// With pfx_blocks prefix blocks of pfx_block tokens (gpu_init_prefix; 0: none).
+static int gpu_be_init_prefix(gpu_backend *b, const ck_model *m, const gpu_opts *o, int pfx_block, int pfx_blocks, const char *planes,
+                              const pf_serve_opts *po, moet_err *e) {
     memset(b, 0, sizeof *b);
-    if (gpu_init(&b->g, m, o, planes, po, e)) return -1;
+    if (gpu_init_prefix(&b->g, m, o, pfx_block, pfx_blocks, planes, po, e)) return -1;
     arena_plan p = arena_plan_begin(&b->mem, "gpu backend", ARENA_HOST, e);
     while (arena_plan_pass(&p)) gpu_be_carve(b, p.on);
     if (p.failed || samp_bank_init(&b->bank, m->cfg.vocab, o->max_seqs, o->max_len, e)) {
@@ -141,9 +160,15 @@ static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, con
     return 0;
 }
 
+static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+    return gpu_be_init_prefix(b, m, o, 0, 0, planes, po, e);
+}
+
 static engine_backend gpu_backend_of(gpu_backend *b) {
     engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, b->g.chunk_align, gpu_be_admit, gpu_be_release,
-                         gpu_be_launch, gpu_be_collect, gpu_be_forward_all};
+                         gpu_be_launch, gpu_be_collect, gpu_be_forward_all, b->g.pfx_block, b->g.pfx_blocks,
+                         b->g.pfx_blocks ? gpu_be_admit_from : NULL, b->g.pfx_blocks ? gpu_be_save : NULL,
+                         b->g.pfx_blocks ? gpu_be_drop : NULL};
     return be;
 }
 
@@ -172,17 +197,46 @@ static int engine_kv_dtype(const char *s, int *out) {
     return -1;
 }
 
+// How many prefix blocks of `bytes` each --prefix-cache-gb (gb) holds: MOET_PREFIX_BLOCKS when
+// it was not given (gb < 0), none without a block size. A size that holds no block is an error.
+static int engine_prefix_blocks(int block, double gb, size_t bytes, int *blocks, moet_err *e) {
+    *blocks = 0;
+    if (block <= 0 || gb == 0) return 0;
+    if (gb < 0) { *blocks = MOET_PREFIX_BLOCKS; return 0; }
+    double n = floor(gb * 1073741824.0 / (double)bytes);
+    if (n < 1)
+        return err_set(e, "--prefix-cache-gb %g holds no block of %d tokens (%.2f MiB each); 0 turns the cache off", gb, block,
+                       bytes / 1048576.0);
+    *blocks = n > MOET_MAX_PREFIX_BLOCKS ? MOET_MAX_PREFIX_BLOCKS : (int)n;
+    return 0;
+}
+
 // Opens the backend `which` (auto | cpu | gpu) for model m (whose experts the CPU path may point
 // at the plane file). auto takes the GPU when a driver and a device are there and says on stderr
 // which backend runs and why; gpu without one is an error. `who` prefixes the messages.
-static int engine_open(engine_any *E, const char *which, ck_model *m, const engine_opts *o, const char *who, moet_err *e) {
+// With prefix_block > 0 the backend keeps prefix blocks of that many tokens, as many as
+// prefix_gb GiB hold (engine_prefix_blocks: < 0 for the default).
+static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, const engine_opts *o, int prefix_block,
+                              double prefix_gb, const char *who, moet_err *e) {
     memset(E, 0, sizeof *E);
     int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
     if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
     if (!want_cpu) {
         gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype};
+        int blocks;
+        if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
+            return -1;
+        if (blocks && prefix_block % GPU_GDN_C) {   // a flag the GPU cannot take is an error where there is one, not a fallback
+            gpu_device d;
+            moet_err pe = {{0}};
+            if (gpu_open(&d, &pe) == 0) {
+                gpu_close(&d);
+                return err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
+                               prefix_block, GPU_GDN_C);
+            }
+        }
         moet_err ge = {{0}};
-        if (gpu_be_init(&E->g, m, &go, o->planes, &o->popt, &ge) == 0) {
+        if (gpu_be_init_prefix(&E->g, m, &go, blocks ? prefix_block : 0, blocks, o->planes, &o->popt, &ge) == 0) {
             E->is_gpu = 1;
             E->be = gpu_backend_of(&E->g);
             gpu_describe(&E->g.g.dev, stderr);
@@ -198,12 +252,23 @@ static int engine_open(engine_any *E, const char *which, ck_model *m, const engi
         fprintf(stderr, "%s: reading the routed experts from %s%s\n", who, o->planes, o->popt.no_verify ? " (not verified)" : "");
         if (pf_attach_planes(m, o->planes, &o->popt, &E->pa, e)) return -1;
     }
-    if (ref_init(&E->r, m, o->max_seqs, o->max_len, o->max_tokens, o->threads, e)) {
+    int pfx_blocks;
+    if (engine_prefix_blocks(prefix_block, prefix_gb, ref_prefix_bytes(&m->cfg, prefix_block), &pfx_blocks, e) ||
+        ref_init(&E->r, m, o->max_seqs, o->max_len, o->max_tokens, o->threads, e)) {
+        pf_detach(&E->pa);
+        return -1;
+    }
+    if (ref_prefix_init(&E->r, prefix_block, pfx_blocks, e)) {
+        ref_free(&E->r);
         pf_detach(&E->pa);
         return -1;
     }
     E->be = ref_backend(&E->r);
     return 0;
+}
+
+static int engine_open(engine_any *E, const char *which, ck_model *m, const engine_opts *o, const char *who, moet_err *e) {
+    return engine_open_prefix(E, which, m, o, 0, 0, who, e);
 }
 
 static void engine_close(engine_any *E) {
@@ -216,7 +281,7 @@ static void engine_close(engine_any *E) {
 
 // Host + device bytes the engine holds (its sampler's included), for the boot line.
 static double engine_mib(const engine_any *E) {
-    if (!E->is_gpu) return (E->r.mem.cap + E->r.bank.mem.cap) / 1048576.0;
+    if (!E->is_gpu) return (E->r.mem.cap + E->r.bank.mem.cap + E->r.pfx_mem.cap) / 1048576.0;
     const gpu_engine *g = &E->g.g;
     return (double)(g->weights.cap + g->pool.cap + g->kv.cap + g->state.cap + g->act.cap + g->pinned.cap + E->g.mem.cap +
                     E->g.bank.mem.cap) / 1048576.0;

@@ -39,6 +39,7 @@ typedef struct {
     uint64_t slot_stride, n_slots;
     // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
     size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
+    int32_t *page_ref;               // [n_pages] holders of each page: the sequence that took it, the prefix blocks that keep it
     int bt_stride;                   // blocks per sequence = ceil(max_len / page)
     CUdeviceptr kc, vc;              // [n_full, n_pages, page, kvd]
     CUdeviceptr ks, vs;              // fp8 only: [n_full, n_pages, page, kvh] f32 scales (sass/kv.cuh), else 0
@@ -53,6 +54,14 @@ typedef struct {
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
     int *kind_index;                 // [L] index among attention or GDN layers
+    // prefix blocks (engine_backend.save): the GDN state of a sequence after a multiple of
+    // pfx_block tokens copied on the device, the KV pages of the block's positions shared by
+    // reference count (page_ref) with the sequence that wrote them and every one restored from it
+    int pfx_block, pfx_blocks;       // tokens per block, blocks (0: none kept)
+    int pfx_pages;                   // KV pages per block: pfx_block / GPU_KV_PAGE (0 without attention layers)
+    CUdeviceptr pfx_win, pfx_ssm;    // [pfx_blocks, win_slot], [pfx_blocks, ssm_slot] f32
+    int32_t *pfx_page;               // [pfx_blocks, pfx_pages] the pages each block keeps
+    int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
     CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
@@ -218,6 +227,8 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
 #undef GPU_TAKE
 }
 
+static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype);
+
 static void gpu_carve_state(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
     g->win_slot = (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim;
@@ -225,6 +236,18 @@ static void gpu_carve_state(gpu_engine *g, arena *a) {
     uint8_t *w = arena_take(a, sizeof(float) * g->win_slot * g->o.max_seqs + 4, 256, "conv windows");
     uint8_t *s = arena_take(a, sizeof(float) * g->ssm_slot * g->o.max_seqs + 4, 256, "GDN states");
     if (a->base) g->win = (uintptr_t)w, g->ssm = (uintptr_t)s;
+    if (g->pfx_blocks) {
+        uint8_t *pw = arena_take(a, sizeof(float) * g->win_slot * g->pfx_blocks + 4, 256, "prefix conv windows");
+        uint8_t *ps = arena_take(a, sizeof(float) * g->ssm_slot * g->pfx_blocks + 4, 256, "prefix GDN states");
+        if (a->base) g->pfx_win = (uintptr_t)pw, g->pfx_ssm = (uintptr_t)ps;
+    }
+}
+
+// Bytes one prefix block of `block` tokens takes on the device: the GDN state and conv windows
+// of a slot, and the KV pages of its positions (what --prefix-cache-gb is divided by).
+static size_t gpu_prefix_bytes(const ck_config *c, int kv_dtype, int block) {
+    size_t state = sizeof(float) * ((size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim + (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
+    return state + (c->n_full ? (size_t)(block / GPU_KV_PAGE) * 2 * gpu_kv_page_bytes(c, kv_dtype) : 0);
 }
 
 // Bytes of one page (GPU_KV_PAGE positions) of keys or of values over all attention layers,
@@ -266,6 +289,9 @@ static void gpu_carve_host(gpu_engine *g, arena *a) {
     ARENA_TAKE(a, g->free_pages, g->n_pages, "free pages");
     ARENA_TAKE(a, g->seq_pages, g->o.max_seqs, "pages per sequence");
     ARENA_TAKE(a, g->pos, g->o.max_seqs, "positions");
+    ARENA_TAKE(a, g->page_ref, g->n_pages, "page holders");
+    ARENA_TAKE(a, g->pfx_page, (size_t)g->pfx_blocks * g->pfx_pages, "prefix block pages");
+    ARENA_TAKE(a, g->pfx_end, g->pfx_blocks, "prefix block ends");
 }
 
 static void gpu_free(gpu_engine *g) {
@@ -291,6 +317,10 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
             fprintf(f, "moet:   %-12s %-7s %10.3f GiB\n", as[i]->name, arena_kind_name[as[i]->kind], (double)as[i]->cap / (1u << 30));
     fprintf(f, "moet:   KV cache: %zu pages of %d tokens = %zu tokens (%s), %d sequences of up to %d tokens\n", g->n_pages,
             GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
+    if (g->pfx_blocks)
+        fprintf(f, "moet:   prefix cache: %d blocks of %d tokens, %.1f MiB each (GDN state %.1f MiB + %d KV pages among the above)\n",
+                g->pfx_blocks, g->pfx_block, gpu_prefix_bytes(&g->m->cfg, g->o.kv_dtype, g->pfx_block) / 1048576.0,
+                sizeof(float) * (g->win_slot + g->ssm_slot) / 1048576.0, g->pfx_pages);
 }
 
 
@@ -310,8 +340,11 @@ static size_t gpu_mem_available(void) {
 
 // Opens the GPU, plans and allocates every arena, uploads the weights and (planes != NULL) loads
 // the routed experts from the plane file into the slot pool. Returns -1 with e set when there is
-// no GPU, the geometry is not supported, or the plan does not fit.
-static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+// no GPU, the geometry is not supported, or the plan does not fit. With pfx_blocks > 0 it also
+// keeps that many prefix blocks of pfx_block tokens (engine_backend.save): their GDN states in
+// the state arena, their KV pages beyond the sequences' in the KV cache.
+static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, int pfx_block, int pfx_blocks, const char *planes,
+                           const pf_serve_opts *po, moet_err *e) {
     memset(g, 0, sizeof *g);
     g->m = m;
     g->o = *o;
@@ -349,6 +382,15 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
         g->chunk_align = GPU_GDN_C;
         CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_CHUNK], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)gpu_gdn_chunk_smem(c->lk_dim)));
     }
+    if (pfx_blocks) {   // a block ends where a prompt may be cut, and on a KV page boundary
+        int unit = g->chunk_align > GPU_KV_PAGE ? g->chunk_align : GPU_KV_PAGE;
+        if (pfx_block < unit || pfx_block % unit || pfx_block > o->max_len || pfx_blocks < 0 || pfx_blocks > MOET_MAX_PREFIX_BLOCKS)
+            return err_set(e, "--prefix-block %d: the GPU backend needs a multiple of %d tokens (its prompt cuts and KV pages) "
+                              "up to the context of %d", pfx_block, unit, o->max_len), gpu_close(&g->dev), -1;
+        g->pfx_block = pfx_block;
+        g->pfx_blocks = pfx_blocks;
+        g->pfx_pages = c->n_full ? pfx_block / GPU_KV_PAGE : 0;
+    }
     CU_CHECK(cu.cuStreamCreate(&g->compute, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuStreamCreate(&g->copy, GPU_STREAM_NON_BLOCKING));
 
@@ -374,7 +416,9 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
         pf_close(&pf);
     }
     g->page_bytes_all = 2 * gpu_kv_page_bytes(c, o->kv_dtype);
-    size_t want_pages = (size_t)o->max_seqs * g->bt_stride;   // every sequence at full length
+    // every sequence at full length, and the pages the prefix blocks keep beyond them: a page a
+    // block shares stays taken when its sequence ends
+    size_t want_pages = (size_t)o->max_seqs * g->bt_stride + (size_t)g->pfx_blocks * g->pfx_pages;
     if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
@@ -427,8 +471,9 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
     arena_done(&g->kv);
     int nf = 0, ng = 0;
     for (int l = 0; l < c->n_layers; l++) g->kind_index[l] = c->full_attn[l] ? nf++ : ng++;
-    for (size_t i = 0; i < g->n_pages; i++) g->free_pages[i] = (int32_t)(g->n_pages - 1 - i);
+    for (size_t i = 0; i < g->n_pages; i++) g->free_pages[i] = (int32_t)(g->n_pages - 1 - i), g->page_ref[i] = 0;
     g->n_free = g->n_pages;
+    for (int b = 0; b < g->pfx_blocks; b++) g->pfx_end[b] = 0;
     for (int s = 0; s < o->max_seqs; s++) g->seq_pages[s] = 0, g->pos[s] = 0;
     memset(g->bt_host, 0, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride);
     CU_CHECK(cu.cuMemcpyHtoD(g->bt, g->bt_host, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride));
@@ -455,30 +500,90 @@ static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const c
 
 // ---- sequences -------------------------------------------------------------------------------
 
-// A new sequence in slot: position 0, zeroed state, pages for `reserve` tokens taken from the
-// free list. 1 when there are not enough free pages (nothing changed).
-static int gpu_seq_start(gpu_engine *g, int slot, int reserve) {
+// A new sequence in slot with pages for `reserve` tokens: after the prefix blocks from[0 .. n_from)
+// (checked by engine_check_from), their pages shared and the last one's GDN state copied, at
+// position n_from · pfx_block; else at position 0 with a zeroed state. The other pages come from
+// the free list. 1 when there are not enough free pages (nothing changed).
+static int gpu_seq_start_from(gpu_engine *g, int slot, int reserve, const int32_t *from, int n_from) {
     MOET_ASSERT(slot >= 0 && slot < g->o.max_seqs && g->seq_pages[slot] == 0, "slot %d is not free", slot);
     int need = g->m->cfg.n_full ? (reserve + GPU_KV_PAGE - 1) / GPU_KV_PAGE : 0;
     if (need > g->bt_stride) need = g->bt_stride;
-    if ((size_t)need > g->n_free) return 1;
+    int shared = n_from * g->pfx_pages;
+    MOET_ASSERT(shared <= need, "%d shared pages of %d", shared, need);
+    if ((size_t)(need - shared) > g->n_free) return 1;
     int32_t *row = g->bt_host + (size_t)slot * g->bt_stride;
-    for (int i = 0; i < need; i++) row[i] = g->free_pages[--g->n_free];
+    for (int i = 0; i < n_from; i++)
+        for (int j = 0; j < g->pfx_pages; j++) {
+            int32_t pg = g->pfx_page[(size_t)from[i] * g->pfx_pages + j];
+            row[i * g->pfx_pages + j] = pg;
+            g->page_ref[pg]++;
+        }
+    for (int i = shared; i < need; i++) {
+        row[i] = g->free_pages[--g->n_free];
+        g->page_ref[row[i]] = 1;
+    }
     g->seq_pages[slot] = need;
-    g->pos[slot] = 0;
+    g->pos[slot] = n_from * g->pfx_block;
     // ordered before the next step on the same stream
-    CU_CHECK(cu.cuMemcpyHtoDAsync(g->bt + (CUdeviceptr)slot * g->bt_stride * 4, row, sizeof(int32_t) * (size_t)need, g->compute));
-    CU_CHECK(cu.cuMemsetD8Async(g->win + (CUdeviceptr)slot * g->win_slot * 4, 0, g->win_slot * 4, g->compute));
-    CU_CHECK(cu.cuMemsetD8Async(g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4, 0, g->ssm_slot * 4, g->compute));
+    CUdeviceptr win = g->win + (CUdeviceptr)slot * g->win_slot * 4, ssm = g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4;
+    if (need) CU_CHECK(cu.cuMemcpyHtoDAsync(g->bt + (CUdeviceptr)slot * g->bt_stride * 4, row, sizeof(int32_t) * (size_t)need, g->compute));
+    if (n_from) {
+        CUdeviceptr b = (CUdeviceptr)from[n_from - 1];
+        CU_CHECK(cu.cuMemcpyDtoDAsync(win, g->pfx_win + b * g->win_slot * 4, g->win_slot * 4, g->compute));
+        CU_CHECK(cu.cuMemcpyDtoDAsync(ssm, g->pfx_ssm + b * g->ssm_slot * 4, g->ssm_slot * 4, g->compute));
+    } else {
+        CU_CHECK(cu.cuMemsetD8Async(win, 0, g->win_slot * 4, g->compute));
+        CU_CHECK(cu.cuMemsetD8Async(ssm, 0, g->ssm_slot * 4, g->compute));
+    }
     CU_CHECK(cu.cuStreamSynchronize(g->compute));   // row is host memory the next admission may rewrite
     return 0;
 }
 
+static int gpu_seq_start(gpu_engine *g, int slot, int reserve) { return gpu_seq_start_from(g, slot, reserve, NULL, 0); }
+
+static int gpu_init(gpu_engine *g, const ck_model *m, const gpu_opts *o, const char *planes, const pf_serve_opts *po, moet_err *e) {
+    return gpu_init_prefix(g, m, o, 0, 0, planes, po, e);
+}
+
+// One holder fewer for page pg: free once nobody holds it.
+static void gpu_page_put(gpu_engine *g, int32_t pg) {
+    MOET_ASSERT(g->page_ref[pg] > 0, "KV page %d released with no holder", pg);
+    if (--g->page_ref[pg] == 0) g->free_pages[g->n_free++] = pg;
+}
+
 static void gpu_seq_end(gpu_engine *g, int slot) {
     int32_t *row = g->bt_host + (size_t)slot * g->bt_stride;
-    for (int i = g->seq_pages[slot] - 1; i >= 0; i--) g->free_pages[g->n_free++] = row[i];
+    for (int i = g->seq_pages[slot] - 1; i >= 0; i--) gpu_page_put(g, row[i]);
     g->seq_pages[slot] = 0;
     g->pos[slot] = 0;
+}
+
+// Keeps the state of the sequence in slot (at pos = k · pfx_block, its last step queued) as prefix
+// block b: its GDN state and conv windows copied on the compute stream after that step and before
+// the next, the pages of positions [pos − pfx_block, pos) held once more.
+static void gpu_prefix_save(gpu_engine *g, int slot, int b) {
+    int pos = g->pos[slot], on_boundary = pos >= g->pfx_block && pos % g->pfx_block == 0;
+    MOET_ASSERT(b >= 0 && b < g->pfx_blocks && g->pfx_end[b] == 0 && on_boundary, "prefix block %d from slot %d at %d", b, slot, pos);
+    const int32_t *row = g->bt_host + (size_t)slot * g->bt_stride;
+    int first = (pos - g->pfx_block) / GPU_KV_PAGE;
+    for (int j = 0; j < g->pfx_pages; j++) {
+        int32_t pg = row[first + j];
+        g->pfx_page[(size_t)b * g->pfx_pages + j] = pg;
+        g->page_ref[pg]++;
+    }
+    CU_CHECK(cu.cuMemcpyDtoDAsync(g->pfx_win + (CUdeviceptr)b * g->win_slot * 4, g->win + (CUdeviceptr)slot * g->win_slot * 4,
+                                  g->win_slot * 4, g->compute));
+    CU_CHECK(cu.cuMemcpyDtoDAsync(g->pfx_ssm + (CUdeviceptr)b * g->ssm_slot * 4, g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4,
+                                  g->ssm_slot * 4, g->compute));
+    g->pfx_end[b] = pos;
+}
+
+// Prefix block b is no longer kept: its pages lose a holder (a restore that copied its state is
+// ordered before any later save into b on the same stream).
+static void gpu_prefix_drop(gpu_engine *g, int b) {
+    MOET_ASSERT(b >= 0 && b < g->pfx_blocks && g->pfx_end[b] > 0, "prefix block %d is not kept", b);
+    for (int j = 0; j < g->pfx_pages; j++) gpu_page_put(g, g->pfx_page[(size_t)b * g->pfx_pages + j]);
+    g->pfx_end[b] = 0;
 }
 
 // ---- one step ------------------------------------------------------------------------------

@@ -202,9 +202,10 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.max_len = max_len;
     tb.capacity = tb_capacity;
     tb.align = tb_align;
-    engine_backend be = {&tb, TB_V, 64, max_len, tb_align > 1 ? tb_align : 1, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all};
+    engine_backend be = {&tb, TB_V, 64, max_len, tb_align > 1 ? tb_align : 1, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all,
+                         0, 0, NULL, NULL, NULL};   // no prefix blocks
     serve_codec codec = {NULL, tb_encode, tb_piece};
-    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens, 0};
     moet_err e = {{0}};
     if (samp_bank_init(&tb.bank, TB_V, 64, max_len, &e) != 0 || serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
