@@ -1691,7 +1691,7 @@ static engine_backend ref_backend(ref_engine *r) {
 // serving, 0: the prefix cache's block table
 // ==========================================================================================
 //
-// the prefix cache's block table: which prompt prefixes have a saved state.
+// Which prompt prefixes have a saved state.
 //
 // JSONL jobs send many requests that share a long prefix (a system prompt, tool definitions,
 // few-shot examples). On this hybrid model a prefix is not only attention KV: the 30 Gated
