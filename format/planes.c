@@ -109,14 +109,17 @@ static int pf_plan(const pf_geom *g, pf_layout *L, moet_err *e) {
     return 0;
 }
 
-static void pf_print_plan(FILE *f, const pf_layout *L) {
-    fprintf(f, "n_layers %u\nfirst_layer %u\nn_experts %u\nhidden %u\ninter %u\nn_slots %" PRIu64 "\n",
-            L->g.n_layers, L->g.first_layer, L->g.n_experts, L->g.hidden, L->g.inter, L->n_slots);
-    for (int s = 0; s < 4; s++)
-        fprintf(f, "%s %" PRIu64 " bytes at slot offset %" PRIu64 "\n", pf_section_names[s], L->sec_bytes[s], L->sec_off[s]);
-    fprintf(f, "slot_bytes %" PRIu64 "\nslot_stride %" PRIu64 "\ntable_offset %" PRIu64 "\ntable_bytes %" PRIu64
-               "\nbody_offset %" PRIu64 "\nfile_bytes %" PRIu64 "\n",
-            L->slot_bytes, L->slot_stride, L->table_offset, L->table_bytes, L->body_offset, L->file_bytes);
+// The layout as text, one "name value" per line (build-planes --plan).
+static void pf_plan_text(const pf_layout *L, char *out, size_t cap) {
+    size_t at = (size_t)snprintf(out, cap, "n_layers %u\nfirst_layer %u\nn_experts %u\nhidden %u\ninter %u\nn_slots %" PRIu64 "\n",
+                                 L->g.n_layers, L->g.first_layer, L->g.n_experts, L->g.hidden, L->g.inter, L->n_slots);
+    for (int s = 0; s < 4 && at < cap; s++)
+        at += (size_t)snprintf(out + at, cap - at, "%s %" PRIu64 " bytes at slot offset %" PRIu64 "\n", pf_section_names[s],
+                               L->sec_bytes[s], L->sec_off[s]);
+    if (at < cap)
+        snprintf(out + at, cap - at, "slot_bytes %" PRIu64 "\nslot_stride %" PRIu64 "\ntable_offset %" PRIu64 "\ntable_bytes %" PRIu64
+                 "\nbody_offset %" PRIu64 "\nfile_bytes %" PRIu64 "\n",
+                 L->slot_bytes, L->slot_stride, L->table_offset, L->table_bytes, L->body_offset, L->file_bytes);
 }
 
 // Slot index of (model layer, expert), or -1 when the file does not hold it.
