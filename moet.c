@@ -2460,7 +2460,7 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     int cancelled_all = 0;
     for (;;) {
         if (S->out.failed) {
-            fprintf(stderr, "moet serve: writing the answers failed: %s\n", strerror(S->out.err));
+            fprintf(stderr, "moet serve: writing the answers to stdout failed: %s\n", strerror(S->out.err));
             return 1;
         }
         int sig = serve_signals;

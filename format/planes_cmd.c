@@ -29,8 +29,8 @@ typedef struct {
 static const moet_flag pf_build_flag_table[] = {
     FLAG_PATH("--model", pf_build_flags, model, ARG_IN_ANY, "DIR|CONFIG.json"),
     FLAG_PATH("--out", pf_build_flags, out, ARG_OUT_FILE, "FILE"),
-    FLAG_STR("--source-repo", pf_build_flags, repo, 255),
-    FLAG_STR("--source-revision", pf_build_flags, rev, 255),
+    FLAG_STR("--source-repo", pf_build_flags, repo, PF_REPO_LEN),
+    FLAG_STR("--source-revision", pf_build_flags, rev, PF_REV_LEN),
     FLAG_INT("--threads", pf_build_flags, threads, 1, MOET_PF_MAX_THREADS),
     FLAG_SWITCH("--plan", pf_build_flags, plan),
 };
@@ -68,17 +68,25 @@ static int cmd_build_planes(int argc, char **argv) {
         snprintf(repo, sizeof repo, "%s", repo_flag ? repo_flag : "");
         snprintf(rev, sizeof rev, "%s", rev_flag ? rev_flag : "");
     }
+    // the output file exists (as its temporary) from now on: a path that cannot be written fails
+    // before the work, and a signal during the work removes it
+    of_file of = {.fd = -1};
+    if (of_begin(&of, out, &e)) {
+        fprintf(stderr, "moet build-planes: --out %s\n", e.msg);
+        return 1;
+    }
     ck_model *m = arena_sys_alloc(sizeof *m, "checkpoint");
-    if (!m) { fprintf(stderr, "moet build-planes: out of memory\n"); return 1; }
-    if (ck_open(m, model, &e)) {
-        fprintf(stderr, "moet build-planes: %s\n", e.msg);
-        arena_sys_free(m, sizeof *m);
+    if (!m || ck_open(m, model, &e)) {
+        fprintf(stderr, "moet build-planes: %s\n", m ? e.msg : "out of memory");
+        if (m) arena_sys_free(m, sizeof *m);
+        of_abort(&of);
         return 1;
     }
     pf_build_opts o;
     memset(&o, 0, sizeof o);
     pf_geom_of_config(&m->cfg, &o.geom);
     o.out_path = out;
+    o.out = &of;
     o.source_repo = repo;
     o.source_revision = rev;
     o.source_format = m->expert_format;

@@ -108,12 +108,13 @@ static int lines_of(const char *s) {
 
 // ---- a run interrupted mid-way ---------------------------------------------------------------
 //
-// The child's stdout and stderr are pipes of one page, filled before it starts: every write it
-// makes blocks until this process frees room, one byte a millisecond, and only while nothing has
-// appeared in the watched directory. Once its output (a temporary file or directory) is there,
-// no more room is made, so the command cannot finish before the signal comes: the signal lands
-// mid-run, deterministically. Commands that write no file are signalled once they are blocked
-// on their first output. SIGPIPE is what a reader going away gives: both pipes are closed.
+// The child's stdout and stderr are pipes of one page, filled before it starts: its first write
+// to either blocks, and nothing is read until the signal is sent. Every command that writes a
+// file makes its output (the temporary file or directory) before it writes a line, so the run
+// is signalled once that output is in the watched directory, and it cannot have finished: the
+// signal lands mid-run, deterministically. Commands that write no file are signalled once they
+// are blocked on their first output. SIGPIPE is what a reader going away gives: both pipes are
+// closed.
 
 static int pipe_full(int fds[2]) {
     MOET_ASSERT(pipe(fds) == 0, "pipe");
@@ -169,10 +170,8 @@ static int moet_interrupted(char *const *argv, const char *in, const char *watch
         if (waitpid(pid, &st, WNOHANG) == pid) { gone = 1; break; }   // finished before the signal: a failed case
         if (watch && dir_entries(watch) > before) { *appeared = 1; break; }
         if (!watch && moet_now() - t0 > 0.05) break;
-        if (moet_now() - t0 > 30) break;
-        char c;
-        if (watch && read(pe[0], &c, 1) < 0) break;
-        struct timespec ts = {0, 1000 * 1000};
+        if (moet_now() - t0 > 10) break;   // the output never appeared: a failed case
+        struct timespec ts = {0, 200 * 1000};
         nanosleep(&ts, NULL);
     }
     if (!gone) {
@@ -461,6 +460,358 @@ static void test_messages(void) {
 }
 
 // =============================================================================================
+// part 2: the matrix over every command
+// =============================================================================================
+//
+// Each command once more, with what the matrix needs to run it. "@W" in an argument is the
+// watched scratch directory of the run. A command main knows and this table does not, or the
+// other way round, is a failure: a new command cannot go untested.
+
+#define MAXA 24
+typedef struct {
+    const char *name;
+    const char *base[MAXA];   // a good command line after `moet NAME` (flags are varied on it)
+    const char *in;           // its stdin
+    const char *out[MAXA];    // a run whose result is on stdout ({NULL}: none, --help only)
+    const char *sig[MAXA];    // the run interrupted mid-way
+    int sig_writes;           // ... writes its output into @W (a temporary appears there first)
+    int graceful;             // SIGTERM and SIGINT end it with status 0 after finishing (serve, documented)
+} cmd_case;
+
+static const cmd_case cmd_cases[] = {
+    {"run", {"--model", DEMO, "--ids", "1,2,3", "--backend", "cpu"}, NULL, {NULL},
+     {"--model", DEMO, "--ids", "1,2,3", "--backend", "cpu", "--greedy", "4", "--out", "@W/run.safetensors"}, 1, 0},
+    {"serve", {"--model", DEMO, "--backend", "cpu"}, "{\"prompt\":\"def\",\"max_tokens\":2}\n",
+     {"--model", DEMO, "--backend", "cpu"}, {"--model", DEMO, "--backend", "cpu"}, 0, 1},
+    {"eval", {"--model", DEMO, "--data", TEXT, "--backend", "cpu", "-q", "--limit", "1"}, NULL,
+     {"--model", DEMO, "--data", TEXT, "--backend", "cpu", "-q", "--limit", "1"},
+     {"--model", DEMO, "--data", TEXT, "--backend", "cpu", "--save-ref", "@W/run.ref"}, 1, 0},
+    {"build-planes", {"--model", DEMO, "--out", "@W/demo.planes"}, NULL, {"--model", DEMO, "--plan"},
+     {"--model", DEMO, "--out", "@W/demo.planes", "--threads", "1"}, 1, 0},
+    {"verify", {PLANES}, NULL, {NULL}, {PLANES}, 0, 0},
+    {"info", {PLANES}, NULL, {PLANES}, {PLANES}, 0, 0},
+    {"bench", {"--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3"}, NULL,
+     {"--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3"},
+     {"--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3"}, 0, 0},
+    {"synth", {"--config", DEMO "/config.json", "--out", "@W/synth"}, NULL, {NULL},
+     {"--config", DEMO "/config.json", "--quant", DEMO "/hf_quant_config.json", "--out", "@W/synth"}, 1, 0},
+    {"tokenize", {"--tokenizer", DEMO}, "\"hello\"\n", {"--tokenizer", DEMO}, {"--tokenizer", DEMO}, 0, 0},
+};
+#define N_CASES ((int)(sizeof cmd_cases / sizeof cmd_cases[0]))
+
+static char mx_args[MAXA + 8][6000];   // the argument texts of one run
+static char *mx_argv[MAXA + 10];
+
+// argv of `moet NAME args...` with "@W" replaced by w; extra arguments appended after.
+static char **mx_build(const char *name, const char *const *args, const char *w, const char *const *extra) {
+    int n = 0;
+    mx_argv[n++] = "moet";
+    mx_argv[n++] = (char *)name;
+    for (int pass = 0; pass < 2; pass++)
+        for (const char *const *a = pass ? extra : args; a && *a; a++) {
+            const char *at = strstr(*a, "@W");
+            if (at) snprintf(mx_args[n], sizeof mx_args[n], "%.*s%s%s", (int)(at - *a), *a, w, at + 2);
+            else snprintf(mx_args[n], sizeof mx_args[n], "%s", *a);
+            mx_argv[n] = mx_args[n];
+            n++;
+        }
+    mx_argv[n] = NULL;
+    return mx_argv;
+}
+
+static const moet_command *find_command(const char *name) {
+    for (int i = 0; i < MOET_N_COMMANDS; i++)
+        if (!strcmp(moet_commands[i].name, name)) return &moet_commands[i];
+    return NULL;
+}
+
+// Every command main runs has a case here, and every case is a command.
+static void test_table_complete(void) {
+    for (int i = 0; i < MOET_N_COMMANDS; i++) {
+        int found = 0;
+        for (int k = 0; k < N_CASES; k++) found |= !strcmp(cmd_cases[k].name, moet_commands[i].name);
+        CHECK(found, "command '%s' is in moet_commands but not in this matrix (cmd_cases): add it", moet_commands[i].name);
+    }
+    for (int k = 0; k < N_CASES; k++)
+        CHECK(find_command(cmd_cases[k].name), "cmd_cases names '%s', which main does not know", cmd_cases[k].name);
+    CHECK(N_CASES == MOET_N_COMMANDS, "%d cases for %d commands", N_CASES, MOET_N_COMMANDS);
+}
+
+// ---- stdout: a failed write is an error ---------------------------------------------------------
+
+static int mx_runs;   // commands run by the matrix
+
+static void test_matrix_stdout(void) {
+    for (int k = 0; k < N_CASES; k++) {
+        const cmd_case *c = &cmd_cases[k];
+        for (int which = 0; which < 2; which++) {
+            if (which == 1 && !c->out[0]) continue;
+            const char *help[] = {"--help", NULL};
+            for (int mode = OUT_FULL; mode <= OUT_CLOSED; mode++) {
+                char **argv = mx_build(c->name, which ? c->out : help, tdir, NULL);
+                int st = moet(argv, c->in, mode);
+                mx_runs++;
+                CHECK(exited(st, 1) && strstr(r_err, "stdout"), "moet %s %s with stdout %s: status %#x: %s", c->name,
+                      which ? "(its result)" : "--help", mode == OUT_FULL ? "on /dev/full" : "closed", st, r_err);
+            }
+        }
+        // and with a working stdout, the same runs succeed
+        const char *help[] = {"--help", NULL};
+        CHECK(exited(moet(mx_build(c->name, help, tdir, NULL), NULL, OUT_CAPTURE), 0) && strstr(r_out, "usage: moet"),
+              "moet %s --help: %s", c->name, r_err);
+        mx_runs++;
+    }
+}
+
+// ---- every flag: missing value, empty, garbage, out of range, repeated ------------------------
+
+// base without the flag (and its value) at index skip of the command's table.
+static int mx_without(const char *const *base, const moet_flag *f, const char **out) {
+    int n = 0;
+    for (int i = 0; base[i]; i++) {
+        if (f->name && (!strcmp(base[i], f->name) || (f->alias && !strcmp(base[i], f->alias)))) {
+            if (f->kind != ARG_SWITCH && base[i + 1]) i++;
+            continue;
+        }
+        out[n++] = base[i];
+    }
+    out[n] = NULL;
+    return n;
+}
+
+static const char *mx_valid(const moet_flag *f, char *buf, size_t cap) {
+    switch (f->kind) {
+    case ARG_INT: case ARG_I64: case ARG_LIST: snprintf(buf, cap, "%" PRId64, f->lo); return buf;
+    case ARG_U64: return "1";
+    case ARG_NUM: snprintf(buf, cap, "%g", f->dlo); return buf;
+    case ARG_CHOICE: snprintf(buf, cap, "%.*s", (int)strcspn(f->choices, "|"), f->choices); return buf;
+    default: return "x";
+    }
+}
+
+static int mx_flag_cases;
+
+// One case of the flag matrix: exit status `code` (0: any failure), a message that names the flag
+// (and holds needle), one line only unless usage (the command's usage follows a missing flag).
+static void mx_expect_u(const char *cmd, const moet_flag *f, const char *what, char **argv, int code, const char *needle, int usage) {
+    int st = moet(argv, NULL, OUT_CAPTURE);
+    mx_runs++;
+    mx_flag_cases++;
+    int ok = WIFEXITED(st) && (code ? WEXITSTATUS(st) == code : WEXITSTATUS(st) != 0);
+    CHECK(ok && strstr(r_err, f->name) && (!needle || strstr(r_err, needle)) && (usage ? strstr(r_err, "usage: moet") != NULL : lines_of(r_err) == 1),
+          "moet %s %s (%s): status %#x, want exit %d and one line naming %s%s%s: %s", cmd, f->name, what, st, code, f->name,
+          needle ? " with " : "", needle ? needle : "", r_err);
+    CHECK(leftovers(tdir, (const char *[]){NULL}) == 0, "moet %s %s (%s) left something in %s", cmd, f->name, what, tdir);
+}
+
+static void mx_expect(const char *cmd, const moet_flag *f, const char *what, char **argv, int code, const char *needle) {
+    mx_expect_u(cmd, f, what, argv, code, needle, 0);
+}
+
+static void test_matrix_flags(void) {
+    static char longpath[5200];
+    memset(longpath, 'a', sizeof longpath - 1);
+    longpath[0] = '/';
+    longpath[sizeof longpath - 1] = 0;
+    for (int k = 0; k < N_CASES; k++) {
+        const cmd_case *c = &cmd_cases[k];
+        const moet_command *mc = find_command(c->name);
+        if (!mc) continue;
+        for (int j = 0; j < mc->n_flags; j++) {
+            const moet_flag *f = &mc->flags[j];
+            if (!f->name) continue;   // the positional FILE: below
+            const char *rest[MAXA + 1], *extra[8];
+            char valid[64], big[64];
+            mx_without(c->base, f, rest);
+            // repeated (a switch too)
+            const char *v = mx_valid(f, valid, sizeof valid);
+            if (f->kind == ARG_SWITCH) extra[0] = f->name, extra[1] = f->name, extra[2] = NULL;
+            else extra[0] = f->name, extra[1] = v, extra[2] = f->name, extra[3] = v, extra[4] = NULL;
+            mx_expect(c->name, f, "repeated", mx_build(c->name, rest, tdir, extra), 2, "given twice");
+            if (f->kind == ARG_SWITCH) continue;
+            // missing value: the flag ends the line
+            extra[0] = f->name, extra[1] = NULL;
+            mx_expect(c->name, f, "missing value", mx_build(c->name, rest, tdir, extra), 2, "needs a value");
+            // empty
+            extra[0] = f->name, extra[1] = "", extra[2] = NULL;
+            mx_expect(c->name, f, "empty", mx_build(c->name, rest, tdir, extra), 2, "empty");
+            // garbage
+            const char *garbage = NULL, *gneedle = NULL;
+            int gcode = 2;
+            switch (f->kind) {
+            case ARG_INT: case ARG_I64: case ARG_U64: case ARG_NUM: case ARG_LIST: garbage = "7x"; gneedle = "expected"; break;
+            case ARG_CHOICE: garbage = "bogus"; gneedle = "expected"; break;
+            // a path that cannot be used: 1 (tokenize: 2, as for any refused tokenizer)
+            case ARG_IN_FILE: case ARG_IN_DIR: case ARG_IN_ANY: garbage = "@W/none/garbage"; gneedle = "cannot open"; gcode = 0; break;
+            case ARG_OUT_FILE: case ARG_OUT_DIR: garbage = "@W/none/garbage"; gneedle = "cannot create"; gcode = 0; break;
+            default: break;   // ARG_STR: any text is a value
+            }
+            if (garbage) {
+                extra[0] = f->name, extra[1] = garbage, extra[2] = NULL;
+                mx_expect(c->name, f, "garbage", mx_build(c->name, rest, tdir, extra), gcode, gneedle);
+            }
+            // out of range
+            const char *range = NULL;
+            switch (f->kind) {
+            case ARG_INT: case ARG_I64: case ARG_LIST:
+                if (f->hi < INT64_MAX) snprintf(big, sizeof big, "%" PRId64, f->hi + 1);
+                else snprintf(big, sizeof big, "9223372036854775808");
+                range = big;
+                break;
+            case ARG_U64: range = "18446744073709551616"; break;
+            case ARG_NUM: snprintf(big, sizeof big, "%g", f->dhi * 10); range = big; break;
+            case ARG_STR:
+                if (f->hi > 0 && f->hi < (int64_t)sizeof longpath - 1) range = longpath + sizeof longpath - 2 - f->hi;   // hi + 1 bytes
+                break;
+            case ARG_CHOICE: break;
+            default: range = longpath;   // paths: longer than a path may be
+            }
+            if (range) {
+                extra[0] = f->name, extra[1] = range, extra[2] = NULL;
+                mx_expect(c->name, f, "out of range", mx_build(c->name, rest, tdir, extra), 2, NULL);
+            }
+            if (f->kind == ARG_INT || f->kind == ARG_I64 || f->kind == ARG_LIST) {   // below the range too
+                snprintf(big, sizeof big, "%" PRId64, f->lo - 1);
+                if (f->lo > INT64_MIN) {
+                    extra[0] = f->name, extra[1] = big, extra[2] = NULL;
+                    mx_expect(c->name, f, "below the range", mx_build(c->name, rest, tdir, extra), 2, "expected");
+                }
+            }
+        }
+    }
+    // lists: an empty item, wherever it is
+    const char *lists[] = {"1,,16", "1,", ",1", "1, ,2"};
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        const char *extra[] = {"--batch", lists[i], NULL};
+        const cmd_case *b = NULL;
+        for (int k = 0; k < N_CASES; k++) if (!strcmp(cmd_cases[k].name, "bench")) b = &cmd_cases[k];
+        const char *rest[MAXA + 1];
+        const moet_flag fb = {.name = "--batch", .kind = ARG_LIST};
+        mx_without(b->base, &fb, rest);
+        mx_expect("bench", &fb, lists[i], mx_build("bench", rest, tdir, extra), 2, "empty");
+    }
+    // the positional FILE of info and verify: missing, empty, a second one
+    const char *cmds[2] = {"info", "verify"};
+    for (int i = 0; i < 2; i++) {
+        const moet_flag ff = {.name = "FILE"};
+        const char *none[] = {NULL}, *empty[] = {"", NULL}, *two[] = {PLANES, PLANES, NULL}, *bogus[] = {PLANES, "--bogus", NULL};
+        mx_expect_u(cmds[i], &ff, "missing", mx_build(cmds[i], none, tdir, NULL), 2, "required", 1);
+        mx_expect(cmds[i], &ff, "empty", mx_build(cmds[i], empty, tdir, NULL), 2, "empty");
+        mx_expect(cmds[i], &ff, "two", mx_build(cmds[i], two, tdir, NULL), 2, "one FILE only");
+        const moet_flag fbog = {.name = "--bogus"};
+        int st = moet(mx_build(cmds[i], bogus, tdir, NULL), NULL, OUT_CAPTURE);
+        mx_runs++;
+        CHECK(exited(st, 2) && strstr(r_err, "unknown option '--bogus'"), "moet %s FILE --bogus: %s", cmds[i], r_err);
+        (void)fbog;
+    }
+}
+
+// ---- every output path: empty, FIFO, symbolic link, dangling link, device node, directory ------
+
+static void test_matrix_outputs(void) {
+    char w[96];
+    tpath(w, sizeof w, "out");
+    for (int k = 0; k < N_CASES; k++) {
+        const cmd_case *c = &cmd_cases[k];
+        const moet_command *mc = find_command(c->name);
+        for (int j = 0; mc && j < mc->n_flags; j++) {
+            const moet_flag *f = &mc->flags[j];
+            if (f->kind != ARG_OUT_FILE && f->kind != ARG_OUT_DIR) continue;
+            int is_dir = f->kind == ARG_OUT_DIR;
+            // the run that writes it: its interrupted run's command line, which writes @W/...
+            const char *rest[MAXA + 1];
+            mx_without(c->sig, f, rest);
+            const char *kinds[] = {"empty", "a FIFO", "a symbolic link", "a dangling symbolic link", "a character device", "a directory",
+                                   "absent"};
+            for (int kind = 0; kind < 7; kind++) {
+                rm_rf(w);
+                MOET_ASSERT(mkdir(w, 0700) == 0, "mkdir");
+                char target[160], keep[160];
+                snprintf(target, sizeof target, "%s/target", w);
+                snprintf(keep, sizeof keep, "%s/keep", w);
+                write_text(keep, "keep");
+                const char *fixtures[] = {"keep", "target", NULL};
+                int own_dev = 1;
+                switch (kind) {
+                case 0: snprintf(target, sizeof target, "%s", ""); fixtures[1] = NULL; break;
+                case 1: MOET_ASSERT(mkfifo(target, 0600) == 0, "mkfifo"); break;
+                case 2: MOET_ASSERT(symlink(is_dir ? w : keep, target) == 0, "symlink"); break;
+                case 3: MOET_ASSERT(symlink("nowhere", target) == 0, "symlink"); break;
+                case 4:
+                    own_dev = mknod(target, S_IFCHR | 0666, makedev(1, 3)) == 0;
+                    if (!own_dev) snprintf(target, sizeof target, "/dev/null"), fixtures[1] = NULL;
+                    break;
+                case 5: MOET_ASSERT(mkdir(target, 0700) == 0, "mkdir"); break;
+                default: fixtures[1] = NULL; break;
+                }
+                mode_t before = kind == 0 ? 0 : lmode(target);
+                const char *extra[] = {f->name, target, NULL};
+                char **argv = mx_build(c->name, rest, w, extra);
+                int st = moet(argv, c->in, OUT_CAPTURE);
+                mx_runs++;
+                int accepted = kind == 6 || (is_dir && kind == 5);
+                if (accepted) {
+                    struct stat sb;
+                    CHECK(exited(st, 0) && lstat(target, &sb) == 0 && (is_dir ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode)),
+                          "moet %s %s over %s: written (status %#x): %s", c->name, f->name, kinds[kind], st, r_err);
+                    const char *done[] = {"keep", "target", NULL};
+                    CHECK(leftovers(w, done) == 0 && (!is_dir || leftovers(target, NULL) == 0), "moet %s %s over %s: nothing else left",
+                          c->name, f->name, kinds[kind]);
+                    if (is_dir) {
+                        char cfg[300];
+                        snprintf(cfg, sizeof cfg, "%s/config.json", target);
+                        CHECK(access(cfg, F_OK) == 0, "moet %s %s over %s: the files are in it", c->name, f->name, kinds[kind]);
+                    }
+                } else {
+                    CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0 && strstr(r_err, f->name) && lines_of(r_err) == 1 &&
+                              strstr(r_err, kind == 0 ? "empty" : kind == 3 ? "a symbolic link" : kinds[kind]),
+                          "moet %s %s over %s: refused before any work, naming the flag and the kind (status %#x): %s", c->name,
+                          f->name, kinds[kind], st, r_err);
+                    CHECK(kind == 0 || lmode(target) == before, "moet %s %s: %s left as it was", c->name, f->name, kinds[kind]);
+                    CHECK(leftovers(w, fixtures) == 0, "moet %s %s over %s: nothing written", c->name, f->name, kinds[kind]);
+                    FILE *kf = fopen(keep, "r");
+                    char b[16] = "";
+                    CHECK(kf && fgets(b, sizeof b, kf) && !strcmp(b, "keep"), "the link's target is untouched");
+                    if (kf) fclose(kf);
+                }
+                if (kind == 4 && !own_dev) fprintf(stderr, "test_commands: mknod refused: the device case ran on /dev/null\n");
+            }
+        }
+    }
+    rm_rf(w);
+}
+
+// ---- every command interrupted: SIGHUP, SIGTERM, SIGINT, SIGPIPE -------------------------------
+
+static void test_matrix_signals(void) {
+    char w[96];
+    tpath(w, sizeof w, "sig");
+    const int sigs[] = {SIGHUP, SIGTERM, SIGINT, SIGPIPE};
+    for (int k = 0; k < N_CASES; k++) {
+        const cmd_case *c = &cmd_cases[k];
+        for (int i = 0; i < 4; i++) {
+            rm_rf(w);
+            MOET_ASSERT(mkdir(w, 0700) == 0, "mkdir");
+            int appeared = 0;
+            char **argv = mx_build(c->name, c->sig, w, NULL);
+            double ts = moet_now();
+            int st = moet_interrupted(argv, c->in, c->sig_writes ? w : NULL, sigs[i], &appeared);
+            if (getenv("MX_TIMES")) fprintf(stderr, "signal case %s %d: %.3f s\n", c->name, sigs[i], moet_now() - ts);
+            mx_runs++;
+            CHECK(st != -1 && (!c->sig_writes || appeared), "moet %s, signal %d: interrupted mid-run (output appeared: %d)", c->name,
+                  sigs[i], appeared);
+            int want_zero = c->graceful && (sigs[i] == SIGTERM || sigs[i] == SIGINT);
+            if (want_zero) CHECK(exited(st, 0), "moet %s, signal %d: finishes and exits 0 (status %#x)", c->name, sigs[i], st);
+            else if (c->graceful) CHECK(st != -1 && !exited(st, 0), "moet %s, signal %d: status %#x", c->name, sigs[i], st);
+            else CHECK(WIFSIGNALED(st) && WTERMSIG(st) == sigs[i], "moet %s, signal %d: ended by it (status %#x)", c->name, sigs[i], st);
+            CHECK(dir_entries(w) == 0, "moet %s, signal %d: nothing left behind", c->name, sigs[i]);
+            leftovers(w, (const char *[]){NULL});
+        }
+    }
+    rm_rf(w);
+}
+
+// =============================================================================================
 
 int main(void) {
     snprintf(tdir, sizeof tdir, "/tmp/moet_test_commands.XXXXXX");
@@ -478,6 +829,18 @@ int main(void) {
     test_numbers();
     test_tool_arguments();
     test_messages();
+    double t0 = moet_now();
+    test_table_complete();
+    test_matrix_stdout();
+    double t1 = moet_now();
+    test_matrix_flags();
+    double t2 = moet_now();
+    test_matrix_outputs();
+    double t3 = moet_now();
+    test_matrix_signals();
+    fprintf(stderr, "test_commands: stdout %.1f s, flags %.1f s, outputs %.1f s, signals %.1f s\n", t1 - t0, t2 - t1, t3 - t2, moet_now() - t3);
+    fprintf(stderr, "test_commands: the matrix: %d commands, %d flag cases, %d runs of ./moet in %.1f s\n", N_CASES, mx_flag_cases,
+            mx_runs, moet_now() - t0);
     rm_rf(tdir);
     return check_report("test_commands");
 }
