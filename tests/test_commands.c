@@ -58,6 +58,9 @@ static void rm_rf(const char *p) {
 
 enum { OUT_CAPTURE, OUT_FULL, OUT_CLOSED };
 
+// The program under test: ./moet, or $MOET_BIN (a sanitizer build of the same source).
+static const char *moet_bin = "./moet";
+
 static char r_out[1 << 16], r_err[1 << 16];   // what the last run wrote
 
 static void slurp(const char *path, char *buf, size_t cap) {
@@ -87,7 +90,7 @@ static int moet(char *const *argv, const char *in, int out_mode) {
         if (out_mode == OUT_CLOSED) close(1);
         else dup2(out_mode == OUT_FULL ? open("/dev/full", O_WRONLY) : open(pout, O_WRONLY | O_CREAT | O_TRUNC, 0600), 1);
         for (int fd = 3; fd < 64; fd++) close(fd);
-        execv("./moet", argv);
+        execv(moet_bin, argv);
         _exit(127);
     }
     int st = 0;
@@ -156,7 +159,7 @@ static int moet_interrupted(char *const *argv, const char *in, const char *watch
         dup2(po[1], 1);
         dup2(pe[1], 2);
         for (int fd = 3; fd < 64; fd++) close(fd);
-        execv("./moet", argv);
+        execv(moet_bin, argv);
         _exit(127);
     }
     close(pi[0]);
@@ -406,12 +409,44 @@ static void test_numbers(void) {
     CHECK(parse_req("{\"prompt\":\"x\",\"max_tokens\":10000000000}", &q, &pe) == 0 && q.max_tokens == INT32_MAX, "%s", pe.e.msg);
     CHECK(parse_req("{\"prompt\":\"x\",\"max_tokens\":1e30}", &q, &pe) == 0 && q.max_tokens == INT32_MAX, "%s", pe.e.msg);
     CHECK(parse_req("{\"prompt\":\"x\",\"max_tokens\":5.0}", &q, &pe) == 0 && q.max_tokens == 5, "%s", pe.e.msg);
+    // the exact value of a JSON number, from its text
+    struct { const char *text; int whole; int64_t i; uint64_t u; } nums[] = {
+        {"1e3", JS_WHOLE_I64, 1000, 0}, {"1.5e1", JS_WHOLE_I64, 15, 0}, {"12.30e1", JS_WHOLE_I64, 123, 0},
+        {"-0", JS_WHOLE_I64, 0, 0}, {"0.0e999999", JS_WHOLE_I64, 0, 0}, {"1.23e1", JS_FRACTION, 0, 0},
+        {"5.0000000000000001", JS_FRACTION, 0, 0}, {"-9223372036854775808", JS_WHOLE_I64, INT64_MIN, 0},
+        {"-9223372036854775809", JS_WHOLE_BIG, 0, 0}, {"9223372036854775808", JS_WHOLE_U64, 0, 9223372036854775808ull},
+        {"1e19", JS_WHOLE_U64, 0, 10000000000000000000ull}, {"18446744073709551615", JS_WHOLE_U64, 0, UINT64_MAX},
+        {"18446744073709551616", JS_WHOLE_BIG, 0, 0}, {"1e20", JS_WHOLE_BIG, 0, 0}, {"1e-999999", JS_FRACTION, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++) {
+        js_doc d = {0};
+        d.nodes = pn;
+        d.cap_nodes = 16;
+        d.strs = ps;
+        d.cap_strs = sizeof ps;
+        int rc = js_parse(&d, nums[k].text, strlen(nums[k].text));
+        const js_node *n = js_root(&d);
+        CHECK(rc == 0 && n->whole == nums[k].whole && (n->whole != JS_WHOLE_I64 || n->i64 == nums[k].i) &&
+                  (n->whole != JS_WHOLE_U64 || n->u64 == nums[k].u),
+              "%s: whole %d", nums[k].text, rc == 0 ? n->whole : -1);
+    }
+    // two seeds near 2^64 are two generators: the server samples differently with each
+    char *serve[] = {"moet", "serve", "--model", DEMO, "--backend", "cpu", NULL};
+    int st = moet(serve, "{\"id\":\"a\",\"prompt\":\"def f(x):\",\"max_tokens\":24,\"temperature\":1.5,\"ignore_eos\":true,"
+                         "\"return_token_ids\":true,\"seed\":18446744073709551615}\n"
+                         "{\"id\":\"b\",\"prompt\":\"def f(x):\",\"max_tokens\":24,\"temperature\":1.5,\"ignore_eos\":true,"
+                         "\"return_token_ids\":true,\"seed\":18446744073709551614}\n",
+                   OUT_CAPTURE);
+    const char *a = strstr(r_out, "\"id\":\"a\""), *b = strstr(r_out, "\"id\":\"b\"");
+    const char *ta = a ? strstr(a, "\"token_ids\"") : NULL, *tb = b ? strstr(b, "\"token_ids\"") : NULL;
+    CHECK(exited(st, 0) && ta && tb && strncmp(ta, tb, (size_t)(strchr(ta, ']') - ta)) != 0, "seeds 2^64-1 and 2^64-2: %s%s", r_out,
+          r_err);
     // --ids with an empty item
     const char *ids[] = {"1,,2", "1,", ",1", "1, ,2", "1,2,,"};
     for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
         char *argv[] = {"moet", "run", "--model", DEMO, "--backend", "cpu", "--ids", (char *)ids[k], NULL};
-        int st = moet(argv, NULL, OUT_CAPTURE);
-        CHECK(exited(st, 2) && strstr(r_err, "--ids") && strstr(r_err, "empty"), "run --ids '%s': status %#x: %s", ids[k], st, r_err);
+        int sti = moet(argv, NULL, OUT_CAPTURE);
+        CHECK(exited(sti, 2) && strstr(r_err, "--ids") && strstr(r_err, "empty"), "run --ids '%s': status %#x: %s", ids[k], sti, r_err);
     }
     char *good[] = {"moet", "run", "--model", DEMO, "--backend", "cpu", "--ids", "1, 2,3", NULL};
     CHECK(exited(moet(good, NULL, OUT_CAPTURE), 0), "run --ids '1, 2,3': %s", r_err);
@@ -796,7 +831,7 @@ static void test_matrix_signals(void) {
             char **argv = mx_build(c->name, c->sig, w, NULL);
             double ts = moet_now();
             int st = moet_interrupted(argv, c->in, c->sig_writes ? w : NULL, sigs[i], &appeared);
-            if (getenv("MX_TIMES")) fprintf(stderr, "signal case %s %d: %.3f s\n", c->name, sigs[i], moet_now() - ts);
+            if (getenv("MX_TIMES")) fprintf(stderr, "signal case %s %d: %.3f s\n", c->name, sigs[i], moet_now() - ts);   // MX_TIMES=1: each case's time
             mx_runs++;
             CHECK(st != -1 && (!c->sig_writes || appeared), "moet %s, signal %d: interrupted mid-run (output appeared: %d)", c->name,
                   sigs[i], appeared);
@@ -814,9 +849,10 @@ static void test_matrix_signals(void) {
 // =============================================================================================
 
 int main(void) {
+    if (getenv("MOET_BIN")) moet_bin = getenv("MOET_BIN");
     snprintf(tdir, sizeof tdir, "/tmp/moet_test_commands.XXXXXX");
     MOET_ASSERT(mkdtemp(tdir), "mkdtemp");
-    if (access("./moet", X_OK) != 0 || access(PLANES, R_OK) != 0) {
+    if (access(moet_bin, X_OK) != 0 || access(PLANES, R_OK) != 0) {
         CHECK(0, "./moet or " PLANES " is missing: run ./build.sh first");
         return check_report("test_commands");
     }
