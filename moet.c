@@ -12,8 +12,12 @@
 //             arena/arena.c         planned memory: host/pinned/device arenas, ARENA_TAKE, arena_plan
 //                                   (arena/DESIGN.md: memory plan, numerics, streams, invariance)
 //   bytes     format/json.c         RFC 8259 JSON: parser, writer
-//             format/outfile.c      output files: temporary file + rename, removed on failure
-//             format/args.c         flag values of every command
+//             format/outfile.c      output files and directories: a temporary beside them, renamed
+//                                   when complete, removed on failure and on every fatal signal
+//             format/stdout.c       the commands' stdout: one writer, a failed write is an error
+//             format/lines.c        input lines (serve, eval --data, tokenize): BOM, CR, UTF-8, length
+//             format/args.c         the command line of every command: flag tables, exact numbers,
+//                                   lists, input and output paths checked before any work
 //             format/unicode.c      Unicode properties and NFC for the tokenizer
 //             format/tokenizer.c    byte-level BPE (tokenizer.json): encode, decode, streaming
 //             format/safetensors.c  safetensors shards: mmap + validation
@@ -91,9 +95,15 @@
 // defines: js_doc, js_measure, js_parse, js_get, js_writer (RFC 8259 JSON)
 #include "format/json.c"
 // defines: of_begin, of_write, of_commit, of_abort (an output file: temporary file + rename,
-//          only over a regular file, removed on every error and fatal signal)
+//          only over a regular file, removed on every error and fatal signal); of_dir_begin,
+//          of_dir_file, of_dir_check, of_dir_commit, of_dir_abort (an output directory, the same)
 #include "format/outfile.c"
-// defines: moet_arg_i64, moet_arg_int (flag values)
+// defines: so_write, so_puts, so_printf, so_failed, so_finish, so_guard_fds (the commands' stdout)
+#include "format/stdout.c"
+// defines: ln_reader, ln_init_fd, ln_init_text, ln_take, ln_fill, ln_bad_utf8 (input lines)
+#include "format/lines.c"
+// defines: moet_flag, moet_args, FLAG_* (flag tables), moet_text_i64, moet_text_u64,
+//          moet_list_parse (numbers and lists read exactly)
 #include "format/args.c"
 // defines: uni_props, uni_nfc (Unicode properties and NFC, tables from format/unicode_tables.h)
 #include "format/unicode.c"
@@ -2053,12 +2063,10 @@ typedef struct {
     int *row_slot, *row_rec, *off;   // [max_num_seqs], [max_num_seqs], [max_num_seqs + 1]
     uint8_t *want;          // [max_num_seqs] the row ends a prompt or decodes: a token is picked
     // one line
-    char *in;               // [in_cap] bytes read, not yet consumed
-    size_t in_cap, in_start, in_end;
-    int skipping, in_eof;
-    int fd_in;              // where lines come from
+    char *in_buf;           // [in_cap] the line reader's buffer
+    size_t in_cap;
+    ln_reader in;           // the request lines (format/lines.c)
     int stopping;           // a signal came: stdin is no longer read
-    int in_errno;           // reading the input failed with this errno (0: it ended normally)
     js_doc doc;
     chat_mem cm;
     char *prompt;           // [prompt_cap] rendered chat prompt
@@ -2111,7 +2119,7 @@ static void serve_carve(serve_ctx *S, arena *a) {
     ARENA_TAKE(a, S->row_rec, c->max_num_seqs, "step rows");
     ARENA_TAKE(a, S->off, c->max_num_seqs + 1, "step offsets");
     ARENA_TAKE(a, S->want, c->max_num_seqs, "step picks");
-    ARENA_TAKE(a, S->in, S->in_cap, "input buffer");
+    ARENA_TAKE(a, S->in_buf, S->in_cap, "input buffer");
     ARENA_TAKE(a, S->doc.nodes, MOET_MAX_LINE_VALUES, "request JSON values");
     ARENA_TAKE(a, S->doc.strs, MOET_MAX_LINE + 1, "request JSON strings");
     ARENA_TAKE(a, S->cm.scratch, MOET_MAX_LINE, "message text");
@@ -2810,16 +2818,15 @@ static void serve_auto_id(serve_ctx *S, char *id, size_t cap) {
 }
 
 // One complete input line (without its "\n"). Needs a free record (the caller checks).
-static void serve_line(serve_ctx *S, char *line, size_t n) {
+static void serve_line(serve_ctx *S, const ln_line *l) {
     S->lines++;
     double t_read = moet_now();
-    if (n && line[n - 1] == '\r') n--;
-    // a UTF-8 byte order mark (a file saved by some editors) is not part of the JSON text
-    if (n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) line += 3, n -= 3;
+    const char *line = l->s;   // without "\r" and a byte order mark (format/lines.c)
+    size_t n = l->n;
     char auto_id[48];
     serve_auto_id(S, auto_id, sizeof auto_id);
     char msg[512];
-    int64_t bad = proto_bad_utf8(line, n);
+    int64_t bad = l->bad_utf8;
     if (bad >= 0) {
         snprintf(msg, sizeof msg, "the line is not valid UTF-8 (byte %" PRId64 ")", bad);
         serve_error(S, NULL, 0, 0, "invalid_utf8", msg);
@@ -2949,75 +2956,28 @@ static void serve_line(serve_ctx *S, char *line, size_t n) {
     S->waiting[(S->wait_head + S->n_waiting++) % S->n_recs] = idx;
 }
 
-// Takes the next complete line from the input buffer (oversized lines are skipped and
-// answered here). Returns 1 with the line, 0 when none is complete yet.
-static int serve_next_line(serve_ctx *S, char **line, size_t *n) {
+// Takes the next line from the reader (a line over the limit is answered here). Returns 1 with
+// the line, 0 when none is complete yet.
+static int serve_next_line(serve_ctx *S, ln_line *l) {
     for (;;) {
-        char *base = S->in + S->in_start;
-        size_t avail = S->in_end - S->in_start;
-        char *nl = memchr(base, '\n', avail);
-        if (S->skipping) {
-            if (nl) S->in_start += (size_t)(nl - base) + 1;
-            else {
-                S->in_start = S->in_end;
-                if (!S->in_eof) return 0;   // else the oversized line ended with the input
-            }
-            S->skipping = 0;
-            S->lines++;
-            char msg[160];
-            snprintf(msg, sizeof msg, "the line is longer than the limit of %u bytes; it was skipped", MOET_MAX_LINE);
-            serve_error(S, NULL, 0, 0, "line_too_long", msg);
-            continue;
-        }
-        if (nl && (size_t)(nl - base) <= MOET_MAX_LINE) {
-            *line = base;
-            *n = (size_t)(nl - base);
-            S->in_start += *n + 1;
-            return 1;
-        }
-        if (nl || avail > MOET_MAX_LINE) {   // too long: skip through its newline
-            S->skipping = 1;
-            continue;
-        }
-        if (S->in_eof && avail) {   // the last line had no "\n"
-            *line = base;
-            *n = avail;
-            S->in_start = S->in_end;
-            return 1;
-        }
-        return 0;
-    }
-}
-
-// Reads what fd has (waiting up to timeout_ms, -1 = until input or a signal).
-static void serve_read(serve_ctx *S, int fd, int timeout_ms) {
-    if (S->in_start > 0) {   // keep the unconsumed bytes at the front
-        memmove(S->in, S->in + S->in_start, S->in_end - S->in_start);
-        S->in_end -= S->in_start;
-        S->in_start = 0;
-    }
-    if (S->in_end == S->in_cap) return;
-    struct pollfd p = {fd, POLLIN, 0};
-    int k = poll(&p, 1, timeout_ms);
-    if (k <= 0) return;   // nothing yet, or a signal
-    ssize_t got = read(fd, S->in + S->in_end, S->in_cap - S->in_end);
-    if (got > 0) S->in_end += (size_t)got;
-    else if (got == 0) S->in_eof = 1;
-    else if (errno != EINTR && errno != EAGAIN) {   // no more input either, but not a normal end
-        S->in_eof = 1;
-        S->in_errno = errno;
+        int k = ln_take(&S->in, l);
+        if (k == LN_LINE) return 1;
+        if (k == LN_NONE) return 0;
+        S->lines++;
+        char msg[160];
+        snprintf(msg, sizeof msg, "the line is longer than the limit of %u bytes; it was skipped", MOET_MAX_LINE);
+        serve_error(S, NULL, 0, 0, "line_too_long", msg);
     }
 }
 
 // Reads what stdin has (waiting for it only when block) and turns complete lines into
 // requests or answers while a record is free.
 static void serve_input(serve_ctx *S, int block) {
-    char *line;
-    size_t n;
-    while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
-    if (!S->in_eof && S->n_free_recs > 0) {
-        serve_read(S, S->fd_in, block ? -1 : 0);
-        while (S->n_free_recs > 0 && serve_next_line(S, &line, &n)) serve_line(S, line, n);
+    ln_line l;
+    while (S->n_free_recs > 0 && serve_next_line(S, &l)) serve_line(S, &l);
+    if (!S->in.eof && S->n_free_recs > 0) {
+        ln_fill(&S->in, block ? -1 : 0);
+        while (S->n_free_recs > 0 && serve_next_line(S, &l)) serve_line(S, &l);
     }
 }
 
@@ -3027,7 +2987,7 @@ static void serve_input(serve_ctx *S, int block) {
 // answering every request read before the failure).
 static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     S->out.fd = fd_out;
-    S->fd_in = fd_in;
+    ln_init_fd(&S->in, fd_in, S->in_buf, S->in_cap, MOET_MAX_LINE);
     S->t_start = moet_now();
     serve_ready(S);
     S->allocs_at_ready = arena_total_allocs();
@@ -3038,16 +2998,14 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
     int cancelled_all = 0;
     for (;;) {
         if (S->out.failed) {
-            fprintf(stderr, "moet serve: writing the answers failed: %s\n", strerror(S->out.err));
+            fprintf(stderr, "moet serve: writing the answers to stdout failed: %s\n", strerror(S->out.err));
             return 1;
         }
         int sig = serve_signals;
         if (sig >= 1 && !S->stopping) {
             S->stopping = 1;
-            if (S->in_end > S->in_start)
-                fprintf(stderr, "moet serve: signal: %zu bytes of unread input dropped\n", S->in_end - S->in_start);
-            S->in_start = S->in_end = 0;
-            S->in_eof = 1;
+            if (ln_pending(&S->in)) fprintf(stderr, "moet serve: signal: %zu bytes of unread input dropped\n", ln_pending(&S->in));
+            ln_drop(&S->in);
             fprintf(stderr, "moet serve: signal: finishing %d running and %d waiting requests\n", S->n_running, S->n_waiting);
         }
         if (sig >= 2 && !cancelled_all) {
@@ -3066,12 +3024,12 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
             serve_step(S);
             continue;
         }
-        if (S->in_eof && !S->n_waiting && !(S->in_end > S->in_start)) break;
+        if (S->in.eof && !S->n_waiting && !ln_pending(&S->in)) break;
     }
     po_flush(&S->out);
-    if (S->in_errno) {
+    if (S->in.err) {
         fprintf(stderr, "moet serve: reading the requests failed: %s (the %" PRIu64 " lines read before were answered)\n",
-                strerror(S->in_errno), S->lines);
+                strerror(S->in.err), S->lines);
         return 1;
     }
     return S->out.failed;
@@ -3207,111 +3165,89 @@ static int serve_default_model(char *model, char *planes, size_t cap) {
     return k > 0 && (size_t)k < cap && j > 0 && (size_t)j < cap ? 0 : -1;
 }
 
-static void serve_usage(FILE *f) {
-    fputs("usage: moet serve [options] < requests.jsonl > answers.jsonl\n"
-          "JSONL requests on stdin (OpenAI chat/completions bodies, Batch API lines, raw prompts,\n"
-          "{\"op\":\"stats\"}, {\"op\":\"cancel\",\"id\":...}); one JSON answer per line on stdout; logs on stderr.\n"
-          "options:\n"
-          "  --model DIR             checkpoint directory (config.json, safetensors, tokenizer.json,\n"
-          "                          generation_config.json); default: the bundled demo model,\n"
-          "                          tests/fixtures/demo next to the executable, with its routed\n"
-          "                          experts from build/demo.planes (made by ./build.sh)\n"
-          "  --planes FILE           serve the routed experts from this MOET2PF1 plane file\n"
-          "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
-          "  --strict-revision       with --planes: refuse a file built from another revision of the\n"
-          "                          checkpoint (a Hugging Face snapshot path names it); else a warning\n"
-          "  --max-num-seqs N        sequences decoded together (default 8)\n"
-          "  --max-batch-tokens N    tokens per forward step; prompts are prefilled in chunks that\n"
-          "                          share it with the decoding sequences (default 256, >= max-num-seqs;\n"
-          "                          the GPU cuts prompt chunks at multiples of 64 tokens and needs\n"
-          "                          >= max-num-seqs + 63)\n"
-          "  --max-model-len N       context length: prompt + generated tokens per request\n"
-          "                          (default: the model's, at most 4096)\n"
-          "  --max-queue N           requests read ahead and waiting for a free sequence (default 64);\n"
-          "                          when full, stdin is not read until one finishes\n"
-          "  --max-logprobs N        largest top_logprobs a request may ask for (default 20, max 20)\n"
-          "  --backend B             auto (default: the GPU when a driver and a GPU are there, else the\n"
-          "                          CPU reference), gpu (an error without one) or cpu\n"
-          "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
-          "                          and head) or f32\n"
-          "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
-          "  --prefix-block N        prefix cache: the model state is kept after every N prompt tokens\n"
-          "                          (default 256; on the GPU a multiple of 64), and a request whose\n"
-          "                          prompt starts with kept blocks computes only the rest\n"
-          "  --prefix-cache-gb G     memory for the kept blocks, planned at boot (default: room for 64\n"
-          "                          blocks; the boot line says how much that is); 0 turns the cache off\n"
-          "  --served-model-name S   the \"model\" of every answer (default: the model directory's name)\n"
-          "  --seed N                base of the seeds of requests that give none (default: from the clock)\n"
-          "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
-          "                          the model's template; off for the bundled demo model, which was\n"
-          "                          trained on answers without a thinking block)\n"
-          "  -h, --help              this text\n",
-          f);
-}
+static const char serve_usage[] =
+    "usage: moet serve [options] < requests.jsonl > answers.jsonl\n"
+    "JSONL requests on stdin (OpenAI chat/completions bodies, Batch API lines, raw prompts,\n"
+    "{\"op\":\"stats\"}, {\"op\":\"cancel\",\"id\":...}); one JSON answer per line on stdout; logs on stderr.\n"
+    "options:\n"
+    "  --model DIR             checkpoint directory (config.json, safetensors, tokenizer.json,\n"
+    "                          generation_config.json); default: the bundled demo model,\n"
+    "                          tests/fixtures/demo next to the executable, with its routed\n"
+    "                          experts from build/demo.planes (made by ./build.sh)\n"
+    "  --planes FILE           serve the routed experts from this MOET2PF1 plane file\n"
+    "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
+    "  --strict-revision       with --planes: refuse a file built from another revision of the\n"
+    "                          checkpoint (a Hugging Face snapshot path names it); else a warning\n"
+    "  --max-num-seqs N        sequences decoded together (default 8)\n"
+    "  --max-batch-tokens N    tokens per forward step; prompts are prefilled in chunks that\n"
+    "                          share it with the decoding sequences (default 256, >= max-num-seqs;\n"
+    "                          the GPU cuts prompt chunks at multiples of 64 tokens and needs\n"
+    "                          >= max-num-seqs + 63)\n"
+    "  --max-model-len N       context length: prompt + generated tokens per request\n"
+    "                          (default: the model's, at most 4096)\n"
+    "  --max-queue N           requests read ahead and waiting for a free sequence (default 64);\n"
+    "                          when full, stdin is not read until one finishes\n"
+    "  --max-logprobs N        largest top_logprobs a request may ask for (default 20, max 20)\n"
+    "  --backend B             auto (default: the GPU when a driver and a GPU are there, else the\n"
+    "                          CPU reference), gpu (an error without one) or cpu\n"
+    "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
+    "                          and head) or f32\n"
+    "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
+    "  --prefix-block N        prefix cache: the model state is kept after every N prompt tokens\n"
+    "                          (default 256; on the GPU a multiple of 64), and a request whose\n"
+    "                          prompt starts with kept blocks computes only the rest\n"
+    "  --prefix-cache-gb G     memory for the kept blocks, planned at boot (default: room for 64\n"
+    "                          blocks; the boot line says how much that is); 0 turns the cache off\n"
+    "  --served-model-name S   the \"model\" of every answer (default: the model directory's name)\n"
+    "  --seed N                base of the seeds of requests that give none (default: from the clock)\n"
+    "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
+    "                          the model's template; off for the bundled demo model, which was\n"
+    "                          trained on answers without a thinking block)\n"
+    "  -h, --help              this text\n";
+
+typedef struct {
+    const char *model, *planes, *name, *backend, *kv_dtype, *thinking;
+    int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
+    int prefix_block;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
+    double prefix_gb;          // < 0: room for MOET_PREFIX_BLOCKS blocks
+    uint64_t seed;
+} serve_flags;
+
+static const moet_flag serve_flag_table[] = {
+    FLAG_DIR("--model", serve_flags, model),
+    FLAG_FILE("--planes", serve_flags, planes),
+    FLAG_SWITCH("--no-verify", serve_flags, no_verify),
+    FLAG_SWITCH("--strict-revision", serve_flags, strict_revision),
+    FLAG_INT("--max-num-seqs", serve_flags, seqs, 1, MOET_MAX_SEQS),
+    FLAG_INT("--max-batch-tokens", serve_flags, batch, 1, 1 << 20),
+    FLAG_INT("--max-model-len", serve_flags, max_len, 2, INT32_MAX),
+    FLAG_INT("--max-queue", serve_flags, queue, 0, MOET_MAX_QUEUE),
+    FLAG_INT("--max-logprobs", serve_flags, max_lp, 0, MOET_MAX_LOGPROBS),
+    FLAG_CHOICE("--backend", serve_flags, backend, "auto|gpu|cpu"),
+    FLAG_CHOICE("--kv-dtype", serve_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_INT("--threads", serve_flags, threads, 1, MOET_MAX_THREADS),
+    FLAG_INT("--prefix-block", serve_flags, prefix_block, 1, 1 << 20),
+    FLAG_NUM("--prefix-cache-gb", serve_flags, prefix_gb, 0, 1 << 20),
+    FLAG_STR("--served-model-name", serve_flags, name, MOET_MAX_ID),
+    FLAG_U64("--seed", serve_flags, seed, have_seed),
+    FLAG_CHOICE("--default-thinking", serve_flags, thinking, "on|off"),
+};
 
 static int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *planes = NULL, *name = NULL, *backend = "auto";
-    int seqs = 8, batch = 256, max_len = 0, queue = 64, max_lp = MOET_MAX_LOGPROBS, threads = 1, have_seed = 0;
-    int kv_dtype = GPU_KV_BF16;
-    int thinking = -1;   // -1: on, except for the bundled demo model
-    int prefix_block = 0;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
-    double prefix_gb = -1;         // < 0: room for MOET_PREFIX_BLOCKS blocks
-    uint64_t seed = 0;
-    pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
-        else if (!strcmp(a, "--no-verify")) { popt.no_verify = 1; continue; }
-        else if (!strcmp(a, "--strict-revision")) { popt.strict_revision = 1; continue; }
-        if (!v) {
-            fprintf(stderr, "moet serve: unknown option or missing value: '%s'\n", a);
-            serve_usage(stderr);
-            return 2;
-        }
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--planes")) planes = v;
-        else if (!strcmp(a, "--served-model-name")) name = v;
-        else if (!strcmp(a, "--backend")) backend = v;
-        else if (!strcmp(a, "--kv-dtype")) {
-            if (engine_kv_dtype(v, &kv_dtype)) { fprintf(stderr, "moet serve: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
-        } else if (!strcmp(a, "--max-num-seqs")) rc = moet_arg_int("moet serve", a, v, 1, MOET_MAX_SEQS, &seqs);
-        else if (!strcmp(a, "--max-batch-tokens")) rc = moet_arg_int("moet serve", a, v, 1, 1 << 20, &batch);
-        else if (!strcmp(a, "--max-model-len")) rc = moet_arg_int("moet serve", a, v, 2, INT32_MAX, &max_len);
-        else if (!strcmp(a, "--max-queue")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_QUEUE, &queue);
-        else if (!strcmp(a, "--max-logprobs")) rc = moet_arg_int("moet serve", a, v, 0, MOET_MAX_LOGPROBS, &max_lp);
-        else if (!strcmp(a, "--threads")) rc = moet_arg_int("moet serve", a, v, 1, MOET_MAX_THREADS, &threads);
-        else if (!strcmp(a, "--prefix-block")) rc = moet_arg_int("moet serve", a, v, 1, 1 << 20, &prefix_block);
-        else if (!strcmp(a, "--prefix-cache-gb")) {
-            char *end;
-            errno = 0;
-            prefix_gb = strtod(v, &end);
-            if (end == v || *end || errno || !(prefix_gb >= 0 && prefix_gb <= 1 << 20)) {
-                fprintf(stderr, "moet serve: --prefix-cache-gb %s: expected a number of GiB in 0..1048576\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--default-thinking")) {
-            if (strcmp(v, "on") && strcmp(v, "off")) { fprintf(stderr, "moet serve: --default-thinking %s: expected on or off\n", v); return 2; }
-            thinking = !strcmp(v, "on");
-        } else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            seed = strtoull(v, &end, 10);
-            // strtoull would take "-5" as 2^64 - 5 and " 5" as 5: digits only
-            if (!isdigit((unsigned char)v[0]) || *end || errno) {
-                fprintf(stderr, "moet serve: --seed %s: expected an unsigned integer in 0..%llu\n", v, (unsigned long long)UINT64_MAX);
-                return 2;
-            }
-            have_seed = 1;
-        } else {
-            fprintf(stderr, "moet serve: unknown option '%s'\n", a);
-            serve_usage(stderr);
-            return 2;
-        }
-        if (rc) return 2;
-        i++;
-    }
+    serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
+                      .threads = 1, .prefix_gb = -1};
+    int arc = moet_args("serve", serve_usage, serve_flag_table, (int)(sizeof serve_flag_table / sizeof serve_flag_table[0]), argc,
+                        argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    const char *model = fl.model, *planes = fl.planes, *name = fl.name, *backend = fl.backend;
+    int seqs = fl.seqs, batch = fl.batch, max_len = fl.max_len, queue = fl.queue, max_lp = fl.max_lp, threads = fl.threads;
+    int have_seed = fl.have_seed, kv_dtype = GPU_KV_BF16;
+    int thinking = fl.thinking ? !strcmp(fl.thinking, "on") : -1;   // -1: on, except for the bundled demo model
+    uint64_t seed = fl.seed;
+    int prefix_block = fl.prefix_block;
+    double prefix_gb = fl.prefix_gb;
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1};   // progress on stderr
+    MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
     if (batch < seqs) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
         return 2;
@@ -3447,32 +3383,23 @@ done:
 
 // ---- moet run: the reference forward over token ids --------------------------------------
 
-// Token ids from text: a JSON array or integers separated by commas and/or whitespace.
-// Returns the count, or -1 with e set. out has room for cap ids.
+// Token ids from text: a JSON array, or integers separated by commas and/or whitespace (the
+// flag lists' rule, moet_list_parse: an empty item is refused). Returns the count, or -1 with e
+// set naming `what`. out has room for cap ids.
 static int moet_parse_ids(const char *s, size_t len, int32_t *out, int cap, const char *what, moet_err *e) {
-    int n = 0;
-    size_t i = 0;
-    int bracket = 0;
-    while (i < len && isspace((unsigned char)s[i])) i++;
-    if (i < len && s[i] == '[') { bracket = 1; i++; }
-    for (;;) {
-        while (i < len && (isspace((unsigned char)s[i]) || s[i] == ',')) i++;
-        if (i >= len || (bracket && s[i] == ']')) break;
-        if (!isdigit((unsigned char)s[i])) return err_set(e, "%s: byte %zu: expected a token id, found '%c'", what, i, s[i]);
-        int64_t v = 0;
-        while (i < len && isdigit((unsigned char)s[i])) {
-            v = v * 10 + (s[i++] - '0');
-            if (v > INT32_MAX) return err_set(e, "%s: token id at byte %zu is too large", what, i);
-        }
-        if (n >= cap) return err_set(e, "%s: more than %d token ids", what, cap);
-        out[n++] = (int32_t)v;
+    size_t a = 0, b = len;
+    while (a < b && moet_space(s[a])) a++;
+    while (b > a && moet_space(s[b - 1])) b--;
+    if (a < b && s[a] == '[') {
+        if (s[b - 1] != ']') return err_set(e, "%s: a JSON array must end with ']'", what);
+        a++, b--;
+        size_t k = a;
+        while (k < b && moet_space(s[k])) k++;
+        if (k == b) return 0;   // []
     }
-    if (bracket) {
-        if (i >= len || s[i] != ']') return err_set(e, "%s: missing ']'", what);
-        i++;
-        while (i < len && isspace((unsigned char)s[i])) i++;
-        if (i != len) return err_set(e, "%s: trailing characters after ']'", what);
-    }
+    char why[160];
+    int n = moet_list_parse(s + a, b - a, 0, INT32_MAX, out, cap, why, sizeof why);
+    if (n < 0) return err_set(e, "%s: %s; expected token ids (integers in 0..%d), comma separated", what, why, INT32_MAX);
     return n;
 }
 
@@ -3482,134 +3409,125 @@ static int moet_argmax(const float *x, int n) {
     return b;
 }
 
-static void run_usage(FILE *f) {
-    fputs("usage: moet run --model DIR (--ids LIST | --ids-file FILE) [options]\n"
-          "The forward pass over token ids (the GPU or the float32 reference): prefill, then greedy decode steps.\n"
-          "options:\n"
-          "  --model DIR          checkpoint directory (config.json, *.safetensors, hf_quant_config.json)\n"
-          "  --ids LIST           prompt token ids, comma separated\n"
-          "  --ids-file FILE      prompt token ids: a JSON array, or ids separated by commas/whitespace\n"
-          "  --greedy N           greedy decode steps after the prompt (default 0)\n"
-          "  --out FILE           write prefill_logits [T,V], greedy_ids [N], decode_logits [N,V] (safetensors)\n"
-          "                       through FILE.tmp.PID renamed over FILE; an existing FILE must be a\n"
-          "                       regular file (a symbolic link, FIFO or device is refused, not followed)\n"
-          "  --dump-hidden        also write hidden.<i> [T,H] (embeddings, each layer's output, final norm)\n"
-          "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
-          "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
-          "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
-          "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
-          "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
-          "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
-          "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
-          "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
-          "  -h, --help           this text\n",
-          f);
-}
+static const char run_usage[] =
+    "usage: moet run --model DIR (--ids LIST | --ids-file FILE) [options]\n"
+    "The forward pass over token ids (the GPU or the float32 reference): prefill, then greedy decode steps.\n"
+    "options:\n"
+    "  --model DIR          checkpoint directory (config.json, *.safetensors, hf_quant_config.json)\n"
+    "  --ids LIST           prompt token ids, comma separated\n"
+    "  --ids-file FILE      prompt token ids: a JSON array, or ids separated by commas/whitespace\n"
+    "  --greedy N           greedy decode steps after the prompt (default 0)\n"
+    "  --out FILE           write prefill_logits [T,V], greedy_ids [N], decode_logits [N,V] (safetensors)\n"
+    "                       through FILE.tmp.PID (made before the work, renamed over FILE when\n"
+    "                       complete, removed on a failure or a signal); an existing FILE must be\n"
+    "                       a regular file (a symbolic link, FIFO, device or directory is refused)\n"
+    "  --dump-hidden        also write hidden.<i> [T,H] (embeddings, each layer's output, final norm)\n"
+    "  --planes FILE        routed experts from this MOET2PF1 plane file\n"
+    "  --no-verify          with --planes: skip the SHA-256 check of every slot\n"
+    "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
+    "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
+    "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
+    "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
+    "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
+    "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
+    "  -h, --help           this text\n";
 
-// The integer value s of a flag, in lo..hi; else a message naming the flag and -1.
+typedef struct {
+    const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes;
+    int greedy, dump_hidden, threads, chunk, no_verify, strict_revision;
+} run_flags;
+
+static const moet_flag run_flag_table[] = {
+    FLAG_DIR("--model", run_flags, model),
+    FLAG_STR("--ids", run_flags, ids, 0),
+    FLAG_FILE("--ids-file", run_flags, ids_file),
+    FLAG_INT("--greedy", run_flags, greedy, 0, MOET_MAX_RUN_TOKENS),
+    FLAG_PATH("--out", run_flags, out, ARG_OUT_FILE, "FILE"),
+    FLAG_SWITCH("--dump-hidden", run_flags, dump_hidden),
+    FLAG_CHOICE("--backend", run_flags, backend, "auto|gpu|cpu"),
+    FLAG_CHOICE("--kv-dtype", run_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_INT("--threads", run_flags, threads, 1, MOET_MAX_THREADS),
+    FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
+    FLAG_FILE("--planes", run_flags, planes),
+    FLAG_SWITCH("--no-verify", run_flags, no_verify),
+    FLAG_SWITCH("--strict-revision", run_flags, strict_revision),
+};
+
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *ids_arg = NULL, *ids_file = NULL, *out = NULL, *backend = "auto", *planes = NULL;
-    int greedy = 0, dump_hidden = 0, threads = 1, chunk = 512, kv_dtype = GPU_KV_BF16;
-    pf_serve_opts popt = {0, 0, 0, 1};   // --no-verify, --strict-revision; progress on stderr
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int more = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--model") && more) model = argv[++i];
-        else if (!strcmp(a, "--ids") && more) ids_arg = argv[++i];
-        else if (!strcmp(a, "--ids-file") && more) ids_file = argv[++i];
-        else if (!strcmp(a, "--greedy") && more) { if (moet_arg_int("moet run", a, argv[++i], 0, MOET_MAX_RUN_TOKENS, &greedy)) return 2; }
-        else if (!strcmp(a, "--out") && more) out = argv[++i];
-        else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
-        else if (!strcmp(a, "--backend") && more) backend = argv[++i];
-        else if (!strcmp(a, "--kv-dtype") && more) {
-            if (engine_kv_dtype(argv[++i], &kv_dtype)) {
-                fprintf(stderr, "moet run: --kv-dtype %s: expected bf16, fp8 or f32\n", argv[i]);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--threads") && more) { if (moet_arg_int("moet run", a, argv[++i], 1, MOET_MAX_THREADS, &threads)) return 2; }
-        else if (!strcmp(a, "--chunk") && more) { if (moet_arg_int("moet run", a, argv[++i], 1, INT32_MAX, &chunk)) return 2; }
-        else if (!strcmp(a, "--planes") && more) planes = argv[++i];
-        else if (!strcmp(a, "--no-verify")) popt.no_verify = 1;
-        else if (!strcmp(a, "--strict-revision")) popt.strict_revision = 1;
-        else {
-            fprintf(stderr, "moet run: unknown or incomplete option '%s'\n", a);
-            run_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model || (!ids_arg == !ids_file)) {
-        fprintf(stderr, "moet run: need --model DIR and exactly one of --ids LIST / --ids-file FILE\n");
-        return 2;
-    }
-    if (strcmp(backend, "cpu") && strcmp(backend, "gpu") && strcmp(backend, "auto")) {
-        fprintf(stderr, "moet run: --backend %s: expected auto, gpu or cpu\n", backend);
-        return 2;
-    }
+    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .threads = 1, .chunk = 512};
+    int arc = moet_args("run", run_usage, run_flag_table, (int)(sizeof run_flag_table / sizeof run_flag_table[0]), argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    if (!fl.model || (!fl.ids == !fl.ids_file))
+        return moet_usage_error("run", run_usage, "need --model DIR and exactly one of --ids LIST / --ids-file FILE");
+    const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
+    int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
+    MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1};   // progress on stderr
     moet_err e = {{0}};
-    if (out && of_check_target(out, &e)) {   // before the work (and again when the file is put in place)
-        fprintf(stderr, "moet run: %s\n", e.msg);
-        return 1;
-    }
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;
-    if (ids_arg) T = moet_parse_ids(ids_arg, strlen(ids_arg), ids, MOET_MAX_RUN_TOKENS, "--ids", &e);
-    else {
+    if (ids_arg) {
+        char what[64 + 40];
+        snprintf(what, sizeof what, "--ids %.60s%s", ids_arg, strlen(ids_arg) > 60 ? "..." : "");
+        T = moet_parse_ids(ids_arg, strlen(ids_arg), ids, MOET_MAX_RUN_TOKENS, what, &e);
+        if (T <= 0) {
+            fprintf(stderr, "moet run: %s\n", T < 0 ? e.msg : "--ids: no token ids given");
+            return 2;
+        }
+    } else {
         size_t len;
         char *text = arena_read_small(ids_file, 64u << 20, &len, &e);
         T = text ? moet_parse_ids(text, len, ids, MOET_MAX_RUN_TOKENS, ids_file, &e) : -1;
         if (text) arena_sys_free(text, len + 1);
-    }
-    if (T < 0 || T == 0) {
-        fprintf(stderr, "moet run: %s\n", T < 0 ? e.msg : "no token ids given");
-        return 1;
+        if (T <= 0) {
+            fprintf(stderr, "moet run: --ids-file %s\n", T < 0 ? e.msg : "holds no token ids");
+            return 1;
+        }
     }
     if (T + greedy > MOET_MAX_RUN_TOKENS) {
         fprintf(stderr, "moet run: %d prompt + %d generated tokens exceed the limit of %d\n", T, greedy, MOET_MAX_RUN_TOKENS);
         return 1;
     }
-    ck_model m;
-    if (ck_open(&m, model, &e)) {
-        fprintf(stderr, "moet run: %s\n", e.msg);
+    // the output file exists (as its temporary) from now on: a path that cannot be written fails
+    // before the work, and a signal during the work removes it
+    of_file of = {.fd = -1};
+    if (out && of_begin(&of, out, &e)) {
+        fprintf(stderr, "moet run: --out %s\n", e.msg);
         return 1;
     }
+    static ck_model m;
+    static engine_any E;   // routed experts from the plane file with --planes
+    arena mem = {0};
+    int rc = 1, have_m = 0, have_e = 0;
+    if (ck_open(&m, model, &e)) goto fail;
+    have_m = 1;
     const ck_config *c = &m.cfg;
     int V = c->vocab, H = c->hidden, L = c->n_layers;
     for (int t = 0; t < T; t++)
         if (ids[t] >= V) {
-            fprintf(stderr, "moet run: token id %d (position %d) is outside the vocabulary of %d\n", ids[t], t, V);
-            ck_close(&m);
-            return 1;
+            err_set(&e, "token id %d (position %d) is outside the vocabulary of %d", ids[t], t, V);
+            goto fail;
         }
     if (chunk > T) chunk = T;
-    static engine_any E;   // routed experts from the plane file with --planes
     engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt};
-    if (engine_open(&E, backend, &m, &eo, "moet run", &e)) {
-        fprintf(stderr, "moet run: %s\n", e.msg);
-        ck_close(&m);
-        return 1;
-    }
+    if (engine_open(&E, backend, &m, &eo, "moet run", &e)) goto fail;
+    have_e = 1;
     // a cut inside the prompt must lie at a multiple of the backend's chunk_align for the
     // results to be those of any other chunking (the engine was sized for `chunk` tokens a step,
     // so a chunk below one aligned block is refused rather than enlarged)
     int align = E.be.chunk_align;
     if (chunk < T && chunk % align) {
         if (chunk < align) {
-            fprintf(stderr, "moet run: --chunk %d: this backend cuts prompts at multiples of %d tokens; use --chunk %d or a "
-                            "multiple of it\n", chunk, align, align);
-            engine_close(&E);
-            ck_close(&m);
-            return 2;
+            err_set(&e, "--chunk %d: this backend cuts prompts at multiples of %d tokens; use --chunk %d or a multiple of it", chunk,
+                    align, align);
+            rc = 2;
+            goto fail;
         }
         fprintf(stderr, "moet run: --chunk %d rounded down to %d (this backend cuts prompts at multiples of %d tokens)\n", chunk,
                 chunk / align * align, align);
         chunk = chunk / align * align;
     }
     // outputs: prefill logits [T, V] (only kept with --out), decode logits [N, V], hidden [L+1][T, H]
-    arena mem;
     float *prefill = NULL, *decode = NULL, *hid[MOET_MAX_LAYERS + 1] = {0};
     int32_t *gids = NULL;
     arena_plan mp = arena_plan_begin(&mem, "run outputs", ARENA_HOST, &e);
@@ -3619,15 +3537,12 @@ static int cmd_run(int argc, char **argv) {
         ARENA_TAKE(mp.on, gids, greedy ? greedy : 1, "greedy ids");
         for (int i = 0; dump_hidden && i <= L; i++) ARENA_TAKE(mp.on, hid[i], (size_t)T * H, "hidden");
     }
-    if (mp.failed) {
-        fprintf(stderr, "moet run: %s\n", e.msg);
-        return 1;
-    }
+    if (mp.failed) goto fail;
     // through the backend interface's test entry (forward_all: the logits of every token), so
     // the same command runs on any backend
     engine_backend be = E.be;
     engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + greedy};   // greedy; KV room for everything
-    int slot = 0, rc = 1;
+    int slot = 0;
     if (be.admit(be.self, slot, &ad, &e)) goto fail;
     double t0 = moet_now();
     for (int s = 0; s < T; s += chunk) {
@@ -3665,55 +3580,76 @@ static int cmd_run(int argc, char **argv) {
             snprintf(names[i], sizeof names[i], "hidden.%d", i);
             tv[nt++] = (st_out){names[i], ST_F32, 2, {T, H}, hid[i]};
         }
-        if (st_save(out, tv, nt, &e)) goto fail;
+        if (st_save_into(&of, tv, nt, &e)) goto fail;
     }
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "moet run: %s\n", e.msg);
 done:
+    of_abort(&of);   // nothing once committed
     arena_release(&mem);
-    engine_close(&E);
-    ck_close(&m);
+    if (have_e) engine_close(&E);
+    if (have_m) ck_close(&m);
     return rc;
 }
 
 // ---- main: the command table ---------------------------------------------------------------
+//
+// Every command declares its flags in a table (format/args.c) and writes its stdout through
+// format/stdout.c; main guards the standard descriptors before it runs and checks stdout after.
+// tests/test_commands.c holds the same list of commands and refuses one it does not know.
 
 typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);   // argv[1] is the command's name
     const char *what;                    // one line for `moet --help`
+    const moet_flag *flags;              // its command line (moet_args)
+    int n_flags;
 } moet_command;
 
+#define MOET_FLAGS(t) t, (int)(sizeof t / sizeof t[0])
+
 static const moet_command moet_commands[] = {
-    {"run", cmd_run, "forward pass of a model over token ids: logits, greedy tokens, hidden states"},
-    {"serve", cmd_serve, "JSONL requests on stdin, answers on stdout (moet serve --help)"},
-    {"eval", cmd_eval, "perplexity of a JSONL data set, KL divergence against a reference run (moet eval --help)"},
-    {"build-planes", cmd_build_planes, "requantize the routed experts of a checkpoint into a MOET2PF1 plane file"},
-    {"verify", cmd_verify, "check a plane file: header, slot table, every slot's SHA-256 and padding"},
-    {"info", cmd_info, "print the header of a plane file as JSON"},
-    {"bench", cmd_bench, "prefill and decode throughput on the GPU (or the CPU), bytes per step, GB/s"},
-    {"synth", cmd_synth, "write a random checkpoint with the tensors a config describes"},
-    {"tokenize", cmd_tokenize, "text lines (JSON strings) to token ids, or back with --decode"},
+    {"run", cmd_run, "forward pass of a model over token ids: logits, greedy tokens, hidden states", MOET_FLAGS(run_flag_table)},
+    {"serve", cmd_serve, "JSONL requests on stdin, answers on stdout (moet serve --help)", MOET_FLAGS(serve_flag_table)},
+    {"eval", cmd_eval, "perplexity of a JSONL data set, KL divergence against a reference run (moet eval --help)",
+     MOET_FLAGS(eval_flag_table)},
+    {"build-planes", cmd_build_planes, "requantize the routed experts of a checkpoint into a MOET2PF1 plane file",
+     MOET_FLAGS(pf_build_flag_table)},
+    {"verify", cmd_verify, "check a plane file: header, slot table, every slot's SHA-256 and padding", MOET_FLAGS(pf_verify_flag_table)},
+    {"info", cmd_info, "print the header of a plane file as JSON", MOET_FLAGS(pf_info_flag_table)},
+    {"bench", cmd_bench, "prefill and decode throughput on the GPU (or the CPU), bytes per step, GB/s", MOET_FLAGS(bench_flag_table)},
+    {"synth", cmd_synth, "write a random checkpoint with the tensors a config describes", MOET_FLAGS(syn_flag_table)},
+    {"tokenize", cmd_tokenize, "text lines (JSON strings) to token ids, or back with --decode", MOET_FLAGS(tok_cli_flag_table)},
 };
 #define MOET_N_COMMANDS ((int)(sizeof moet_commands / sizeof moet_commands[0]))
 
-static void moet_usage(FILE *f) {
-    fputs("usage: moet <command> [options]\ncommands:\n", f);
-    for (int i = 0; i < MOET_N_COMMANDS; i++) fprintf(f, "  %-13s %s\n", moet_commands[i].name, moet_commands[i].what);
+static void moet_usage(int to_stdout) {
+    char line[256];
+    snprintf(line, sizeof line, "usage: moet <command> [options]\ncommands:\n");
+    if (to_stdout) so_puts(line); else fputs(line, stderr);
+    for (int i = 0; i < MOET_N_COMMANDS; i++) {
+        snprintf(line, sizeof line, "  %-13s %s\n", moet_commands[i].name, moet_commands[i].what);
+        if (to_stdout) so_puts(line); else fputs(line, stderr);
+    }
+}
+
+// The whole program: a command by its name, with the standard descriptors guarded and stdout
+// checked at the end (a failed write is exit status 1).
+static int moet_main(int argc, char **argv) {
+    so_guard_fds();
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        moet_usage(argc >= 2);
+        return so_finish("", argc < 2 ? 2 : 0);
+    }
+    for (int i = 0; i < MOET_N_COMMANDS; i++)
+        if (!strcmp(argv[1], moet_commands[i].name)) return so_finish(moet_commands[i].name, moet_commands[i].run(argc, argv));
+    fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
+    moet_usage(0);
+    return 2;
 }
 
 #ifndef MOET_TEST
-int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        moet_usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    for (int i = 0; i < MOET_N_COMMANDS; i++)
-        if (!strcmp(argv[1], moet_commands[i].name)) return moet_commands[i].run(argc, argv);
-    fprintf(stderr, "moet: unknown command '%s'\n", argv[1]);
-    moet_usage(stderr);
-    return 2;
-}
+int main(int argc, char **argv) { return moet_main(argc, argv); }
 #endif

@@ -345,27 +345,29 @@ static int chat_tool_calls(chat_buf *b, const js_doc *d, const js_node *calls, u
         else chat_puts(b, "\n<tool_call>\n<function=");
         chat_put(b, name->str, name->len);
         chat_puts(b, ">\n");
+        // The template iterates `arguments|items`: absent, there are none; present, it must be
+        // a mapping (anything else raises in the reference). OpenAI clients send it as a JSON
+        // string, which servers parse to an object before rendering: that string must hold one.
         const js_node *args = js_get(d, tc, "arguments");
         const js_doc *ad = d;
-        if (args && args->type == JS_STR) {
-            // OpenAI clients send arguments as a JSON string; servers parse it to an object
-            // before rendering, as the template expects a mapping.
-            if (args->len == 0) args = NULL;
-            else {
-                uint32_t nodes;
-                size_t strs;
-                js_doc *pd = &mem->args;
-                if (js_measure(pd, args->str, args->len, &nodes, &strs) != 0)
-                    return err_set(e, "messages[%u].tool_calls[%u].function.arguments: not valid JSON: %s",
-                                   index, i, pd->err);
-                if (nodes > pd->cap_nodes || strs + 1 > pd->cap_strs)
-                    return err_set(e, "messages[%u].tool_calls[%u].function.arguments: too large", index, i);
-                MOET_ASSERT(js_parse(pd, args->str, args->len) == 0, "second JSON pass: %s", pd->err);
-                ad = pd;
-                args = js_root(pd);
-            }
+        int was_string = args && args->type == JS_STR;
+        if (was_string) {
+            uint32_t nodes;
+            size_t strs;
+            js_doc *pd = &mem->args;
+            if (js_measure(pd, args->str, args->len, &nodes, &strs) != 0)
+                return err_set(e, "messages[%u].tool_calls[%u].function.arguments: expected a JSON object, got a string that "
+                               "is not valid JSON: %s", index, i, pd->err);
+            if (nodes > pd->cap_nodes || strs + 1 > pd->cap_strs)
+                return err_set(e, "messages[%u].tool_calls[%u].function.arguments: too large", index, i);
+            MOET_ASSERT(js_parse(pd, args->str, args->len) == 0, "second JSON pass: %s", pd->err);
+            ad = pd;
+            args = js_root(pd);
         }
-        if (args && args->type == JS_OBJ) {
+        if (args && args->type != JS_OBJ)
+            return err_set(e, "messages[%u].tool_calls[%u].function.arguments: expected a JSON object (or a string holding "
+                           "one), got %s%s", index, i, was_string ? "a string holding " : "", js_type_name(args));
+        if (args) {
             const js_node *k = js_first(args);
             for (uint32_t j = 0; j < args->len; j++) {
                 const js_node *v = js_next(ad, k);

@@ -180,16 +180,10 @@ typedef struct {
     // reference in (--ref) and out (--save-ref)
     arena_map refm;
     eval_ref_hdr rh;
-    int out_fd, out_k;
+    of_file out;                 // the reference being written (format/outfile.c: removed on a failure or a signal)
+    int out_k;
     size_t out_rec;
-    char out_tmp[MOET_MAX_PATH];
 } eval_ctx;
-
-static volatile sig_atomic_t eval_interrupted;   // SIGINT/SIGTERM: stop, remove the unfinished reference
-static void eval_on_signal(int sig) {
-    (void)sig;
-    eval_interrupted = 1;
-}
 
 // ---- reading the data --------------------------------------------------------------------------
 
@@ -199,21 +193,15 @@ static int eval_blank(const char *s, size_t n) {
     return 1;
 }
 
-// The next non-blank line at or after *pos (without its "\n" or "\r\n"); 0 at the end.
-static int eval_next_line(const eval_ctx *E, size_t *pos, int64_t *line_no, const char **s, size_t *n) {
-    const char *d = (const char *)E->data.data;
-    while (*pos < E->data.size) {
-        const char *nl = memchr(d + *pos, '\n', E->data.size - *pos);
-        size_t end = nl ? (size_t)(nl - d) : E->data.size;
-        *s = d + *pos;
-        *n = end - *pos;
-        *pos = nl ? end + 1 : end;
-        ++*line_no;
-        if (eval_blank(*s, *n)) continue;
-        if (*n && (*s)[*n - 1] == '\r') --*n;
-        return 1;
+// The next non-blank line of the data (format/lines.c: without "\r\n" and a byte order mark;
+// *long_line when it is over the line limit); 0 at the end.
+static int eval_next_line(ln_reader *r, ln_line *l, int *long_line) {
+    for (;;) {
+        int k = ln_take(r, l);
+        if (k == LN_NONE) return 0;
+        *long_line = k == LN_LONG;
+        if (*long_line || !eval_blank(l->s, l->n)) return 1;
     }
-    return 0;
 }
 
 // Appends the tokens of text[0..n) to E->enc[*k ..) with mask value `scored`.
@@ -348,16 +336,19 @@ static int eval_load(eval_ctx *E, moet_err *e) {
     if (arena_map_file(&E->data, E->o.data, e)) return -1;
     const char *slash = strrchr(E->o.data, '/');
     E->data_name = slash ? slash + 1 : E->o.data;
-    size_t pos = 0, s_len, longest = 0;
-    int64_t line_no = 0, lines = 0;
-    const char *s;
-    while ((E->o.limit == 0 || lines < E->o.limit) && eval_next_line(E, &pos, &line_no, &s, &s_len)) {
+    size_t longest = 0;
+    int64_t lines = 0;
+    ln_reader rd;
+    ln_line l;
+    int long_line;
+    ln_init_text(&rd, (const char *)E->data.data, E->data.size, MOET_MAX_LINE);
+    while ((E->o.limit == 0 || lines < E->o.limit) && eval_next_line(&rd, &l, &long_line)) {
         lines++;
-        if (s_len <= MOET_MAX_LINE && s_len > longest) longest = s_len;
+        if (!long_line && l.n > longest) longest = l.n;
     }
     if (lines == 0) return err_set(e, "%s: no data lines", E->o.data);
     E->n_lines = lines;
-    E->data_used = pos;
+    E->data_used = rd.start;
     E->line_cap = longest;
     // the text of a line plus the template around it; tool JSON re-serialized with Python's
     // separators can grow, as the server allows for
@@ -373,17 +364,18 @@ static int eval_load(eval_ctx *E, moet_err *e) {
 
     for (int pass = 0; pass < 2; pass++) {
         int64_t at = 0, nw = 0, scored = 0, forward = 0;   // tokens, windows, targets, fed tokens so far
-        pos = 0;
-        line_no = lines = 0;
+        lines = 0;
+        ln_init_text(&rd, (const char *)E->data.data, E->data.size, MOET_MAX_LINE);
         if (pass) eval_sha_begin(&E->sha);
-        while (lines < E->n_lines && eval_next_line(E, &pos, &line_no, &s, &s_len)) {
+        while (lines < E->n_lines && eval_next_line(&rd, &l, &long_line)) {
             lines++;
             moet_err le = {{0}};
-            int n;
-            if (eval_line_tokens(E, s, s_len, &n, &le)) {
+            int n = 0;
+            int bad = long_line ? err_set(&le, "the line is longer than %u bytes", MOET_MAX_LINE) : eval_line_tokens(E, l.s, l.n, &n, &le);
+            if (bad) {
                 if (pass == 0) {
-                    if (!E->o.skip_bad) return err_set(e, "%s:%" PRId64 ": %s", E->o.data, line_no, le.msg);
-                    fprintf(stderr, "moet eval: %s:%" PRId64 ": %s; line skipped\n", E->o.data, line_no, le.msg);
+                    if (!E->o.skip_bad) return err_set(e, "%s:%" PRId64 ": %s", E->o.data, l.no, le.msg);
+                    fprintf(stderr, "moet eval: %s:%" PRId64 ": %s; line skipped\n", E->o.data, l.no, le.msg);
                     E->n_skipped++;
                 }
                 continue;
@@ -478,8 +470,8 @@ static int eval_ref_header(eval_ctx *E, const eval_result *res, const uint8_t re
     uint32_t n = (uint32_t)w.len;
     memcpy(page, "MOETREF1", 8);
     memcpy(page + 8, &n, 4);
-    if (pwrite(E->out_fd, page, sizeof page, 0) != (ssize_t)sizeof page)
-        return err_set(e, "%s: cannot write: %s", E->out_tmp, strerror(errno));
+    if (pwrite(E->out.fd, page, sizeof page, 0) != (ssize_t)sizeof page)
+        return err_set(e, "%s: cannot write: %s", E->out.tmp, strerror(errno));
     return 0;
 }
 
@@ -733,7 +725,6 @@ static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
                        E->mbt, align, align);
     for (int s = 0; s < ns; s++) E->slots[s].w = -1, E->slots[s].taken = 0;
     while (done_w < E->n_windows) {
-        if (eval_interrupted) return err_set(e, "interrupted");
         int n = 0, T = 0;
         for (int s = 0; s < ns && T < E->mbt; s++) {
             eval_slot *q = &E->slots[s];
@@ -774,8 +765,8 @@ static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
                 // a row's scored tokens are consecutive in the data: one write at their place
                 size_t bytes = (size_t)(q->next - first) * E->out_rec;
                 off_t at = (off_t)(MOET_EVAL_REF_PAGE + (size_t)first * E->out_rec);
-                if (pwrite(E->out_fd, E->recs, bytes, at) != (ssize_t)bytes)
-                    return err_set(e, "%s: cannot write: %s", E->out_tmp, strerror(errno));
+                if (pwrite(E->out.fd, E->recs, bytes, at) != (ssize_t)bytes)
+                    return err_set(e, "%s: cannot write: %s", E->out.tmp, strerror(errno));
             }
             scored += q->next - first;
             q->fed += E->off[i + 1] - E->off[i];
@@ -860,16 +851,14 @@ static void eval_summarize(eval_ctx *E, eval_result *res) {
     res->kl_p99 = E->kl[r99 < 0 ? 0 : r99];
 }
 
-// Creates FILE.tmp.PID beside FILE with room for every record (a full disk fails now).
+// Creates the output file (format/outfile.c: FILE.tmp.PID beside FILE, only over a regular
+// file, removed on a failure or a fatal signal) with room for every record (a full disk fails now).
 static int eval_out_open(eval_ctx *E, moet_err *e) {
-    if (snprintf(E->out_tmp, sizeof E->out_tmp, "%s.tmp.%d", E->o.save_ref, (int)getpid()) >= (int)sizeof E->out_tmp)
-        return err_set(e, "%s: path too long", E->o.save_ref);
-    E->out_fd = open(E->out_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (E->out_fd < 0) return err_set(e, "%s: cannot create: %s", E->out_tmp, strerror(errno));
+    if (of_begin(&E->out, E->o.save_ref, e)) return err_wrap(e, "--save-ref");
     off_t size = (off_t)(MOET_EVAL_REF_PAGE + (size_t)E->n_scored * E->out_rec);
-    int rc = posix_fallocate(E->out_fd, 0, size);
-    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(E->out_fd, size) ? errno : 0;
-    if (rc) return err_set(e, "%s: cannot reserve %lld bytes: %s", E->out_tmp, (long long)size, strerror(rc));
+    int rc = posix_fallocate(E->out.fd, 0, size);
+    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(E->out.fd, size) ? errno : 0;
+    if (rc) return err_set(e, "%s: cannot reserve %lld bytes: %s", E->out.tmp, (long long)size, strerror(rc));
     return 0;
 }
 
@@ -880,18 +869,13 @@ static int eval_out_finish(eval_ctx *E, const eval_result *res, moet_err *e) {
     eval_sha_begin(&E->sha);
     for (size_t at = 0; at < total; at += chunk) {
         size_t n = total - at < chunk ? total - at : chunk;
-        if (pread(E->out_fd, E->recs, n, (off_t)(MOET_EVAL_REF_PAGE + at)) != (ssize_t)n)
-            return err_set(e, "%s: cannot read back: %s", E->out_tmp, strerror(errno));
+        if (pread(E->out.fd, E->recs, n, (off_t)(MOET_EVAL_REF_PAGE + at)) != (ssize_t)n)
+            return err_set(e, "%s: cannot read back: %s", E->out.tmp, strerror(errno));
         eval_sha_add(&E->sha, E->recs, n);
     }
     eval_sha_end(&E->sha, sum);
     if (eval_ref_header(E, res, sum, e)) return -1;
-    if (fsync(E->out_fd)) return err_set(e, "%s: fsync: %s", E->out_tmp, strerror(errno));
-    close(E->out_fd);
-    E->out_fd = -1;
-    if (rename(E->out_tmp, E->o.save_ref)) return err_set(e, "cannot rename %s to %s: %s", E->out_tmp, E->o.save_ref, strerror(errno));
-    E->out_tmp[0] = 0;
-    return 0;
+    return of_commit(&E->out, e);
 }
 
 // SHA-256 of the tokenizer files: tokenizer.json, then tokenizer_config.json when there is one.
@@ -914,7 +898,7 @@ static int eval_tok_sha(pf_sha *s, const char *path, const char *cpath, uint8_t 
 static int eval_prepare(eval_ctx *E, const eval_opts *opts, const ck_config *cfg, const tok *t, moet_err *e) {
     memset(E, 0, sizeof *E);
     E->o = *opts;
-    E->out_fd = -1;
+    E->out.fd = -1;
     E->cfg = cfg;
     E->t = t;
     E->V = cfg->vocab;
@@ -935,10 +919,7 @@ static int eval_prepare(eval_ctx *E, const eval_opts *opts, const ck_config *cfg
 }
 
 static void eval_release(eval_ctx *E) {
-    if (E->out_fd >= 0) close(E->out_fd);
-    E->out_fd = -1;
-    if (E->out_tmp[0]) unlink(E->out_tmp);   // never leave half a reference behind
-    E->out_tmp[0] = 0;
+    of_abort(&E->out);   // never leave half a reference behind
     arena_release(&E->mem);
     arena_release(&E->line_mem);
     arena_release(&E->sc_mem);
@@ -957,7 +938,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     int rc = -1, have_m = 0, have_t = 0, have_r = 0;
     memset(res, 0, sizeof *res);
     memset(&E, 0, sizeof E);
-    E.out_fd = -1;
+    E.out.fd = -1;
     double t0 = moet_now();
     if (ck_open(&m, opts->model, e)) goto out;
     have_m = 1;
@@ -978,9 +959,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     if (engine_open(&EA, o->backend ? o->backend : "auto", &m, &eo, "moet eval", e)) goto out;
     have_r = 1;
     engine_backend be = EA.be;
-    const char *base = strrchr(o->model, '/');
-    base = base && base[1] ? base + 1 : o->model;
-    snprintf(res->model, sizeof res->model, "%s", base);
+    ck_model_name(o->model, res->model, sizeof res->model);   // as serve and bench name it
     snprintf(res->experts, sizeof res->experts, "%s", o->planes ? "planes" : m.expert_format);
     if (o->progress)
         fprintf(stderr, "moet eval: %s (%s experts): %" PRId64 " lines%s, %" PRId64 " tokens to score in %" PRId64
@@ -1056,113 +1035,97 @@ static void eval_json(const eval_opts *o, const eval_result *r, char *buf, size_
 
 // ---- the command -------------------------------------------------------------------------------
 
-static void eval_usage(FILE *f) {
-    fputs("usage: moet eval --model DIR --data FILE.jsonl [options]\n"
-          "Teacher-forced scoring: perplexity of the data, and with --ref the KL divergence, top-1\n"
-          "agreement and perplexity difference against a reference run. One JSON line on stdout.\n"
-          "data: one object per line, {\"text\": \"...\"} (every token after the first is scored) or\n"
-          "  {\"messages\": [...]} (rendered with the chat template, no generation prompt; only the\n"
-          "  assistant turns are scored: each body after \"<|im_start|>assistant\\n\" through \"<|im_end|>\")\n"
-          "options:\n"
-          "  --model DIR             checkpoint directory (config.json, safetensors, tokenizer.json)\n"
-          "  --planes FILE           routed experts from this MOET2PF1 plane file\n"
-          "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
-          "  --strict-revision       with --planes: refuse a file built from another checkpoint revision\n"
-          "  --tokenizer FILE        tokenizer.json to use (default: DIR/tokenizer.json)\n"
-          "  --data FILE             the JSONL data set\n"
-          "  --limit N               score only the first N non-blank lines (default: all)\n"
-          "  --score-all             conversations: score every token after the first, not only the\n"
-          "                          assistant turns\n"
-          "  --skip-bad-lines        a line that cannot be scored is reported and skipped (default: the\n"
-          "                          run stops at it)\n"
-          "  --ctx N                 window length in tokens (default: the model's context, at most 4096)\n"
-          "  --stride N              a longer line is cut as Hugging Face's strided perplexity: windows of\n"
-          "                          ctx tokens start every N tokens until one reaches the end; each\n"
-          "                          scores only the tokens past the previous window's end, so every\n"
-          "                          token is scored once with at least ctx - N tokens of context\n"
-          "                          (default ctx / 2; N = ctx: windows do not overlap and each window's\n"
-          "                          first token is context only)\n"
-          "  --save-ref FILE         write a reference file: per scored token the top-k log-probabilities,\n"
-          "                          the log of the rest's mass and log p(target) (24 + 8k bytes)\n"
-          "  --top-k K               log-probabilities kept per token by --save-ref (default 128; the\n"
-          "                          vocabulary size or more keeps whole distributions: exact KL)\n"
-          "  --ref FILE              compare with a reference of the same model geometry, tokenizer, data\n"
-          "                          and windows: KL(ref || run) mean and 99th percentile, top-1\n"
-          "                          agreement, perplexity difference. The KL is exact over the\n"
-          "                          reference's top k and treats the rest as one outcome, a lower bound;\n"
-          "                          kl_upper_mean bounds it from above (the rest's mass placed on the\n"
-          "                          run's least likely tokens, none above the k-th probability)\n"
-          "  --max-num-seqs N        windows run together (default 8)\n"
-          "  --max-batch-tokens N    tokens per forward step, shared by those windows (default 512;\n"
-          "                          the GPU cuts windows at multiples of 64 tokens and needs >= 64)\n"
-          "  --backend B             auto (default: the GPU when there is one, else the CPU reference),\n"
-          "                          gpu or cpu\n"
-          "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"
-          "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
-          "  -q, --quiet             no progress lines on stderr\n"
-          "  -h, --help              this text\n",
-          f);
-}
+static const char eval_usage[] =
+    "usage: moet eval --model DIR --data FILE.jsonl [options]\n"
+    "Teacher-forced scoring: perplexity of the data, and with --ref the KL divergence, top-1\n"
+    "agreement and perplexity difference against a reference run. One JSON line on stdout.\n"
+    "data: one object per line, {\"text\": \"...\"} (every token after the first is scored) or\n"
+    "  {\"messages\": [...]} (rendered with the chat template, no generation prompt; only the\n"
+    "  assistant turns are scored: each body after \"<|im_start|>assistant\\n\" through \"<|im_end|>\")\n"
+    "options:\n"
+    "  --model DIR             checkpoint directory (config.json, safetensors, tokenizer.json)\n"
+    "  --planes FILE           routed experts from this MOET2PF1 plane file\n"
+    "  --no-verify             with --planes: skip the SHA-256 check of every slot\n"
+    "  --strict-revision       with --planes: refuse a file built from another checkpoint revision\n"
+    "  --tokenizer FILE        tokenizer.json to use (default: DIR/tokenizer.json)\n"
+    "  --data FILE             the JSONL data set\n"
+    "  --limit N               score only the first N non-blank lines (default: all)\n"
+    "  --score-all             conversations: score every token after the first, not only the\n"
+    "                          assistant turns\n"
+    "  --skip-bad-lines        a line that cannot be scored is reported and skipped (default: the\n"
+    "                          run stops at it)\n"
+    "  --ctx N                 window length in tokens (default: the model's context, at most 4096)\n"
+    "  --stride N              a longer line is cut as Hugging Face's strided perplexity: windows of\n"
+    "                          ctx tokens start every N tokens until one reaches the end; each\n"
+    "                          scores only the tokens past the previous window's end, so every\n"
+    "                          token is scored once with at least ctx - N tokens of context\n"
+    "                          (default ctx / 2; N = ctx: windows do not overlap and each window's\n"
+    "                          first token is context only)\n"
+    "  --save-ref FILE         write a reference file: per scored token the top-k log-probabilities,\n"
+    "                          the log of the rest's mass and log p(target) (24 + 8k bytes); made\n"
+    "                          as FILE.tmp.PID before the run, renamed over FILE when complete,\n"
+    "                          removed on a failure or a signal; an existing FILE must be a regular file\n"
+    "  --top-k K               log-probabilities kept per token by --save-ref (default 128; the\n"
+    "                          vocabulary size or more keeps whole distributions: exact KL)\n"
+    "  --ref FILE              compare with a reference of the same model geometry, tokenizer, data\n"
+    "                          and windows: KL(ref || run) mean and 99th percentile, top-1\n"
+    "                          agreement, perplexity difference. The KL is exact over the\n"
+    "                          reference's top k and treats the rest as one outcome, a lower bound;\n"
+    "                          kl_upper_mean bounds it from above (the rest's mass placed on the\n"
+    "                          run's least likely tokens, none above the k-th probability)\n"
+    "  --max-num-seqs N        windows run together (default 8)\n"
+    "  --max-batch-tokens N    tokens per forward step, shared by those windows (default 512;\n"
+    "                          the GPU cuts windows at multiples of 64 tokens and needs >= 64)\n"
+    "  --backend B             auto (default: the GPU when there is one, else the CPU reference),\n"
+    "                          gpu or cpu\n"
+    "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"
+    "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
+    "  -q, --quiet             no progress lines on stderr\n"
+    "  -h, --help              this text\n";
+
+typedef struct {
+    eval_opts o;
+    const char *kv_dtype;
+    int quiet;
+} eval_flags;
+
+static const moet_flag eval_flag_table[] = {
+    FLAG_DIR("--model", eval_flags, o.model),
+    FLAG_FILE("--planes", eval_flags, o.planes),
+    FLAG_SWITCH("--no-verify", eval_flags, o.no_verify),
+    FLAG_SWITCH("--strict-revision", eval_flags, o.strict_revision),
+    FLAG_FILE("--tokenizer", eval_flags, o.tokenizer),
+    FLAG_FILE("--data", eval_flags, o.data),
+    FLAG_I64("--limit", eval_flags, o.limit, 1, INT64_MAX),
+    FLAG_SWITCH("--score-all", eval_flags, o.score_all),
+    FLAG_SWITCH("--skip-bad-lines", eval_flags, o.skip_bad),
+    FLAG_INT("--ctx", eval_flags, o.ctx, 2, INT32_MAX),
+    FLAG_INT("--stride", eval_flags, o.stride, 1, INT32_MAX),
+    FLAG_PATH("--save-ref", eval_flags, o.save_ref, ARG_OUT_FILE, "FILE"),
+    FLAG_INT("--top-k", eval_flags, o.top_k, 1, MOET_MAX_VOCAB),
+    FLAG_FILE("--ref", eval_flags, o.ref),
+    FLAG_INT("--max-num-seqs", eval_flags, o.max_seqs, 1, MOET_MAX_SEQS),
+    FLAG_INT("--max-batch-tokens", eval_flags, o.max_batch_tokens, 1, 1 << 20),
+    FLAG_CHOICE("--backend", eval_flags, o.backend, "auto|gpu|cpu"),
+    FLAG_CHOICE("--kv-dtype", eval_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_INT("--threads", eval_flags, o.threads, 1, MOET_MAX_THREADS),
+    {.name = "--quiet", .alias = "-q", .kind = ARG_SWITCH, .at = offsetof(eval_flags, quiet)},
+};
 
 static int cmd_eval(int argc, char **argv) {
-    eval_opts o = {0};
-    o.max_seqs = 8;
-    o.max_batch_tokens = 512;
-    o.threads = 1;
-    o.backend = "auto";
-    o.kv_dtype = GPU_KV_BF16;
-    o.top_k = 128;
-    o.progress = 1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t x = 0;
-        int rc = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { eval_usage(stdout); return 0; }
-        else if (!strcmp(a, "--no-verify")) { o.no_verify = 1; continue; }
-        else if (!strcmp(a, "--strict-revision")) { o.strict_revision = 1; continue; }
-        else if (!strcmp(a, "--score-all")) { o.score_all = 1; continue; }
-        else if (!strcmp(a, "--skip-bad-lines")) { o.skip_bad = 1; continue; }
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { o.progress = 0; continue; }
-        if (!v) {
-            fprintf(stderr, "moet eval: unknown option or missing value: '%s'\n", a);
-            eval_usage(stderr);
-            return 2;
-        }
-        if (!strcmp(a, "--model")) o.model = v;
-        else if (!strcmp(a, "--planes")) o.planes = v;
-        else if (!strcmp(a, "--tokenizer")) o.tokenizer = v;
-        else if (!strcmp(a, "--data")) o.data = v;
-        else if (!strcmp(a, "--save-ref")) o.save_ref = v;
-        else if (!strcmp(a, "--ref")) o.ref = v;
-        else if (!strcmp(a, "--limit")) { rc = moet_arg_i64("moet eval", a, v, 1, INT64_MAX, &x); o.limit = x; }
-        else if (!strcmp(a, "--ctx")) { rc = moet_arg_i64("moet eval", a, v, 2, INT32_MAX, &x); o.ctx = (int)x; }
-        else if (!strcmp(a, "--stride")) { rc = moet_arg_i64("moet eval", a, v, 1, INT32_MAX, &x); o.stride = (int)x; }
-        else if (!strcmp(a, "--top-k")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_VOCAB, &x); o.top_k = (int)x; }
-        else if (!strcmp(a, "--max-num-seqs")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_SEQS, &x); o.max_seqs = (int)x; }
-        else if (!strcmp(a, "--max-batch-tokens")) { rc = moet_arg_i64("moet eval", a, v, 1, 1 << 20, &x); o.max_batch_tokens = (int)x; }
-        else if (!strcmp(a, "--threads")) { rc = moet_arg_i64("moet eval", a, v, 1, MOET_MAX_THREADS, &x); o.threads = (int)x; }
-        else if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "--kv-dtype")) {
-            if (engine_kv_dtype(v, &o.kv_dtype)) { fprintf(stderr, "moet eval: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
-        }
-        else {
-            fprintf(stderr, "moet eval: unknown option '%s'\n", a);
-            eval_usage(stderr);
-            return 2;
-        }
-        if (rc) return 2;
-        i++;
-    }
-    if (!o.model || !o.data) {
-        fprintf(stderr, "moet eval: need --model DIR and --data FILE.jsonl\n");
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = eval_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    eval_flags fl = {.kv_dtype = "bf16"};
+    eval_opts *op = &fl.o;
+    op->max_seqs = 8;
+    op->max_batch_tokens = 512;
+    op->threads = 1;
+    op->backend = "auto";
+    op->top_k = 128;
+    int arc = moet_args("eval", eval_usage, eval_flag_table, (int)(sizeof eval_flag_table / sizeof eval_flag_table[0]), argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    if (!op->model || !op->data) return moet_usage_error("eval", eval_usage, "need --model DIR and --data FILE.jsonl");
+    MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &op->kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
+    op->progress = !fl.quiet;
+    eval_opts o = *op;
     eval_result res;
     moet_err e = {{0}};
     if (eval_main(&o, &res, &e)) {
@@ -1178,6 +1141,7 @@ static int cmd_eval(int argc, char **argv) {
                 100 * res.top1, res.ppl_diff, res.ppl_diff_se);
     static char line[16 * MOET_MAX_PATH];   // two paths, each escaped to at most 6 bytes per byte (\u00XX), and numbers
     eval_json(&o, &res, line, sizeof line);
-    printf("%s\n", line);
+    so_puts(line);
+    so_puts("\n");
     return 0;
 }

@@ -11,21 +11,32 @@
 // Accepted: exactly RFC 8259 — one value surrounded by optional whitespace, strings of
 // well-formed UTF-8 with the standard escapes, \u escapes with surrogate pairs combined (a lone
 // surrogate is an error), numbers in the RFC grammar. Numbers become a double (an error when it
-// overflows to infinity) and, when the literal is an integer that fits, an exact int64.
+// overflows to infinity) and, when the literal is an integer that fits, an exact int64. Every
+// number whose value, read exactly from its text, is an integer in [-2^63, 2^64) (5, 5.0, 5e0,
+// 18446744073709551615) is also marked whole, with that exact value: integer fields read it
+// (js_whole, js_u64), never the double, which cannot tell 2^64 - 1 from 2^64 - 2.
 // Nesting deeper than MOET_JSON_MAX_DEPTH is an error. Every error carries its byte offset.
 
 enum { JS_NULL, JS_FALSE, JS_TRUE, JS_NUM, JS_STR, JS_ARR, JS_OBJ };
 
+enum { JS_FRACTION, JS_WHOLE_I64, JS_WHOLE_U64, JS_WHOLE_BIG };   // js_node.whole
+
 typedef struct {
     uint8_t type;     // JS_*
     uint8_t is_int;   // JS_NUM: the literal is an integer within int64 (i64 is exact)
+    uint8_t whole;    // JS_NUM: its exact value is an integer: JS_WHOLE_I64 in int64 (i64), JS_WHOLE_U64
+                      // above INT64_MAX and below 2^64 (u64), JS_WHOLE_BIG outside [-2^63, 2^64);
+                      // JS_FRACTION: not an integer
     uint32_t len;     // JS_STR: decoded bytes (a NUL follows); JS_ARR: elements; JS_OBJ: members
     uint32_t next;    // index of the first node after this value's subtree
     union {
         const char *str;  // JS_STR: decoded UTF-8, NUL-terminated (may contain NULs from \u0000)
         double num;       // JS_NUM
     };
-    int64_t i64;      // JS_NUM with is_int
+    union {
+        int64_t i64;      // JS_NUM with is_int or whole == JS_WHOLE_I64
+        uint64_t u64;     // JS_NUM with whole == JS_WHOLE_U64
+    };
 } js_node;
 
 typedef struct {
@@ -200,6 +211,56 @@ static int js_string(js_parser *p, js_node *n) {
     return 0;
 }
 
+// The exact value of a number literal that is well-formed by the RFC grammar, when it is an
+// integer in [-2^63, 2^64): JS_WHOLE_I64 with *i, JS_WHOLE_U64 with *u; JS_WHOLE_BIG for an integer
+// outside that range, JS_FRACTION for a number that is not an integer. The
+// value is digits × 10^(exponent − fraction digits), worked out on the text: no double between.
+static int js_whole_of(const char *t, int64_t *i, uint64_t *u) {
+    int neg = *t == '-';
+    t += neg;
+    const char *dig = t, *end_int = t;
+    while (isdigit((unsigned char)*end_int)) end_int++;
+    const char *frac = *end_int == '.' ? end_int + 1 : end_int, *end_frac = frac;
+    while (isdigit((unsigned char)*end_frac)) end_frac++;
+    int64_t ex = 0;   // the exponent, saturated far beyond any 64-bit value
+    if (*end_frac == 'e' || *end_frac == 'E') {
+        const char *x = end_frac + 1;
+        int eneg = *x == '-';
+        if (*x == '+' || *x == '-') x++;
+        for (; isdigit((unsigned char)*x); x++)
+            if (ex < 100000) ex = ex * 10 + (*x - '0');
+        if (eneg) ex = -ex;
+    }
+    // the significant digits: integer part then fraction, without leading and trailing zeros
+    char d[JS_MAX_NUMBER_CHARS];
+    size_t n = 0;
+    for (const char *c = dig; c < end_int; c++) d[n++] = *c;
+    for (const char *c = frac; c < end_frac; c++) d[n++] = *c;
+    ex -= end_frac - frac;
+    size_t lead = 0;
+    while (lead < n && d[lead] == '0') lead++;
+    if (lead == n) { *i = 0; return JS_WHOLE_I64; }   // 0, -0, 0.0e7
+    while (d[n - 1] == '0') n--, ex++;
+    if (ex < 0) return JS_FRACTION;
+    uint64_t v = 0;
+    for (size_t k = lead; k < n; k++) {
+        if (v > (UINT64_MAX - (uint64_t)(d[k] - '0')) / 10) return JS_WHOLE_BIG;
+        v = v * 10 + (uint64_t)(d[k] - '0');
+    }
+    for (; ex > 0; ex--) {
+        if (v > UINT64_MAX / 10) return JS_WHOLE_BIG;
+        v *= 10;
+    }
+    if (neg) {
+        if (v > (uint64_t)INT64_MAX + 1) return JS_WHOLE_BIG;
+        *i = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
+        return JS_WHOLE_I64;
+    }
+    if (v <= (uint64_t)INT64_MAX) { *i = (int64_t)v; return JS_WHOLE_I64; }
+    *u = v;
+    return JS_WHOLE_U64;
+}
+
 // noinline: its 1 KiB literal buffer must not land in the frame of the recursive js_value
 // (inlined, nesting to MOET_JSON_MAX_DEPTH would cost ~140 KiB of stack).
 __attribute__((noinline)) static int js_number(js_parser *p, js_node *n) {
@@ -232,23 +293,12 @@ __attribute__((noinline)) static int js_number(js_parser *p, js_node *n) {
     double v = strtod(buf, NULL);
     if (isinf(v)) { p->pos = start; return js_fail(p, "number out of range"); }
     n->num = v;
-    n->is_int = 0;
-    if (is_int) {
-        // exact int64, accumulated negatively so INT64_MIN fits
-        int neg = buf[0] == '-';
-        int64_t acc = 0;
-        int ok = 1;
-        for (const char *c = buf + neg; *c; c++) {
-            int dgt = *c - '0';
-            if (acc < (INT64_MIN + dgt) / 10) { ok = 0; break; }
-            acc = acc * 10 - dgt;
-        }
-        if (ok && !neg && acc == INT64_MIN) ok = 0;
-        if (ok) {
-            n->is_int = 1;
-            n->i64 = neg ? acc : -acc;
-        }
-    }
+    int64_t i = 0;
+    uint64_t u = 0;
+    n->whole = (uint8_t)js_whole_of(buf, &i, &u);
+    if (n->whole == JS_WHOLE_U64) n->u64 = u;
+    else n->i64 = i;
+    n->is_int = is_int && n->whole == JS_WHOLE_I64;
     return 0;
 }
 
@@ -447,6 +497,21 @@ static const js_node *js_at(const js_doc *d, const js_node *arr, uint32_t i) {
 static int js_int(const js_node *n, int64_t *out) {
     if (!n || n->type != JS_NUM) return -1;
     if (n->is_int) { *out = n->i64; return 0; }
+    return -1;
+}
+
+// A number whose exact value is an integer in int64, however written (5, 5.0, 5e0), else -1.
+static int js_whole(const js_node *n, int64_t *out) {
+    if (!n || n->type != JS_NUM || n->whole != JS_WHOLE_I64) return -1;
+    *out = n->i64;
+    return 0;
+}
+
+// A number whose exact value is an integer in [0, 2^64), however written, else -1.
+static int js_u64(const js_node *n, uint64_t *out) {
+    if (!n || n->type != JS_NUM) return -1;
+    if (n->whole == JS_WHOLE_U64) { *out = n->u64; return 0; }
+    if (n->whole == JS_WHOLE_I64 && n->i64 >= 0) { *out = (uint64_t)n->i64; return 0; }
     return -1;
 }
 

@@ -109,14 +109,17 @@ static int pf_plan(const pf_geom *g, pf_layout *L, moet_err *e) {
     return 0;
 }
 
-static void pf_print_plan(FILE *f, const pf_layout *L) {
-    fprintf(f, "n_layers %u\nfirst_layer %u\nn_experts %u\nhidden %u\ninter %u\nn_slots %" PRIu64 "\n",
-            L->g.n_layers, L->g.first_layer, L->g.n_experts, L->g.hidden, L->g.inter, L->n_slots);
-    for (int s = 0; s < 4; s++)
-        fprintf(f, "%s %" PRIu64 " bytes at slot offset %" PRIu64 "\n", pf_section_names[s], L->sec_bytes[s], L->sec_off[s]);
-    fprintf(f, "slot_bytes %" PRIu64 "\nslot_stride %" PRIu64 "\ntable_offset %" PRIu64 "\ntable_bytes %" PRIu64
-               "\nbody_offset %" PRIu64 "\nfile_bytes %" PRIu64 "\n",
-            L->slot_bytes, L->slot_stride, L->table_offset, L->table_bytes, L->body_offset, L->file_bytes);
+// The layout as text, one "name value" per line (build-planes --plan).
+static void pf_plan_text(const pf_layout *L, char *out, size_t cap) {
+    size_t at = (size_t)snprintf(out, cap, "n_layers %u\nfirst_layer %u\nn_experts %u\nhidden %u\ninter %u\nn_slots %" PRIu64 "\n",
+                                 L->g.n_layers, L->g.first_layer, L->g.n_experts, L->g.hidden, L->g.inter, L->n_slots);
+    for (int s = 0; s < 4 && at < cap; s++)
+        at += (size_t)snprintf(out + at, cap - at, "%s %" PRIu64 " bytes at slot offset %" PRIu64 "\n", pf_section_names[s],
+                               L->sec_bytes[s], L->sec_off[s]);
+    if (at < cap)
+        snprintf(out + at, cap - at, "slot_bytes %" PRIu64 "\nslot_stride %" PRIu64 "\ntable_offset %" PRIu64 "\ntable_bytes %" PRIu64
+                 "\nbody_offset %" PRIu64 "\nfile_bytes %" PRIu64 "\n",
+                 L->slot_bytes, L->slot_stride, L->table_offset, L->table_bytes, L->body_offset, L->file_bytes);
 }
 
 // Slot index of (model layer, expert), or -1 when the file does not hold it.
@@ -617,6 +620,8 @@ typedef int (*pf_source_fn)(void *ctx, uint32_t layer, uint32_t expert, double *
 typedef struct {
     pf_geom geom;
     const char *out_path;
+    of_file *out;                  // when set: the output file, begun already (of_begin) by a command that
+                                   // makes its output before the work; pf_build takes it over
     const char *source_repo;       // may be NULL/empty
     const char *source_revision;   // may be NULL/empty
     const char *source_format;     // nvfp4, fp8 or bf16
@@ -800,9 +805,8 @@ static int pf_build_run(pf_build_ctx *b, pf_worker *wk, int T, int fd, const cha
     return 0;
 }
 
-// Builds the plane file o->out_path. On failure nothing is left at out_path that was not there
-// before, and the temporary file is gone.
-static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
+// Builds the plane file o->out_path into out (begun here when out->fd < 0).
+static int pf_build_to(const pf_build_opts *o, of_file *out_file, pf_build_stats *st, moet_err *e) {
     pf_header h;
     if (pf_header_init(&h, &o->geom, e)) return -1;
     const pf_layout *L = &h.L;
@@ -848,12 +852,13 @@ static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
 
     pf_sha sha = {0};
     int rc = -1;
-    of_file out = {.fd = -1};
-    if (pf_sha_init(&sha, e)) goto out_mem;
+    of_file out = *out_file;
+    out_file->fd = -1;   // this function's now: committed or removed below
+    if (pf_sha_init(&sha, e)) goto out_file;
     for (int t = 0; t < T; t++)
-        if (pf_sha_init(&wk[t].sha, e)) goto out_mem;
+        if (pf_sha_init(&wk[t].sha, e)) goto out_file;
 
-    if (of_begin(&out, o->out_path, e)) goto out_mem;
+    if (out.fd < 0 && of_begin(&out, o->out_path, e)) goto out_mem;
     // reserve the whole file now: a full disk shows up before hours of work, not after
     int fr = posix_fallocate(out.fd, 0, (off_t)L->file_bytes);
     if (fr == EOPNOTSUPP || fr == EINVAL) fr = ftruncate(out.fd, (off_t)L->file_bytes) ? errno : 0;
@@ -882,6 +887,19 @@ out_mem:
     for (int t = 0; t < T; t++) pf_sha_free(&wk[t].sha);
     pf_sha_free(&sha);
     arena_release(&mem);
+    return rc;
+}
+
+// Builds the plane file o->out_path. On failure nothing is left at out_path that was not there
+// before, and the temporary file is gone (o->out, when given, too).
+static int pf_build(const pf_build_opts *o, pf_build_stats *st, moet_err *e) {
+    of_file out = {.fd = -1};
+    if (o->out) {
+        out = *o->out;
+        o->out->fd = -1;
+    }
+    int rc = pf_build_to(o, &out, st, e);
+    of_abort(&out);   // nothing once committed, nothing when pf_build_to took it
     return rc;
 }
 

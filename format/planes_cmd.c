@@ -5,68 +5,44 @@
 
 // ---- command line: cmd_*(argc, argv) get main's arguments (argv[1] is the command) ----------
 
-static int pf_arg_threads(const char *s, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < 1 || v > MOET_PF_MAX_THREADS) {
-        fprintf(stderr, "moet: --threads %s: expected an integer in 1..%d\n", s, MOET_PF_MAX_THREADS);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-// The value of a flag at argv[*i] (advancing *i), or NULL with a message when it is missing.
-static const char *pf_arg_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "moet: %s needs a value\n", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int pf_expert_source(void *ctx, uint32_t layer, uint32_t expert, double *w13, double *w2, moet_err *e) {
     (void)e;
     ck_expert_f64((const ck_model *)ctx, (int)layer, (int)expert, w13, w2);
     return 0;
 }
 
-static void pf_build_usage(FILE *f) {
-    fputs("usage: moet build-planes --model DIR --out FILE [--source-repo R] [--source-revision REV] [--threads N]\n"
-          "       moet build-planes --model DIR|CONFIG.json --plan\n"
-          "  Requantizes every routed expert of the checkpoint in DIR to 2-bit planes and writes the\n"
-          "  MOET2PF1 file FILE (through FILE.tmp.PID, fsync'ed and renamed; removed on any failure or\n"
-          "  fatal signal). An existing FILE must be a regular file: a symbolic link (not followed), a\n"
-          "  FIFO, a device or a directory is refused. The source repo/revision\n"
-          "  come from DIR when it is a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REV).\n"
-          "  --plan prints the file layout from the config alone.\n", f);
-}
+static const char pf_build_usage[] =
+    "usage: moet build-planes --model DIR --out FILE [--source-repo R] [--source-revision REV] [--threads N]\n"
+    "       moet build-planes --model DIR|CONFIG.json --plan\n"
+    "  Requantizes every routed expert of the checkpoint in DIR to 2-bit planes and writes the\n"
+    "  MOET2PF1 file FILE (through FILE.tmp.PID, fsync'ed and renamed; removed on any failure or\n"
+    "  fatal signal). An existing FILE must be a regular file: a symbolic link (not followed), a\n"
+    "  FIFO, a device or a directory is refused before any work. The source repo/revision\n"
+    "  come from DIR when it is a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REV).\n"
+    "  --plan prints the file layout from the config alone.\n";
+
+typedef struct {
+    const char *model, *out, *repo, *rev;
+    int threads, plan;
+} pf_build_flags;
+
+static const moet_flag pf_build_flag_table[] = {
+    FLAG_PATH("--model", pf_build_flags, model, ARG_IN_ANY, "DIR|CONFIG.json"),
+    FLAG_PATH("--out", pf_build_flags, out, ARG_OUT_FILE, "FILE"),
+    FLAG_STR("--source-repo", pf_build_flags, repo, PF_REPO_LEN),
+    FLAG_STR("--source-revision", pf_build_flags, rev, PF_REV_LEN),
+    FLAG_INT("--threads", pf_build_flags, threads, 1, MOET_PF_MAX_THREADS),
+    FLAG_SWITCH("--plan", pf_build_flags, plan),
+};
 
 static int cmd_build_planes(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *repo_flag = NULL, *rev_flag = NULL;
-    int threads = 0, plan = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--model")) { if (!(model = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--out")) { if (!(out = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--source-repo")) { if (!(repo_flag = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--source-revision")) { if (!(rev_flag = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--threads")) {
-            const char *v = pf_arg_value(argc, argv, &i);
-            if (!v || pf_arg_threads(v, &threads)) return 2;
-        } else if (!strcmp(a, "--plan")) plan = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { pf_build_usage(stdout); return 0; }
-        else {
-            fprintf(stderr, "moet build-planes: unknown argument '%s'\n", a);
-            pf_build_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model) {
-        fprintf(stderr, "moet build-planes: --model is required\n");
-        pf_build_usage(stderr);
-        return 2;
-    }
+    pf_build_flags fl = {0};
+    int arc = moet_args("build-planes", pf_build_usage, pf_build_flag_table,
+                        (int)(sizeof pf_build_flag_table / sizeof pf_build_flag_table[0]), argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    const char *model = fl.model, *out = fl.out, *repo_flag = fl.repo, *rev_flag = fl.rev;
+    int threads = fl.threads, plan = fl.plan;
+    if (!model) return moet_usage_error("build-planes", pf_build_usage, "--model is required");
     moet_err e = {{0}};
     if (plan) {
         ck_config c;
@@ -75,18 +51,12 @@ static int cmd_build_planes(int argc, char **argv) {
         if (pf_model_config(model, &c, &e)) { fprintf(stderr, "moet build-planes: %s\n", e.msg); return 1; }
         pf_geom_of_config(&c, &g);
         if (pf_plan(&g, &L, &e)) { fprintf(stderr, "moet build-planes: %s: %s\n", model, e.msg); return 1; }
-        pf_print_plan(stdout, &L);
+        char text[1024];
+        pf_plan_text(&L, text, sizeof text);
+        so_puts(text);
         return 0;
     }
-    if (!out) {
-        fprintf(stderr, "moet build-planes: --out is required\n");
-        pf_build_usage(stderr);
-        return 2;
-    }
-    if (of_check_target(out, &e)) {   // before the work (and again when the file is put in place)
-        fprintf(stderr, "moet build-planes: %s\n", e.msg);
-        return 1;
-    }
+    if (!out) return moet_usage_error("build-planes", pf_build_usage, "--out is required");
     char repo[256] = "", rev[256] = "";
     if (ck_hf_snapshot(model, repo, sizeof repo, rev, sizeof rev)) {
         if ((repo_flag && strcmp(repo_flag, repo)) || (rev_flag && strcmp(rev_flag, rev))) {
@@ -98,17 +68,25 @@ static int cmd_build_planes(int argc, char **argv) {
         snprintf(repo, sizeof repo, "%s", repo_flag ? repo_flag : "");
         snprintf(rev, sizeof rev, "%s", rev_flag ? rev_flag : "");
     }
+    // the output file exists (as its temporary) from now on: a path that cannot be written fails
+    // before the work, and a signal during the work removes it
+    of_file of = {.fd = -1};
+    if (of_begin(&of, out, &e)) {
+        fprintf(stderr, "moet build-planes: --out %s\n", e.msg);
+        return 1;
+    }
     ck_model *m = arena_sys_alloc(sizeof *m, "checkpoint");
-    if (!m) { fprintf(stderr, "moet build-planes: out of memory\n"); return 1; }
-    if (ck_open(m, model, &e)) {
-        fprintf(stderr, "moet build-planes: %s\n", e.msg);
-        arena_sys_free(m, sizeof *m);
+    if (!m || ck_open(m, model, &e)) {
+        fprintf(stderr, "moet build-planes: %s\n", m ? e.msg : "out of memory");
+        if (m) arena_sys_free(m, sizeof *m);
+        of_abort(&of);
         return 1;
     }
     pf_build_opts o;
     memset(&o, 0, sizeof o);
     pf_geom_of_config(&m->cfg, &o.geom);
     o.out_path = out;
+    o.out = &of;
     o.source_repo = repo;
     o.source_revision = rev;
     o.source_format = m->expert_format;
@@ -134,38 +112,32 @@ static int cmd_build_planes(int argc, char **argv) {
     return 0;
 }
 
-static void pf_verify_usage(FILE *f) {
-    fputs("usage: moet verify FILE [--model DIR|CONFIG.json] [--threads N] [--strict-revision]\n"
-          "  Checks a MOET2PF1 file: header, slot table, every slot's SHA-256 and zero padding\n"
-          "  (O_DIRECT reads, several hashing threads); with --model, its geometry against the config\n"
-          "  and its source revision against a Hugging Face snapshot directory. Exit 0 only when all hold.\n", f);
-}
+static const char pf_verify_usage[] =
+    "usage: moet verify FILE [--model DIR|CONFIG.json] [--threads N] [--strict-revision]\n"
+    "  Checks a MOET2PF1 file: header, slot table, every slot's SHA-256 and zero padding\n"
+    "  (O_DIRECT reads, several hashing threads); with --model, its geometry against the config\n"
+    "  and its source revision against a Hugging Face snapshot directory. Exit 0 only when all hold.\n";
+
+typedef struct {
+    const char *file, *model;
+    int threads, strict;
+} pf_verify_flags;
+
+static const moet_flag pf_verify_flag_table[] = {
+    FLAG_PATH(NULL, pf_verify_flags, file, ARG_IN_FILE, "FILE"),
+    FLAG_PATH("--model", pf_verify_flags, model, ARG_IN_ANY, "DIR|CONFIG.json"),
+    FLAG_INT("--threads", pf_verify_flags, threads, 1, MOET_PF_MAX_THREADS),
+    FLAG_SWITCH("--strict-revision", pf_verify_flags, strict),
+};
 
 static int cmd_verify(int argc, char **argv) {
-    const char *file = NULL, *model = NULL;
-    int threads = 0, strict = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--model")) { if (!(model = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--threads")) {
-            const char *v = pf_arg_value(argc, argv, &i);
-            if (!v || pf_arg_threads(v, &threads)) return 2;
-        } else if (!strcmp(a, "--strict-revision")) strict = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { pf_verify_usage(stdout); return 0; }
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "moet verify: unknown argument '%s'\n", a);
-            pf_verify_usage(stderr);
-            return 2;
-        } else if (!file) file = a;
-        else {
-            fprintf(stderr, "moet verify: one FILE only ('%s' and '%s')\n", file, a);
-            return 2;
-        }
-    }
-    if (!file) {
-        pf_verify_usage(stderr);
-        return 2;
-    }
+    pf_verify_flags fl = {0};
+    int arc = moet_args("verify", pf_verify_usage, pf_verify_flag_table,
+                        (int)(sizeof pf_verify_flag_table / sizeof pf_verify_flag_table[0]), argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    const char *file = fl.file, *model = fl.model;
+    int threads = fl.threads, strict = fl.strict;
+    if (!file) return moet_usage_error("verify", pf_verify_usage, "FILE is required");
     moet_err e = {{0}};
     ck_config c;
     if (model && pf_model_config(model, &c, &e)) {
@@ -252,13 +224,22 @@ static int pf_header_json(const pf_header *h, char *buf, size_t cap) {
     return w.overflow ? -1 : 0;
 }
 
+static const char pf_info_usage[] = "usage: moet info FILE\n  Prints the header of a MOET2PF1 plane file as one JSON object.\n";
+
+typedef struct {
+    const char *file;
+} pf_info_flags;
+
+static const moet_flag pf_info_flag_table[] = {
+    FLAG_PATH(NULL, pf_info_flags, file, ARG_IN_FILE, "FILE"),
+};
+
 static int cmd_info(int argc, char **argv) {
-    if (argc != 3 || argv[2][0] == '-') {
-        int help = argc == 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"));
-        fputs("usage: moet info FILE\n  Prints the header of a MOET2PF1 plane file as one JSON object.\n", help ? stdout : stderr);
-        return help ? 0 : 2;
-    }
-    const char *file = argv[2];
+    pf_info_flags fl = {0};
+    int arc = moet_args("info", pf_info_usage, pf_info_flag_table, 1, argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    const char *file = fl.file;
+    if (!file) return moet_usage_error("info", pf_info_usage, "FILE is required");
     moet_err e = {{0}};
     // O_NONBLOCK: a FIFO must not hang the open; it is refused below like every non-file
     int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -294,7 +275,8 @@ static int cmd_info(int argc, char **argv) {
         if (rc == 0) {
             char buf[4096];
             MOET_ASSERT(pf_header_json(&h, buf, sizeof buf) == 0, "header JSON exceeds %zu bytes", sizeof buf);
-            printf("%s\n", buf);
+            so_puts(buf);
+            so_puts("\n");
             return 0;
         }
     }

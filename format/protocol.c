@@ -71,33 +71,26 @@ static int proto_fail(proto_error *pe, const char *code, const char *fmt, ...) {
     return -1;
 }
 
-// Offset of the first byte that is not well-formed UTF-8, or -1.
-static int64_t proto_bad_utf8(const char *s, size_t n) {
-    const uint8_t *u = (const uint8_t *)s;
-    for (size_t i = 0; i < n;) {
-        if (u[i] < 0x80) { i++; continue; }
-        size_t k = js_utf8_len(u + i, n - i);
-        if (!k) return (int64_t)i;
-        i += k;
-    }
-    return -1;
-}
+// Offset of the first byte that is not well-formed UTF-8, or -1 (the line reader's rule).
+static int64_t proto_bad_utf8(const char *s, size_t n) { return ln_bad_utf8(s, n); }
 
-// A token id: an integer in [0, n_vocab), written as an integer or as an integral number such
-// as 5.0 (as proto_intv accepts for every integer field). 0 with *v, else -1 with why[cap]
-// saying what the value is instead ("1.5, not an integer", "-3, outside [0, 512)").
+// Integers. Every integer field takes a number whose exact value is an integer — written 5,
+// 5.0 or 5e0 — read from its text (js_whole, js_u64), never through the double, so nothing is
+// rounded: 5.0000000000000001 is a fraction, 2^64 - 1 stays itself. A number that is not an
+// integer, or an integer out of the field's range, is `invalid_value`; a value that is not a
+// number at all is `invalid_type` (format/PROTOCOL.md §7).
+
+// A token id: an integer in [0, n_vocab). 0 with *v, else -1 with why[cap] saying what the
+// value is instead ("1.5, not an integer", "-3, outside [0, 512)").
 static int proto_token_id(const js_node *t, int n_vocab, int64_t *v, char *why, size_t cap) {
     if (t->type != JS_NUM) {
         snprintf(why, cap, "%s, not an integer", js_type_name(t));
         return -1;
     }
-    if (t->is_int) *v = t->i64;
-    else if (t->num != floor(t->num)) {
-        snprintf(why, cap, "%.17g, not an integer", t->num);
-        return -1;
-    } else if (fabs(t->num) < 9e18) *v = (int64_t)t->num;
-    else {
-        snprintf(why, cap, "%g, outside [0, %d)", t->num, n_vocab);
+    if (js_whole(t, v)) {
+        if (t->whole == JS_FRACTION) snprintf(why, cap, "%.17g, not an integer", t->num);
+        else if (t->whole == JS_WHOLE_U64) snprintf(why, cap, "%" PRIu64 ", outside [0, %d)", t->u64, n_vocab);
+        else snprintf(why, cap, "%g, outside [0, %d)", t->num, n_vocab);
         return -1;
     }
     if (*v < 0 || *v >= n_vocab) {
@@ -122,23 +115,42 @@ static int proto_num(const js_doc *d, const js_node *o, const char *key, double 
     return 0;
 }
 
-static int proto_intv(const js_doc *d, const js_node *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                      int *present, proto_error *pe) {
+// An integer field in [lo, hi]. With clamp, an integer above hi (of any size) is taken as hi:
+// fields whose larger values all mean the same (top_k above the vocabulary, max_tokens past
+// any context).
+static int proto_intv_clamp(const js_doc *d, const js_node *o, const char *key, int64_t lo, int64_t hi, int clamp,
+                            int64_t *out, int *present, proto_error *pe) {
     const js_node *v = js_get(d, o, key);
     if (present) *present = 0;
     if (!v || v->type == JS_NULL) return 0;
+    if (v->type != JS_NUM) return proto_fail(pe, "invalid_type", "\"%s\": expected an integer, got %s", key, js_type_name(v));
     int64_t x;
-    if (js_int(v, &x) != 0) {
-        if (v->type == JS_NUM && v->num == floor(v->num) && fabs(v->num) < 9e18) x = (int64_t)v->num;  // 5.0
-        else return proto_fail(pe, "invalid_type", "\"%s\": expected an integer, got %s", key,
-                               v->type == JS_NUM ? "a fraction or an out-of-range number" : js_type_name(v));
-    }
+    int above = v->whole == JS_WHOLE_U64 || (v->whole == JS_WHOLE_BIG && v->num > 0);
+    if (above && clamp) x = hi;
+    else if (js_whole(v, &x) != 0)
+        return proto_fail(pe, "invalid_value", "\"%s\" is %.17g%s; expected an integer in [%" PRId64 ", %" PRId64 "]", key,
+                          v->num, v->whole == JS_FRACTION ? ", not an integer" : "", lo, hi);
+    else if (x > hi && clamp) x = hi;
     if (x < lo || x > hi)
         return proto_fail(pe, "invalid_value", "\"%s\" is %" PRId64 "; expected an integer in [%" PRId64 ", %" PRId64 "]",
                           key, x, lo, hi);
     *out = x;
     if (present) *present = 1;
     return 0;
+}
+
+static int proto_intv(const js_doc *d, const js_node *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                      int *present, proto_error *pe) {
+    return proto_intv_clamp(d, o, key, lo, hi, 0, out, present, pe);
+}
+
+// The request's seed: an integer in [-2^63, 2^64 - 1], exactly (a negative one modulo 2^64).
+static int proto_seed(const js_node *v, uint64_t *out, proto_error *pe) {
+    if (v->type != JS_NUM) return proto_fail(pe, "invalid_type", "\"seed\": expected an integer, got %s", js_type_name(v));
+    int64_t i;
+    if (js_u64(v, out) == 0) return 0;
+    if (js_whole(v, &i) == 0) { *out = (uint64_t)i; return 0; }
+    return proto_fail(pe, "invalid_value", "\"seed\" is %.17g; expected an integer in [-2^63, 2^64 - 1]", v->num);
 }
 
 static int proto_bool(const js_doc *d, const js_node *o, const char *key, int *out, proto_error *pe) {
@@ -177,28 +189,24 @@ static int proto_params(const js_doc *d, const js_node *b, int chat, const proto
     if (proto_num(d, b, "repetition_penalty", 0, 100, 1, &x, pe)) return -1;
     r->sp.repetition_penalty = (float)x;
     i = r->sp.top_k;
-    if (proto_intv(d, b, "top_k", -1, INT32_MAX, &i, NULL, pe)) return -1;
+    if (proto_intv_clamp(d, b, "top_k", -1, INT64_MAX, 1, &i, NULL, pe)) return -1;
+    if (i > lim->n_vocab) i = 0;         // above the vocabulary: every token
     r->sp.top_k = i < 0 ? 0 : (int)i;    // -1 and 0 both mean every token
-    if (r->sp.top_k > lim->n_vocab) r->sp.top_k = 0;
 
-    int64_t mt = 0;
-    if (proto_intv(d, b, "max_tokens", 1, INT32_MAX, &mt, &present, pe)) return -1;
-    if (proto_intv(d, b, "max_completion_tokens", 1, INT32_MAX, &mt, &present, pe)) return -1;
+    int64_t mt = 0;   // the context ends generation long before 2^31 - 1 tokens
+    if (proto_intv_clamp(d, b, "max_tokens", 1, INT32_MAX, 1, &mt, &present, pe)) return -1;
+    if (proto_intv_clamp(d, b, "max_completion_tokens", 1, INT32_MAX, 1, &mt, &present, pe)) return -1;
     r->max_tokens = (int)mt;
     i = 1;
     if (proto_intv(d, b, "n", 1, 1, &i, NULL, pe)) {
+        if (strcmp(pe->code, "invalid_value")) return -1;   // not an integer at all
         pe->code = "unsupported_value";
         snprintf(pe->e.msg, sizeof pe->e.msg, "\"n\": only n = 1 is supported (one choice per request)");
         return -1;
     }
     const js_node *seed = js_get(d, b, "seed");
     if (seed && seed->type != JS_NULL) {
-        int64_t s;
-        if (js_int(seed, &s) != 0) {
-            if (seed->type == JS_NUM && seed->num >= 0 && seed->num < 1.8446744073709552e19 && seed->num == floor(seed->num))
-                r->seed = (uint64_t)seed->num;   // an integer above INT64_MAX
-            else return proto_fail(pe, "invalid_type", "\"seed\": expected an integer, got %s", js_type_name(seed));
-        } else r->seed = (uint64_t)s;
+        if (proto_seed(seed, &r->seed, pe)) return -1;
         r->has_seed = 1;
     }
     if (proto_bool(d, b, "stream", &r->stream, pe)) return -1;

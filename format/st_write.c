@@ -56,16 +56,21 @@ static void stw_abort(stw_file *f) {
 }
 
 // Starts path (through its temporary file) and writes the header of n tensors (data in the
-// given order).
-static int stw_begin(stw_file *f, const char *path, const stw_tensor *t, uint32_t n, moet_err *e) {
+// given order). With `begun`, the output file was begun already (of_begin: a command that makes
+// its output before the work) and is taken over; path is its path.
+static int stw_begin_on(stw_file *f, of_file *begun, const char *path, const stw_tensor *t, uint32_t n, moet_err *e) {
     memset(f, 0, sizeof *f);
     f->of.fd = -1;
-    if (strlen(path) >= sizeof f->path) return err_set(e, "%s: path too long", path);
+    if (begun) {
+        f->of = *begun;   // the writer owns it now: committed or removed by stw_end / stw_abort
+        begun->fd = -1;
+    }
+    if (strlen(path) >= sizeof f->path) { stw_abort(f); return err_set(e, "%s: path too long", path); }
     snprintf(f->path, sizeof f->path, "%s", path);
     size_t cap = 256;
     for (uint32_t i = 0; i < n; i++) cap += strlen(t[i].name) * 6 + 96 + 24 * (size_t)t[i].ndim;
     char *hdr = arena_sys_alloc(cap + 8, "safetensors header");
-    if (!hdr) return err_set(e, "%s: out of memory for a %zu-byte header", path, cap);
+    if (!hdr) { stw_abort(f); return err_set(e, "%s: out of memory for a %zu-byte header", path, cap); }
     js_writer w;
     js_w_init(&w, hdr + 8, cap);
     js_w_obj(&w);
@@ -102,11 +107,15 @@ static int stw_begin(stw_file *f, const char *path, const stw_tensor *t, uint32_
     f->buf = arena_sys_alloc(STW_BUF_BYTES, "safetensors write buffer");
     int rc = 0;
     if (!f->buf) rc = err_set(e, "%s: out of memory for the write buffer", path);
-    else if (of_begin(&f->of, path, e)) rc = -1;
+    else if (f->of.fd < 0 && of_begin(&f->of, path, e)) rc = -1;
     else rc = of_write(&f->of, hdr, len + 8, e);
     arena_sys_free(hdr, cap + 8);
     if (rc) stw_abort(f);
     return rc;
+}
+
+static int stw_begin(stw_file *f, const char *path, const stw_tensor *t, uint32_t n, moet_err *e) {
+    return stw_begin_on(f, NULL, path, t, n, e);
 }
 
 // Appends n data bytes (the declared tensors, in order, back to back).
@@ -164,11 +173,15 @@ typedef struct {
     const void *data;             // numel × dtype size bytes, little-endian
 } st_out;
 
-// Writes the tensors to `path` as one safetensors file, through a temporary file renamed into
-// place, so `path` is never half-written (and must be absent or a regular file).
-static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
+// Writes the tensors as one safetensors file into the output file `begun` (of_begin'ed; NULL:
+// begun here at `path`), through a temporary file renamed into place, so `path` is never
+// half-written (and must be absent or a regular file).
+static int st_save_on(of_file *begun, const char *path, const st_out *t, int n, moet_err *e) {
     stw_tensor decl[MOET_ST_SAVE_MAX];
-    if (n < 0 || n > MOET_ST_SAVE_MAX) return err_set(e, "%s: %d tensors, at most %d can be saved at once", path, n, MOET_ST_SAVE_MAX);
+    if (n < 0 || n > MOET_ST_SAVE_MAX) {
+        if (begun) of_abort(begun);
+        return err_set(e, "%s: %d tensors, at most %d can be saved at once", path, n, MOET_ST_SAVE_MAX);
+    }
     for (int i = 0; i < n; i++) {
         decl[i].name = t[i].name;
         decl[i].dtype = t[i].dtype;
@@ -176,7 +189,7 @@ static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
         memcpy(decl[i].shape, t[i].shape, sizeof decl[i].shape);
     }
     stw_file f;
-    if (stw_begin(&f, path, decl, (uint32_t)n, e)) return -1;
+    if (stw_begin_on(&f, begun, path, decl, (uint32_t)n, e)) return -1;
     for (int i = 0; i < n; i++)
         if (stw_write(&f, t[i].data, (size_t)stw_bytes(&decl[i]), e)) {
             stw_abort(&f);
@@ -184,3 +197,6 @@ static int st_save(const char *path, const st_out *t, int n, moet_err *e) {
         }
     return stw_end(&f, e);
 }
+
+static int st_save(const char *path, const st_out *t, int n, moet_err *e) { return st_save_on(NULL, path, t, n, e); }
+static int st_save_into(of_file *begun, const st_out *t, int n, moet_err *e) { return st_save_on(begun, begun->path, t, n, e); }

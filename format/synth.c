@@ -287,99 +287,66 @@ static void syn_fill(const syn_tensor *t, uint64_t *s, uint8_t *p, size_t n) {
 
 // ---- the command -------------------------------------------------------------------------
 
-// Copies the file `from` to `to` (through format/outfile.c).
-static int syn_copy(const char *from, const char *to, moet_err *e) {
+static const char syn_usage[] =
+    "usage: moet synth --config CONFIG.json [--quant HF_QUANT_CONFIG.json] --out DIR [--seed S]\n"
+    "                  [--per-expert] [--mtp] [--shard-gb G]\n"
+    "  Writes a random checkpoint with the tensor names, dtypes and shapes the config and its\n"
+    "  quantization map describe (ModelOpt MIXED_PRECISION or BF16), in shards of at most G GB\n"
+    "  (default 5) with model.safetensors.index.json. --per-expert stores BF16 routed experts\n"
+    "  per expert instead of fused; --mtp adds the BF16 mtp.* head (one layer).\n"
+    "  A new DIR is built as DIR.tmp.PID beside it and renamed when complete; an existing DIR must\n"
+    "  be a directory (not a symbolic link), whose files are replaced only when complete and only\n"
+    "  where they are regular files. Everything is checked before any file is written; a failure\n"
+    "  or a fatal signal leaves nothing behind.\n";
+
+typedef struct {
+    const char *config, *quant, *out;
+    uint64_t seed;
+    double shard_gb;
+    int per_expert, mtp, have_seed;
+} syn_flags;
+
+static const moet_flag syn_flag_table[] = {
+    FLAG_FILE("--config", syn_flags, config),
+    FLAG_FILE("--quant", syn_flags, quant),
+    FLAG_PATH("--out", syn_flags, out, ARG_OUT_DIR, "DIR"),
+    FLAG_U64("--seed", syn_flags, seed, have_seed),
+    FLAG_NUM("--shard-gb", syn_flags, shard_gb, 0.001, 1000),
+    FLAG_SWITCH("--per-expert", syn_flags, per_expert),
+    FLAG_SWITCH("--mtp", syn_flags, mtp),
+};
+
+// Writes the file `name` of the output directory with `n` bytes of p.
+static int syn_write_file(const of_dir *d, const char *name, const void *p, size_t n, moet_err *e) {
+    char path[MOET_MAX_PATH + 64];
+    of_dir_file(d, name, path, sizeof path);
+    of_file f;
+    int rc = of_begin(&f, path, e);
+    if (!rc) rc = of_write(&f, p, n, e);
+    if (!rc) rc = of_commit(&f, e);
+    of_abort(&f);   // nothing once committed
+    return rc;
+}
+
+// Copies the file `from` to the file `name` of the output directory.
+static int syn_copy(const char *from, const of_dir *d, const char *name, moet_err *e) {
     size_t len;
     char *text = arena_read_small(from, MOET_MAX_CONFIG_BYTES, &len, e);
     if (!text) return -1;
-    of_file f;
-    int rc = of_begin(&f, to, e);
-    if (!rc && of_write(&f, text, len, e)) rc = -1;
-    if (!rc) rc = of_commit(&f, e);
-    of_abort(&f);   // nothing once committed
+    int rc = syn_write_file(d, name, text, len, e);
     arena_sys_free(text, len + 1);
     return rc;
 }
 
-static void syn_usage(FILE *f) {
-    fputs("usage: moet synth --config CONFIG.json [--quant HF_QUANT_CONFIG.json] --out DIR [--seed S]\n"
-          "                  [--per-expert] [--mtp] [--shard-gb G]\n"
-          "  Writes a random checkpoint with the tensor names, dtypes and shapes the config and its\n"
-          "  quantization map describe (ModelOpt MIXED_PRECISION or BF16), in shards of at most G GB\n"
-          "  (default 5) with model.safetensors.index.json. --per-expert stores BF16 routed experts\n"
-          "  per expert instead of fused; --mtp adds the BF16 mtp.* head (one layer).\n"
-          "  DIR is created when missing; an existing DIR must be a directory (not a symbolic link),\n"
-          "  and each file written in it replaces only a regular file, through a temporary file.\n"
-          "  Everything is checked before DIR is touched; on a failure the files written are removed\n"
-          "  (and DIR, when this run created it).\n", f);
-}
-
-// The names this run places in the output directory, removed again when it fails.
-typedef struct {
-    const char *dir;
-    int created;          // the directory was made by this run
-    int config, quant, index;
-    uint32_t shards;      // shards 1..shards of n_shards are in place
-    uint32_t n_shards;
-} syn_placed;
-
-static void syn_undo(const syn_placed *p) {
-    char path[MOET_MAX_PATH + 64];
-    if (p->config) { snprintf(path, sizeof path, "%s/config.json", p->dir); unlink(path); }
-    if (p->quant) { snprintf(path, sizeof path, "%s/hf_quant_config.json", p->dir); unlink(path); }
-    if (p->index) { snprintf(path, sizeof path, "%s/model.safetensors.index.json", p->dir); unlink(path); }
-    for (uint32_t sh = 0; sh < p->shards; sh++) {
-        snprintf(path, sizeof path, "%s/model-%05u-of-%05u.safetensors", p->dir, sh + 1, p->n_shards);
-        unlink(path);
-    }
-    if (p->created) rmdir(p->dir);
-}
-
 static int cmd_synth(int argc, char **argv) {
-    const char *config = NULL, *quant = NULL, *out = NULL;
-    uint64_t seed = 0;
-    double shard_gb = 5.0;
-    int per_expert = 0, mtp = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--config")) { if (!(config = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--quant")) { if (!(quant = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--out")) { if (!(out = pf_arg_value(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--seed")) {
-            const char *v = pf_arg_value(argc, argv, &i);
-            char *end;
-            if (!v) return 2;
-            errno = 0;
-            seed = strtoull(v, &end, 10);
-            // strtoull would take "-5" as 2^64 - 5 and " 5" as 5: digits only
-            if (!isdigit((unsigned char)v[0]) || *end || errno) {
-                fprintf(stderr, "moet synth: --seed %s: expected an unsigned integer in 0..%llu\n", v, (unsigned long long)UINT64_MAX);
-                return 2;
-            }
-        } else if (!strcmp(a, "--shard-gb")) {
-            const char *v = pf_arg_value(argc, argv, &i);
-            char *end;
-            if (!v) return 2;
-            shard_gb = strtod(v, &end);
-            if (!*v || *end || !(shard_gb >= 0.001 && shard_gb <= 1000)) {
-                fprintf(stderr, "moet synth: --shard-gb %s: expected a number of GB in [0.001, 1000]\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--per-expert")) per_expert = 1;
-        else if (!strcmp(a, "--mtp")) mtp = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { syn_usage(stdout); return 0; }
-        else {
-            fprintf(stderr, "moet synth: unknown argument '%s'\n", a);
-            syn_usage(stderr);
-            return 2;
-        }
-    }
-    if (!config || !out) {
-        fprintf(stderr, "moet synth: --config and --out are required\n");
-        syn_usage(stderr);
-        return 2;
-    }
-    if (strlen(out) >= MOET_MAX_PATH) { fprintf(stderr, "moet synth: --out is longer than %d bytes\n", MOET_MAX_PATH - 1); return 2; }
+    syn_flags fl = {.shard_gb = 5.0};
+    int arc = moet_args("synth", syn_usage, syn_flag_table, (int)(sizeof syn_flag_table / sizeof syn_flag_table[0]), argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    const char *config = fl.config, *quant = fl.quant, *out = fl.out;
+    uint64_t seed = fl.seed;
+    double shard_gb = fl.shard_gb;
+    int per_expert = fl.per_expert, mtp = fl.mtp;
+    if (!config || !out) return moet_usage_error("synth", syn_usage, "--config and --out are required");
     moet_err e = {{0}};
     ck_config c;
     if (ck_config_read(&c, config, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); return 1; }
@@ -392,8 +359,8 @@ static int cmd_synth(int argc, char **argv) {
     int rc = 1;
     uint8_t *mem = NULL;
     size_t mem_bytes = 0;
-    syn_placed placed = {out, 0, 0, 0, 0, 0, 0};
-    char path[MOET_MAX_PATH + 64];
+    of_dir dir = {0};
+    char path[MOET_MAX_PATH + 64], name[64];
     if (syn_enumerate(&L)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
     uint32_t n = L.n;
     // the names rounded up to 8 bytes, so the stw_tensor array after them is aligned
@@ -412,31 +379,19 @@ static int cmd_synth(int argc, char **argv) {
         in_shard += L.t[i].bytes;
         total += L.t[i].bytes;
     }
-    placed.n_shards = n_shards;
 
-    // the output directory: only now, with everything checked
-    struct stat ds;
-    if (lstat(out, &ds) == 0) {
-        if (!S_ISDIR(ds.st_mode)) {
-            fprintf(stderr, "moet synth: %s exists and is %s; --out must be a directory or a new path\n", out, of_kind(ds.st_mode));
-            goto out_q;
-        }
-    } else if (errno != ENOENT || mkdir(out, 0755)) {
-        fprintf(stderr, "moet synth: %s: cannot create: %s\n", out, strerror(errno));
-        goto out_q;
-    } else placed.created = 1;
-    snprintf(path, sizeof path, "%s/config.json", out);
-    if (syn_copy(config, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
-    placed.config = 1;
-    snprintf(path, sizeof path, "%s/hf_quant_config.json", out);
-    if (quant) {
-        if (syn_copy(quant, path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
-        placed.quant = 1;
-    } else {
-        // a map left by an earlier run would override config.json's for every reader
-        if (of_check_target(path, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
-        unlink(path);
+    // the output directory (format/outfile.c): every file it will hold checked first, then
+    // built in a temporary directory, put in place when complete
+    if (of_dir_begin(&dir, out, &e)) { fprintf(stderr, "moet synth: --out %s\n", e.msg); goto out_q; }
+    int bad = of_dir_check(&dir, "config.json", &e) || of_dir_check(&dir, "hf_quant_config.json", &e) ||
+              of_dir_check(&dir, "model.safetensors.index.json", &e);
+    for (uint32_t sh = 0; sh < n_shards && !bad; sh++) {
+        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", sh + 1, n_shards);
+        bad = of_dir_check(&dir, name, &e);
     }
+    if (bad) { fprintf(stderr, "moet synth: --out %s\n", e.msg); goto out_q; }
+    if (syn_copy(config, &dir, "config.json", &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+    if (quant && syn_copy(quant, &dir, "hf_quant_config.json", &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
 
     fprintf(stderr, "synth: %u tensors, %.2f GB in %u shard%s -> %s\n", n, (double)total / 1e9, n_shards, n_shards > 1 ? "s" : "", out);
     double t0 = moet_now();
@@ -450,7 +405,8 @@ static int cmd_synth(int argc, char **argv) {
         while (end < n && L.t[end].shard == sh) end++;
         for (uint32_t i = first; i < end; i++)
             st[i] = (stw_tensor){L.t[i].name, L.t[i].dtype, L.t[i].ndim, {L.t[i].shape[0], L.t[i].shape[1], L.t[i].shape[2], L.t[i].shape[3]}};
-        snprintf(path, sizeof path, "%s/model-%05u-of-%05u.safetensors", out, sh + 1, n_shards);
+        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", sh + 1, n_shards);
+        of_dir_file(&dir, name, path, sizeof path);
         stw_file f;
         if (stw_begin(&f, path, st + first, end - first, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
         for (uint32_t i = first; i < end; i++) {
@@ -484,7 +440,6 @@ static int cmd_synth(int argc, char **argv) {
             fprintf(stderr, "moet synth: %s\n", e.msg);
             goto out_q;
         }
-        placed.shards = sh + 1;
         first = end;
     }
     {
@@ -517,19 +472,20 @@ static int cmd_synth(int argc, char **argv) {
         js_w_end_obj(&w);
         js_w_end_obj(&w);
         MOET_ASSERT(!w.overflow, "index exceeds its planned %zu bytes", cap);
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
-        of_file f;
-        int bad = of_begin(&f, path, &e) || of_write(&f, buf, w.len, &e) || of_commit(&f, &e);
-        of_abort(&f);   // nothing once committed
+        int failed = syn_write_file(&dir, "model.safetensors.index.json", buf, w.len, &e);
         arena_sys_free(buf, cap);
-        if (bad) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
-        placed.index = 1;
+        if (failed) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+    }
+    if (of_dir_commit(&dir, &e)) { fprintf(stderr, "moet synth: %s\n", e.msg); goto out_q; }
+    if (!quant) {   // a map left in DIR by an earlier run would override config.json's for every reader
+        snprintf(path, sizeof path, "%s/hf_quant_config.json", out);
+        unlink(path);   // absent or a regular file (of_dir_check)
     }
     fprintf(stderr, "synth: wrote %s: %u tensors, %" PRIu64 " bytes in %.1f s (%.2f GB/s)\n", out, n, total, moet_now() - t0,
             (double)total / 1e9 / (moet_now() - t0 + 1e-9));
     rc = 0;
 out_q:
-    if (rc) syn_undo(&placed);
+    of_dir_abort(&dir);   // nothing once committed
     if (mem) arena_sys_free(mem, mem_bytes);
     ck_quant_free(&q);
     return rc;

@@ -5,85 +5,70 @@
 // moet tokenize
 // ==========================================================================================
 
-static void tok_cli_usage(FILE *f) {
-    fputs("usage: moet tokenize --tokenizer FILE|DIR [--config FILE] [--decode [--skip-special]]\n"
-          "  Reads stdin line by line. Each line is a JSON string: prints the JSON array of its token\n"
-          "  ids (no special tokens added). With --decode each line is a JSON array of ids: prints\n"
-          "  the decoded text as a JSON string (--skip-special drops special added tokens).\n"
-          "  FILE is a tokenizer.json; a tokenizer_config.json beside it (or --config FILE) adds the\n"
-          "  added tokens of its added_tokens_decoder. DIR means DIR/tokenizer.json.\n"
-          "  Every input line gives exactly one output line: a bad line gives\n"
-          "  {\"error\":{\"line\":N,\"message\":\"...\"}} (and the message on stderr), the others go on;\n"
-          "  the exit status is then 1.\n",
-          f);
-}
-
-// Reads one line of `in` into buf[0..cap) (newline dropped): its length, -1 at the end of the
-// input, or -2 when it is longer than cap bytes (the rest of it is skipped).
-static long tok_read_line(FILE *in, char *buf, size_t cap) {
-    size_t n = 0;
-    int c, over = 0;
-    while ((c = getc_unlocked(in)) != EOF && c != '\n') {
-        if (n < cap) buf[n++] = (char)c;
-        else over = 1;
-    }
-    if (c == EOF && n == 0 && !over) return -1;
-    return over ? -2 : (long)n;
-}
+static const char tok_cli_usage[] =
+    "usage: moet tokenize --tokenizer FILE|DIR [--config FILE] [--decode [--skip-special]]\n"
+    "  Reads stdin line by line. Each line is a JSON string: prints the JSON array of its token\n"
+    "  ids (no special tokens added). With --decode each line is a JSON array of ids: prints\n"
+    "  the decoded text as a JSON string (--skip-special drops special added tokens).\n"
+    "  FILE is a tokenizer.json; a tokenizer_config.json beside it (or --config FILE) adds the\n"
+    "  added tokens of its added_tokens_decoder. DIR means DIR/tokenizer.json.\n"
+    "  Every input line gives exactly one output line: a bad line gives\n"
+    "  {\"error\":{\"line\":N,\"message\":\"...\"}} (and the message on stderr), the others go on;\n"
+    "  the exit status is then 1. A UTF-8 byte order mark at the start of a line is skipped.\n";
 
 // A bad input line: the message on stderr, and in the line's place on stdout an error object,
 // {"error":{"line":N,"message":"..."}}, so output line i always answers input line i.
-static void tok_cli_bad(size_t lineno, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tok_cli_bad(size_t lineno, const char *fmt, ...) {
+static void tok_cli_bad(int64_t lineno, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tok_cli_bad(int64_t lineno, const char *fmt, ...) {
     char msg[1200], out[6 * sizeof msg + 64];   // a JSON escape is at most 6 bytes per byte
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "moet tokenize: line %zu: %s\n", lineno, msg);
+    fprintf(stderr, "moet tokenize: line %" PRId64 ": %s\n", lineno, msg);
     js_writer w;
     js_w_init(&w, out, sizeof out);
     js_w_obj(&w);
     js_w_key(&w, "error");
     js_w_obj(&w);
     js_w_key(&w, "line");
-    js_w_int(&w, (int64_t)lineno);
+    js_w_int(&w, lineno);
     js_w_key(&w, "message");
     js_w_str(&w, msg);
     js_w_end_obj(&w);
     js_w_end_obj(&w);
     MOET_ASSERT(!w.overflow, "error line exceeds %zu bytes", sizeof out);
-    fwrite(out, 1, w.len, stdout);
-    putc_unlocked('\n', stdout);
+    so_write(out, w.len);
+    so_write("\n", 1);
 }
 
-static void tok_put_u32(FILE *f, uint32_t v) {
+static void tok_put_u32(uint32_t v) {
     char b[12];
     int k = 12;
     do { b[--k] = (char)('0' + v % 10); v /= 10; } while (v);
-    fwrite(b + k, 1, (size_t)(12 - k), f);
+    so_write(b + k, (size_t)(12 - k));
 }
 
+typedef struct {
+    const char *tokenizer, *config;
+    int decode, skip_special;
+} tok_cli_flags;
+
+static const moet_flag tok_cli_flag_table[] = {
+    FLAG_PATH("--tokenizer", tok_cli_flags, tokenizer, ARG_IN_ANY, "FILE|DIR"),
+    FLAG_FILE("--config", tok_cli_flags, config),
+    FLAG_SWITCH("--decode", tok_cli_flags, decode),
+    FLAG_SWITCH("--skip-special", tok_cli_flags, skip_special),
+};
+
 static int cmd_tokenize(int argc, char **argv) {
-    const char *path = NULL, *config = NULL;
-    int decode = 0, skip_special = 0;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
-        else if (!strcmp(argv[i], "--decode")) decode = 1;
-        else if (!strcmp(argv[i], "--skip-special")) skip_special = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { tok_cli_usage(stdout); return 0; }
-        else {
-            fprintf(stderr, "moet tokenize: unknown or incomplete option '%s'\n", argv[i]);
-            tok_cli_usage(stderr);
-            return 2;
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "moet tokenize: --tokenizer FILE is required\n");
-        tok_cli_usage(stderr);
-        return 2;
-    }
+    tok_cli_flags fl = {0};
+    int arc = moet_args("tokenize", tok_cli_usage, tok_cli_flag_table, (int)(sizeof tok_cli_flag_table / sizeof tok_cli_flag_table[0]),
+                        argc, argv, &fl);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : 2;   // a refused tokenizer path too: 2, as a refused tokenizer
+    const char *path = fl.tokenizer, *config = fl.config;
+    int decode = fl.decode, skip_special = fl.skip_special;
+    if (!path) return moet_usage_error("tokenize", tok_cli_usage, "--tokenizer FILE is required");
     if (skip_special && !decode) {
         fprintf(stderr, "moet tokenize: --skip-special applies to --decode only\n");
         return 2;
@@ -107,8 +92,8 @@ static int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "moet tokenize: %s\n", e.msg);
         return 2;
     }
-    // fixed buffers for the whole run: one line, its JSON tree, the ids, the text pieces
-    const size_t max_line = MOET_TOK_CLI_MAX_LINE, max_ids = MOET_TOK_CLI_MAX_IDS;
+    // fixed buffers for the whole run: the line reader's, a line's JSON tree, the ids, the text pieces
+    const size_t max_line = MOET_TOK_CLI_MAX_LINE, max_ids = MOET_TOK_CLI_MAX_IDS, in_cap = max_line + 1 + (64u << 10);
     const size_t chunk_cap = tok_stream_max_out(&t), esc_cap = 6 * chunk_cap + 8;
     arena io;
     char *line = NULL, *chunk = NULL, *esc = NULL;
@@ -117,7 +102,7 @@ static int cmd_tokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     arena_plan iop = arena_plan_begin(&io, "tokenize buffers", ARENA_HOST, &e);
     while (arena_plan_pass(&iop)) {
-        ARENA_TAKE(iop.on, line, max_line + 1, "line");
+        ARENA_TAKE(iop.on, line, in_cap, "line buffer");
         ARENA_TAKE(iop.on, nodes, max_ids + 1, "JSON values");
         ARENA_TAKE(iop.on, strs, max_line + 1, "JSON strings");
         ARENA_TAKE(iop.on, ids, max_ids, "ids");
@@ -139,9 +124,21 @@ static int cmd_tokenize(int argc, char **argv) {
     }
 
     int failed = 0;
-    long len;
-    for (size_t lineno = 1; (len = tok_read_line(stdin, line, max_line)) != -1; lineno++) {
-        if (len == -2) {
+    ln_reader in;
+    ln_init_fd(&in, 0, line, in_cap, max_line);
+    for (;;) {
+        ln_line l;
+        int k = ln_take(&in, &l);
+        if (k == LN_NONE) {
+            if (in.eof) break;
+            ln_fill(&in, -1);
+            continue;
+        }
+        if (so_failed()) break;   // nobody reads the answers any more
+        int64_t lineno = l.no;
+        size_t len = l.n;
+        const char *text = l.s;
+        if (k == LN_LONG) {
             tok_cli_bad(lineno, "longer than %zu bytes", max_line);
             failed = 1;
             continue;
@@ -149,7 +146,7 @@ static int cmd_tokenize(int argc, char **argv) {
         js_doc d = {0};
         uint32_t n_nodes;
         size_t n_strs;
-        if (js_measure(&d, line, (size_t)len, &n_nodes, &n_strs)) {
+        if (js_measure(&d, text, len, &n_nodes, &n_strs)) {
             tok_cli_bad(lineno, "invalid JSON: %s", d.err);
             failed = 1;
             continue;
@@ -163,7 +160,7 @@ static int cmd_tokenize(int argc, char **argv) {
         d.cap_nodes = n_nodes;
         d.strs = strs;
         d.cap_strs = max_line + 1;
-        MOET_ASSERT(js_parse(&d, line, (size_t)len) == 0, "second JSON pass: %s", d.err);
+        MOET_ASSERT(js_parse(&d, text, len) == 0, "second JSON pass: %s", d.err);
         const js_node *root = js_root(&d);
         if (!decode) {
             if (root->type != JS_STR) {
@@ -177,12 +174,12 @@ static int cmd_tokenize(int argc, char **argv) {
                 failed = 1;
                 continue;
             }
-            putc_unlocked('[', stdout);
+            so_write("[", 1);
             for (size_t i = 0; i < n; i++) {
-                if (i) putc_unlocked(',', stdout);
-                tok_put_u32(stdout, (uint32_t)ids[i]);
+                if (i) so_write(",", 1);
+                tok_put_u32((uint32_t)ids[i]);
             }
-            fputs("]\n", stdout);
+            so_write("]\n", 2);
             continue;
         }
         if (root->type != JS_ARR) {
@@ -208,7 +205,7 @@ static int cmd_tokenize(int argc, char **argv) {
         if (bad) { failed = 1; continue; }
         tok_stream ts;
         tok_stream_init(&ts, skip_special);
-        putc_unlocked('"', stdout);
+        so_write("\"", 1);
         for (uint32_t i = 0; i <= root->len; i++) {
             size_t n;
             if (i < root->len) MOET_ASSERT(tok_decode_stream(&t, &ts, ids[i], chunk, chunk_cap, &n, &e) == 0, "%s", e.msg);
@@ -218,15 +215,14 @@ static int cmd_tokenize(int argc, char **argv) {
             js_w_init(&w, esc, esc_cap);
             js_w_strn(&w, chunk, n);
             MOET_ASSERT(!w.overflow && w.len >= 2, "escape buffer");
-            fwrite(esc + 1, 1, w.len - 2, stdout);   // without the quotes js_w_strn adds
+            so_write(esc + 1, w.len - 2);   // without the quotes js_w_strn adds
         }
-        fputs("\"\n", stdout);
+        so_write("\"\n", 2);
     }
-    if (ferror(stdin)) {   // not the end of the input: say so, and fail
-        fprintf(stderr, "moet tokenize: reading stdin failed: %s\n", strerror(errno));
+    if (in.err) {   // not the end of the input: say so, and fail
+        fprintf(stderr, "moet tokenize: reading stdin failed: %s\n", strerror(in.err));
         failed = 1;
     }
-    fflush(stdout);
     arena_release(&scr_mem);
     arena_release(&io);
     tok_free(&t);

@@ -10,32 +10,45 @@
 // whose touched set at B > 1 follows the router.
 
 typedef struct {
-    const char *model, *planes, *backend;
-    int batches[16], n_batches;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile;
+    const char *model, *planes, *backend, *kv_dtype_name;
+    moet_list batch;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify;
     pf_serve_opts popt;
 } bench_opts;
 
-static void bench_usage(FILE *f) {
-    fputs("usage: moet bench --model DIR [--planes FILE] [--batch 1,16] [--prompt N] [--gen N] [--depth N] [options]\n"
-          "Prefill and decode throughput per batch size, bytes read per decode step, achieved GB/s and the\n"
-          "device's copy bandwidth measured in the same run.\n"
-          "options:\n"
-          "  --model DIR           checkpoint directory\n"
-          "  --planes FILE         routed experts from this MOET2PF1 plane file (the resident expert pool)\n"
-          "  --no-verify           with --planes: skip the SHA-256 check of every slot\n"
-          "  --batch LIST          batch sizes, comma separated (default 1,16)\n"
-          "  --prompt N            prompt tokens per sequence, prefill timed (default 512)\n"
-          "  --gen N               decode steps timed (default 64)\n"
-          "  --depth N             context length before the timed decode (default: the prompt)\n"
-          "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
-          "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
-          "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
-          "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
-          "  --threads N           CPU backend: worker threads (default: the cores)\n"
-          "  -h, --help            this text\n",
-          f);
-}
+static const char bench_usage[] =
+    "usage: moet bench --model DIR [--planes FILE] [--batch 1,16] [--prompt N] [--gen N] [--depth N] [options]\n"
+    "Prefill and decode throughput per batch size, bytes read per decode step, achieved GB/s and the\n"
+    "device's copy bandwidth measured in the same run.\n"
+    "options:\n"
+    "  --model DIR           checkpoint directory\n"
+    "  --planes FILE         routed experts from this MOET2PF1 plane file (the resident expert pool)\n"
+    "  --no-verify           with --planes: skip the SHA-256 check of every slot\n"
+    "  --batch LIST          batch sizes, comma separated (default 1,16)\n"
+    "  --prompt N            prompt tokens per sequence, prefill timed (default 512)\n"
+    "  --gen N               decode steps timed (default 64)\n"
+    "  --depth N             context length before the timed decode (default: the prompt)\n"
+    "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
+    "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
+    "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
+    "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
+    "  --threads N           CPU backend: worker threads (default: the cores)\n"
+    "  -h, --help            this text\n";
+
+static const moet_flag bench_flag_table[] = {
+    FLAG_DIR("--model", bench_opts, model),
+    FLAG_FILE("--planes", bench_opts, planes),
+    FLAG_SWITCH("--no-verify", bench_opts, no_verify),
+    FLAG_LIST("--batch", bench_opts, batch, 1, 1024),
+    FLAG_INT("--prompt", bench_opts, prompt, 1, 1 << 20),
+    FLAG_INT("--gen", bench_opts, gen, 1, 1 << 20),
+    FLAG_INT("--depth", bench_opts, depth, 1, 1 << 22),
+    FLAG_INT("--max-batch-tokens", bench_opts, max_batch_tokens, 1, 1 << 20),
+    FLAG_CHOICE("--kv-dtype", bench_opts, kv_dtype_name, "bf16|fp8|f32"),
+    FLAG_CHOICE("--backend", bench_opts, backend, "auto|gpu|cpu"),
+    FLAG_SWITCH("--profile", bench_opts, profile),
+    FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
+};
 
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
 static double bench_copy_gbs(gpu_engine *g) {
@@ -74,53 +87,18 @@ static int bench_step(engine_backend *be, int n, const int *slots, const int32_t
 }
 
 static int cmd_bench(int argc, char **argv) {
-    bench_opts o = {.backend = "auto", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .kv_dtype = GPU_KV_BF16};
-    o.batches[0] = 1, o.batches[1] = 16, o.n_batches = 2;
-    o.popt.progress = 1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 0; }
-        if (!strcmp(a, "--no-verify")) { o.popt.no_verify = 1; continue; }
-        if (!strcmp(a, "--profile")) { o.profile = 1; continue; }
-        if (!v) { fprintf(stderr, "moet bench: unknown or incomplete option '%s'\n", a); bench_usage(stderr); return 2; }
-        i++;
-        if (!strcmp(a, "--model")) o.model = v;
-        else if (!strcmp(a, "--planes")) o.planes = v;
-        else if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "--prompt")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.prompt);
-        else if (!strcmp(a, "--gen")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.gen);
-        else if (!strcmp(a, "--depth")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 22, &o.depth);
-        else if (!strcmp(a, "--max-batch-tokens")) rc = moet_arg_int("moet bench", a, v, 1, 1 << 20, &o.max_batch_tokens);
-        else if (!strcmp(a, "--threads")) rc = moet_arg_int("moet bench", a, v, 1, MOET_MAX_THREADS, &o.threads);
-        else if (!strcmp(a, "--kv-dtype")) {
-            if (engine_kv_dtype(v, &o.kv_dtype)) { fprintf(stderr, "moet bench: --kv-dtype %s: expected bf16, fp8 or f32\n", v); return 2; }
-        }
-        else if (!strcmp(a, "--batch")) {
-            o.n_batches = 0;
-            const char *p = v;
-            while (*p) {
-                char *end;
-                long b = strtol(p, &end, 10);
-                if (end == p || b < 1 || b > 1024 || o.n_batches == 16 || (*end && *end != ',')) {
-                    fprintf(stderr, "moet bench: --batch %s: expected up to 16 sizes in 1..1024, comma separated\n", v);
-                    return 2;
-                }
-                o.batches[o.n_batches++] = (int)b;
-                p = *end ? end + 1 : end;
-            }
-        } else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
-        if (rc) return 2;
-    }
-    if (!o.model) { fprintf(stderr, "moet bench: need --model DIR\n"); return 2; }
+    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192,
+                    .batch = {2, {1, 16}}};
+    int arc = moet_args("bench", bench_usage, bench_flag_table, (int)(sizeof bench_flag_table / sizeof bench_flag_table[0]), argc,
+                        argv, &o);
+    if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
+    if (!o.model) return moet_usage_error("bench", bench_usage, "need --model DIR");
+    MOET_ASSERT(engine_kv_dtype(o.kv_dtype_name, &o.kv_dtype) == 0, "kv dtype %s", o.kv_dtype_name);
+    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1};   // progress on stderr
     if (o.depth < 0) o.depth = o.prompt;
     if (o.depth < o.prompt) { fprintf(stderr, "moet bench: --depth %d is shorter than --prompt %d\n", o.depth, o.prompt); return 2; }
-    if (strcmp(o.backend, "auto") && strcmp(o.backend, "gpu") && strcmp(o.backend, "cpu")) {
-        fprintf(stderr, "moet bench: --backend %s: expected auto, gpu or cpu\n", o.backend);
-        return 2;
-    }
     int maxB = 0;
-    for (int i = 0; i < o.n_batches; i++) if (o.batches[i] > maxB) maxB = o.batches[i];
+    for (int i = 0; i < o.batch.n; i++) if (o.batch.v[i] > maxB) maxB = o.batch.v[i];
     moet_err e = {{0}};
     ck_model m;
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
@@ -146,13 +124,15 @@ static int cmd_bench(int argc, char **argv) {
     js_w_key(&w, "object"), js_w_str(&w, "bench");
     js_w_key(&w, "backend"), js_w_str(&w, use_gpu ? "gpu" : "cpu");
     js_w_key(&w, "device"), js_w_str(&w, use_gpu ? gp->dev.name : "cpu");
-    js_w_key(&w, "model"), js_w_str(&w, o.model);
+    char model_name[MOET_MAX_PATH];
+    ck_model_name(o.model, model_name, sizeof model_name);   // as serve and eval name it
+    js_w_key(&w, "model"), js_w_str(&w, model_name);
     js_w_key(&w, "experts"), js_w_str(&w, o.planes ? "planes" : m.expert_format);
     js_w_key(&w, "kv_dtype"), js_w_str(&w, gpu_kv_names[o.kv_dtype]);
     if (use_gpu) js_w_key(&w, "copy_gbs"), js_w_num(&w, round(copy_gbs * 10) / 10);   // the byte model is the GPU's
     js_w_key(&w, "results"), js_w_arr(&w);
-    for (int bi = 0; bi < o.n_batches; bi++) {
-        int B = o.batches[bi];
+    for (int bi = 0; bi < o.batch.n; bi++) {
+        int B = o.batch.v[bi];
         for (int s = 0; s < B; s++) {
             engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len};   // greedy
             int ar = be->admit(be->self, s, &ad, &e);
@@ -264,7 +244,8 @@ static int cmd_bench(int argc, char **argv) {
     js_w_end_arr(&w);
     js_w_end_obj(&w);
     MOET_ASSERT(!w.overflow, "bench result line");
-    printf("%s\n", line);
+    so_puts(line);
+    so_puts("\n");
     rc = 0;
 out:
     engine_close(&E);
