@@ -41,6 +41,8 @@
 #include "gpu/cuda.c"
 // defines: gpu_kernels (the embedded cubins, the kernel table K_*), gpu_launch
 #include "gpu/kernels.c"
+// defines: gpu_k_* (one typed launcher per kernel: its grid, block and shared memory from the shapes)
+#include "gpu/launch.c"
 // defines: gpu_mat (a weight matrix on the device), GPU_W_*, GPU_KV_*, GPU_KV_PAGE: shared with sass/
 #include "sass/gpu_abi.h"
 // defines: arena (host, pinned, device: measure / init / take), arena_map_file, the allocation counter
