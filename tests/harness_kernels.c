@@ -37,11 +37,19 @@
 
 // Bounds (normalised max error against the twin), each with its reason.
 // Both sides compute each output from the same values in f32 (the twin often sums in f64), in
-// another order: a few ulps of the largest partial sums, ~1e-7 of the outputs' spread for sums
-// of ≤ 4,096 terms (k_linear, the experts, the norms, the conv, attn_prep's q and k).
-#define HK_TOL_SUM 1e-5
-// Attention: a softmax over up to 4,096 positions in f32 with an online rescaling, against f64
-// sums: the f32 sum of 4,096 terms keeps ~1e-6 relative (measured 1e-7..2e-6 in test_gpu's blocks).
+// another order. For the dot products of k_linear and k_moe_down (≤ 4,096 terms) that moves the
+// largest outputs by a few ulps of their partial sums: the kernels' summation order emulated on
+// the CPU against the twin's gives 2.0e-6 .. 2.4e-6 of the outputs' spread over 2e5 outputs (K
+// 2,048 and 4,096); the harness compares up to 5e6, whose tail is a little longer. The norms,
+// the conv, attn_prep's q and k, combine and SiLU round far less (a scale factor, a few terms).
+#define HK_TOL_SUM 2e-5
+// k_moe_gate_up's output is the product SiLU(g) · u of two such sums: an error of g meets the
+// largest u (and the reverse), several times the spread of h away: emulated 1.1e-5 over 2e5
+// outputs of 2-bit plane experts.
+#define HK_TOL_PRODUCT 1e-4
+// Attention: a softmax over up to 4,096 positions in f32 with an online rescaling (sixteen
+// warps' partial states merged), against the twin's f64 sums: emulated 1.6e-6 .. 1.8e-6 at
+// depths 41, 512 and 4,096.
 #define HK_TOL_ATT 1e-4
 // k_embed copies decoded values: exact.
 #define HK_TOL_EXACT 0.0
@@ -364,7 +372,7 @@ static void hk_experts(int kind) {
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
         HK_TIME(us, gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T));
-        hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_SUM, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
+        hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
         HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
         hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
