@@ -31,7 +31,7 @@
 
 #define HK_WARM 3
 #define HK_REPS 15
-#define HK_FLUSH ((size_t)256 << 20)      // bytes memset before each timed launch (H200 L2: 50 MiB)
+#define HK_FLUSH ((size_t)256 << 20)      // bytes memset before each timed launch (H200 L2: 60 MiB)
 #define HK_SCRATCH ((size_t)2304 << 20)   // device bytes of one section's buffers
 #define HK_CONFIG "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json"
 
