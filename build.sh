@@ -8,6 +8,10 @@
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
 #   ./build.sh test-gpu run the GPU tests (tests/test_gpu.c: the whole model on the GPU against the goldens
 #                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU
+#   ./build.sh harness  every kernel against its CPU twin on Qwen3.6-35B-A3B's shapes, timed, on a
+#                       machine with an NVIDIA GPU (tests/harness_kernels.c): a table line per kernel
+#                       and shape (error and bound, µs, bytes, GB/s, % of the copy bandwidth); exit
+#                       status 1 when an error is past its bound
 #   ./build.sh cubins   rebuild the kernels' cubins and PTX (sass/moet.*) with nvcc, whatever the stamp says
 #   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
 #                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,
@@ -200,6 +204,14 @@ run_gpu_tests() {
     return $rc
 }
 
+# The kernel harness: built as a test (MOET_TEST: moet.c without main), without MOET_POISON (its
+# CPU twins' engine is large and every buffer it reads is written first).
+run_harness() {
+    mkdir -p build
+    $CC $CFLAGS -DMOET_TEST -o build/harness_kernels tests/harness_kernels.c $LIBS
+    build/harness_kernels
+}
+
 # compute-sanitizer memcheck on short GPU runs: moet run (fp8 KV, plane experts, an 80-token
 # prompt in a chunk of 64, the GPU's cut alignment, and its tail) and moet serve (bf16 KV, three
 # requests in one batch); any error report fails. Its report (stdout) and the
@@ -226,8 +238,9 @@ case "${1:-}" in
     "") build_cubins && build_moet && build_demo_planes ;;
     test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests ;;
     test-gpu) build_cubins && build_moet && build_demo_planes && run_gpu_tests ;;
+    harness) build_cubins && run_harness ;;
     cubins) build_cubins force ;;
     fuzz) build_fuzz && run_fuzz ;;
     unicode) gen_unicode ;;
-    *) echo "usage: ./build.sh [test|test-gpu|cubins|fuzz|unicode]" >&2; exit 2 ;;
+    *) echo "usage: ./build.sh [test|test-gpu|harness|cubins|fuzz|unicode]" >&2; exit 2 ;;
 esac

@@ -35,6 +35,7 @@
 //                                   twin (sass/MODEL.md)
 //   device    gpu/cuda.c            the Driver API (dlopen), CU_CHECK, the device
 //             gpu/kernels.c         the embedded cubins, the kernel table, gpu_launch, profiler
+//             gpu/launch.c          one typed launcher per kernel (geometry from the shapes, limits checked)
 //             gpu/pool.c            the resident expert pool (O_DIRECT, SHA-256, copy streams)
 //             gpu/engine.c          the device forward pass (arenas, weights, KV pages, steps)
 //             gpu/backend.c         the GPU engine_backend; engine_open (--backend)
@@ -896,8 +897,8 @@ typedef struct ref_engine_s {
     float *rl;       // [Tm, E] router probabilities
     int *sel;        // [Tm, K] chosen experts, by descending weight
     float *selw;     // [Tm, K] their renormalised weights
-    int *rows;       // [Tm] tokens routed to one expert
-    float *rw;       // [Tm] their weights
+    int *rows;       // [Tm] the (token, choice) pairs t·K + k routed to one expert
+    float *ye;       // [Tm·K, H] the routed experts' outputs, one row per pair
     float *gx;       // [Tm, H] gathered expert inputs
     float *eg, *eu;  // [Tm, max(I, SI)] gate / up projections
     float *ed;       // [Tm, H] expert outputs
@@ -978,7 +979,7 @@ static void ref_carve(ref_engine *r, arena *a) {
     ARENA_TAKE(a, r->sel, Tm * c->topk, "routing");
     ARENA_TAKE(a, r->selw, Tm * c->topk, "routing weights");
     ARENA_TAKE(a, r->rows, Tm, "expert rows");
-    ARENA_TAKE(a, r->rw, Tm, "expert row weights");
+    ARENA_TAKE(a, r->ye, Tm * c->topk * H, "expert outputs");
     ARENA_TAKE(a, r->gx, Tm * H, "expert inputs");
     ARENA_TAKE(a, r->eg, Tm * ew, "expert gate");
     ARENA_TAKE(a, r->eu, Tm * ew, "expert up");
@@ -1272,57 +1273,76 @@ static void ref_kv_round(float *x, int n, int kv) {
     }
 }
 
-// Gated full attention for the tokens [t0, t0 + n) of one sequence (sass/MODEL.md §3.4).
+// Gated attention before the scores for one token at position p (sass/MODEL.md §3.4 steps 3–5):
+// per-head zero-centred RMSNorm of q (q_norm) and k (k_norm), partial RoPE on both, then k and
+// v stored as the cache row of position p (rounded as the GPU's KV cache stores them when
+// r->kv_round is set). qg [nh, 2·hd] (per head: query, then gate; the query normed and roped in
+// place), k [kvh·hd] (in place), v [kvh·hd]; kc, vc: this layer's cache rows of position p
+// [kvh·hd]. GPU twin: k_attn_prep_{f32,bf16,fp8}.
+static void ref_attn_prep(const ref_engine *r, const ck_mat *q_norm, const ck_mat *k_norm, float *qg, float *k, const float *v,
+                          float *kc, float *vc, int p) {
+    const ck_config *c = &r->m->cfg;
+    int hd = c->head_dim, nh = c->n_heads, kvh = c->n_kv_heads, kvd = kvh * hd;
+    for (int h = 0; h < nh; h++) {
+        float *qh = qg + (size_t)h * 2 * hd;
+        ref_rmsnorm1p(qh, q_norm, hd, c->eps, qh);
+        ref_rope(r, qh, p);
+    }
+    for (int j = 0; j < kvh; j++) {
+        float *kh = k + (size_t)j * hd;
+        ref_rmsnorm1p(kh, k_norm, hd, c->eps, kh);
+        ref_rope(r, kh, p);
+    }
+    memcpy(kc, k, sizeof(float) * kvd);
+    memcpy(vc, v, sizeof(float) * kvd);
+    for (int j = 0; j < kvh && r->kv_round; j++) {
+        ref_kv_round(kc + (size_t)j * hd, hd, r->kv_round);
+        ref_kv_round(vc + (size_t)j * hd, hd, r->kv_round);
+    }
+}
+
+// Causal GQA attention of one query token at position p over this layer's cache (sass/MODEL.md §3.4
+// steps 6–7): for query head h (KV head h / (nh / kvh)), o = Σ_{τ ≤ p} softmax_τ(q · k_τ /
+// sqrt(hd)) v_τ, then out[h] = o ⊙ σ(gate). qg [nh, 2·hd] after ref_attn_prep; K, Vc [p + 1,
+// kvh·hd]; scores: scratch [p + 1]; out [nh·hd]. GPU twin: k_attention_{f32,bf16,fp8}.
+static void ref_attn_core(const ref_engine *r, const float *qg, const float *K, const float *Vc, int p, float *scores, float *out) {
+    const ck_config *c = &r->m->cfg;
+    int hd = c->head_dim, nh = c->n_heads, kvh = c->n_kv_heads, group = nh / kvh, kvd = kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < nh; h++) {
+        const float *qh = qg + (size_t)h * 2 * hd, *gate = qh + hd;
+        int j = h / group;
+        float mx = -INFINITY;
+        for (int tau = 0; tau <= p; tau++) {
+            scores[tau] = ref_dot(qh, K + (size_t)tau * kvd + (size_t)j * hd, hd) * scale;
+            if (scores[tau] > mx) mx = scores[tau];
+        }
+        double sum = 0;
+        for (int tau = 0; tau <= p; tau++) sum += (scores[tau] = (float)exp((double)(scores[tau] - mx)));
+        float inv = (float)(1.0 / sum);
+        float *o = out + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) {
+            double acc = 0;
+            for (int tau = 0; tau <= p; tau++) acc += (double)(scores[tau] * inv) * Vc[(size_t)tau * kvd + (size_t)j * hd + d];
+            o[d] = (float)acc * ref_sigmoid(gate[d]);   // element-wise output gate
+        }
+    }
+}
+
+// Gated full attention for the tokens [t0, t0 + n) of one sequence (sass/MODEL.md §3.4): every token
+// into the cache, then every token's query over it.
 static void ref_attention(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
     const ck_config *c = &r->m->cfg;
-    int hd = c->head_dim, nh = c->n_heads, kvh = c->n_kv_heads, group = nh / kvh;
-    int kvd = kvh * hd, pw = 2 * nh * hd;
+    int hd = c->head_dim, nh = c->n_heads, kvd = c->n_kv_heads * hd, pw = 2 * nh * hd;
     size_t lay = (size_t)r->kind_index[layer] * r->max_len * kvd;
     float *K = q->k + lay, *Vc = q->v + lay;
-    float scale = 1.0f / sqrtf((float)hd);
     for (int t = t0; t < t0 + n; t++) {
         int p = q->pos + (t - t0);
-        float *qg = r->proj + (size_t)t * pw;
-        for (int h = 0; h < nh; h++) {
-            float *qh = qg + (size_t)h * 2 * hd;
-            ref_rmsnorm1p(qh, &L->q_norm, hd, c->eps, qh);
-            ref_rope(r, qh, p);
-        }
-        for (int j = 0; j < kvh; j++) {
-            float *kh = r->kk + (size_t)t * kvd + (size_t)j * hd;
-            ref_rmsnorm1p(kh, &L->k_norm, hd, c->eps, kh);
-            ref_rope(r, kh, p);
-        }
-        memcpy(K + (size_t)p * kvd, r->kk + (size_t)t * kvd, sizeof(float) * kvd);
-        memcpy(Vc + (size_t)p * kvd, r->vv + (size_t)t * kvd, sizeof(float) * kvd);
-        for (int j = 0; j < kvh && r->kv_round; j++) {
-            ref_kv_round(K + (size_t)p * kvd + (size_t)j * hd, hd, r->kv_round);
-            ref_kv_round(Vc + (size_t)p * kvd + (size_t)j * hd, hd, r->kv_round);
-        }
+        ref_attn_prep(r, &L->q_norm, &L->k_norm, r->proj + (size_t)t * pw, r->kk + (size_t)t * kvd, r->vv + (size_t)t * kvd,
+                      K + (size_t)p * kvd, Vc + (size_t)p * kvd, p);
     }
-    for (int t = t0; t < t0 + n; t++) {
-        int p = q->pos + (t - t0);
-        const float *qg = r->proj + (size_t)t * pw;
-        float *out = r->core + (size_t)t * nh * hd;
-        for (int h = 0; h < nh; h++) {
-            const float *qh = qg + (size_t)h * 2 * hd, *gate = qh + hd;
-            int j = h / group;
-            float mx = -INFINITY;
-            for (int tau = 0; tau <= p; tau++) {
-                r->scores[tau] = ref_dot(qh, K + (size_t)tau * kvd + (size_t)j * hd, hd) * scale;
-                if (r->scores[tau] > mx) mx = r->scores[tau];
-            }
-            double sum = 0;
-            for (int tau = 0; tau <= p; tau++) sum += (r->scores[tau] = (float)exp((double)(r->scores[tau] - mx)));
-            float inv = (float)(1.0 / sum);
-            float *o = out + (size_t)h * hd;
-            for (int d = 0; d < hd; d++) {
-                double acc = 0;
-                for (int tau = 0; tau <= p; tau++) acc += (double)(r->scores[tau] * inv) * Vc[(size_t)tau * kvd + (size_t)j * hd + d];
-                o[d] = (float)acc * ref_sigmoid(gate[d]);   // element-wise output gate
-            }
-        }
-    }
+    for (int t = t0; t < t0 + n; t++)
+        ref_attn_core(r, r->proj + (size_t)t * pw, K, Vc, q->pos + (t - t0), r->scores, r->core + (size_t)t * nh * hd);
 }
 
 // The gated RMSNorm of one GDN value head (sass/MODEL.md §3.3): o = w · (o / rms(o)) · SiLU(z), a
@@ -1332,6 +1352,46 @@ static void ref_gated_rmsnorm(float *o, const float *z, const ck_mat *w, int dv,
     for (int v = 0; v < dv; v++) ss += (double)o[v] * o[v];
     float rn = (float)(1.0 / sqrt(ss / dv + eps));
     for (int v = 0; v < dv; v++) o[v] = ck_at(w, 0, v) * (o[v] * rn) * ref_silu(z[v]);
+}
+
+// The causal depthwise conv of one GDN token, then SiLU (sass/MODEL.md §3.5): for channel ch,
+//   x[ch] ← SiLU(Σ_{j < Kc−1} w[ch, j] · win[j, ch] + w[ch, Kc−1] · x[ch])
+// in place on x [cd] (the token's qkv projection in, the conv output out); win [Kc − 1, cd]
+// holds the sequence's last Kc − 1 pre-conv inputs, oldest first, and takes this one.
+// w [cd, Kc]; tmp: scratch [cd]. GPU twin: k_gdn_conv (a row's tokens in order).
+static void ref_gdn_conv(const ck_mat *w, int cd, int Kc, float *x, float *win, float *tmp) {
+    for (int ch = 0; ch < cd; ch++) {
+        double acc = 0;
+        for (int j = 0; j < Kc - 1; j++) acc += (double)ck_at(w, ch, j) * win[(size_t)j * cd + ch];
+        acc += (double)ck_at(w, ch, Kc - 1) * x[ch];
+        tmp[ch] = ref_silu((float)acc);
+    }
+    if (Kc > 1) {
+        memmove(win, win + cd, sizeof(float) * (size_t)(Kc - 2) * cd);
+        memcpy(win + (size_t)(Kc - 2) * cd, x, sizeof(float) * cd);
+    }
+    memcpy(x, tmp, sizeof(float) * cd);
+}
+
+// q and k of one GDN token L2-normalised per key head (eps inside the sqrt), q then scaled by
+// 1/sqrt(dk), in place: q, k [nk·dk]. GPU twin: the start of gdn_token (sass/gdn.cuh), and
+// step 1 of k_gdn_chunk.
+static void ref_gdn_qk_norm(float *q, float *k, int nk, int dk) {
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int h = 0; h < nk; h++) {
+        float *qh = q + (size_t)h * dk, *kh = k + (size_t)h * dk;
+        double sq = 0, sk = 0;
+        for (int d = 0; d < dk; d++) { sq += (double)qh[d] * qh[d]; sk += (double)kh[d] * kh[d]; }
+        float rq = (float)(1.0 / sqrt(sq + 1e-6)), rk = (float)(1.0 / sqrt(sk + 1e-6));
+        for (int d = 0; d < dk; d++) { qh[d] = qh[d] * rq * qscale; kh[d] = kh[d] * rk; }
+    }
+}
+
+// The gates of one GDN token and value head (sass/MODEL.md §3.5): β = σ(b), and the log decay
+// g = −exp(A_log) · softplus(a + dt_bias) ≤ 0. GPU twin: gdn_gates (sass/gdn.cuh).
+static void ref_gdn_gates(float b, float a, float A_log, float dt_bias, float *beta, float *g) {
+    *beta = ref_sigmoid(b);
+    *g = -expf(A_log) * ref_softplus(a + dt_bias);
 }
 
 // One token of the gated delta rule for one value head, recurrent form (sass/MODEL.md §4.1): S [dk, dv]
@@ -1356,48 +1416,38 @@ static void ref_gdn_token(float *S, const float *qh, const float *kh, const floa
     }
 }
 
+// The gated delta rule for one token of a sequence, every value head, recurrent form
+// (sass/MODEL.md §3.5, §4.1): qkv [cd] is the token's conv output q [nk·dk] | k [nk·dk] | v [nv·dv]
+// (q and k normalised in place); b, a [nv] its gate pre-activations; A_log, dt_bias [1, nv];
+// S [nv, dk, dv] the sequence's state, in/out; o [nv·dv] the output before the gated norm.
+// Value head j reads key head j / (nv / nk). u: scratch [dv]. GPU twin: k_gdn_rule.
+static void ref_gdn_rule(float *qkv, const float *b, const float *a, const ck_mat *A_log, const ck_mat *dt_bias, float *S, float *o,
+                         int nk, int nv, int dk, int dv, float *u) {
+    int key_dim = nk * dk, rep = nv / nk;
+    float *qv = qkv, *kv = qkv + key_dim, *vv = qkv + 2 * key_dim;
+    ref_gdn_qk_norm(qv, kv, nk, dk);
+    for (int j = 0; j < nv; j++) {
+        float beta, g;
+        ref_gdn_gates(b[j], a[j], ck_at(A_log, 0, j), ck_at(dt_bias, 0, j), &beta, &g);
+        ref_gdn_token(S + (size_t)j * dk * dv, qv + (size_t)(j / rep) * dk, kv + (size_t)(j / rep) * dk, vv + (size_t)j * dv, beta, g,
+                      dk, dv, u, o + (size_t)j * dv);
+    }
+}
+
 // Gated DeltaNet for the tokens [t0, t0 + n) of one sequence, recurrent form (sass/MODEL.md §3.5,
 // §4.1). r->proj holds the qkv projections of these tokens; it is overwritten by the conv output.
 static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int t0, int n) {
     const ck_config *c = &r->m->cfg;
     int cd = c->conv_dim, K = c->conv_k, nk = c->lk_heads, nv = c->lv_heads, dk = c->lk_dim, dv = c->lv_dim;
-    int rep = nv / nk;
     size_t gi = (size_t)r->kind_index[layer];
     float *win = q->conv + gi * (K - 1) * cd;                 // [K-1, cd]
     float *S0 = q->ssm + gi * nv * dk * dv;                   // [nv, dk, dv]
-    float *conv_out = r->tmp, *kvmem = r->tmp + cd;           // [cd], [dv]
-    float qscale = 1.0f / sqrtf((float)dk);
     for (int t = t0; t < t0 + n; t++) {
-        float *m = r->proj + (size_t)t * cd;
-        // causal depthwise conv over (window, current) then SiLU; the window keeps pre-conv inputs
-        for (int ch = 0; ch < cd; ch++) {
-            double acc = 0;
-            for (int j = 0; j < K - 1; j++) acc += (double)ck_at(&L->conv, ch, j) * win[(size_t)j * cd + ch];
-            acc += (double)ck_at(&L->conv, ch, K - 1) * m[ch];
-            conv_out[ch] = ref_silu((float)acc);
-        }
-        if (K > 1) {
-            memmove(win, win + cd, sizeof(float) * (size_t)(K - 2) * cd);
-            memcpy(win + (size_t)(K - 2) * cd, m, sizeof(float) * cd);
-        }
-        memcpy(m, conv_out, sizeof(float) * cd);
-        float *qv = m, *kv = m + c->key_dim, *vv = m + 2 * c->key_dim;
-        // L2-normalise q and k per key head (eps inside the sqrt), then scale q by 1/sqrt(dk)
-        for (int h = 0; h < nk; h++) {
-            float *qh = qv + (size_t)h * dk, *kh = kv + (size_t)h * dk;
-            double sq = 0, sk = 0;
-            for (int d = 0; d < dk; d++) { sq += (double)qh[d] * qh[d]; sk += (double)kh[d] * kh[d]; }
-            float rq = (float)(1.0 / sqrt(sq + 1e-6)), rk = (float)(1.0 / sqrt(sk + 1e-6));
-            for (int d = 0; d < dk; d++) { qh[d] = qh[d] * rq * qscale; kh[d] = kh[d] * rk; }
-        }
-        for (int j = 0; j < nv; j++) {
-            const float *qh = qv + (size_t)(j / rep) * dk, *kh = kv + (size_t)(j / rep) * dk, *vh = vv + (size_t)j * dv;
-            float beta = ref_sigmoid(r->bb[(size_t)t * nv + j]);
-            float g = -expf(ck_at(&L->A_log, 0, j)) * ref_softplus(r->aa[(size_t)t * nv + j] + ck_at(&L->dt_bias, 0, j));
-            float *o = r->core + (size_t)t * c->value_dim + (size_t)j * dv;
-            ref_gdn_token(S0 + (size_t)j * dk * dv, qh, kh, vh, beta, g, dk, dv, kvmem, o);
-            ref_gated_rmsnorm(o, r->zz + (size_t)t * c->value_dim + (size_t)j * dv, &L->gnorm, dv, c->eps);
-        }
+        float *m = r->proj + (size_t)t * cd, *o = r->core + (size_t)t * c->value_dim;
+        ref_gdn_conv(&L->conv, cd, K, m, win, r->tmp);
+        ref_gdn_rule(m, r->bb + (size_t)t * nv, r->aa + (size_t)t * nv, &L->A_log, &L->dt_bias, S0, o, nk, nv, dk, dv, r->tmp + cd);
+        for (int j = 0; j < nv; j++)
+            ref_gated_rmsnorm(o + (size_t)j * dv, r->zz + (size_t)t * c->value_dim + (size_t)j * dv, &L->gnorm, dv, c->eps);
     }
 }
 
@@ -1405,7 +1455,7 @@ static void ref_gdn(ref_engine *r, const ck_layer *L, int layer, ref_seq *q, int
 // taken as one chunk: q̂, k̂ [n, dk] already L2-normalised (q̂ scaled by 1/sqrt(dk)), v [n, dv],
 // beta [n] = σ(b), g [n] the log decays (≤ 0); S [dk, dv] in/out, o [n, dv] out. Sums in f64;
 // w: scratch of ref_gdn_chunk_scratch(n, dv) doubles. It is the same map as the recurrence of
-// ref_gdn up to rounding (the executable definition stays the recurrent one). GPU twin:
+// ref_gdn_rule up to rounding (the executable definition stays the recurrent one). GPU twin:
 // k_gdn_chunk, which cuts prompts into such chunks at multiples of 64 of their positions.
 static size_t ref_gdn_chunk_scratch(int n, int dv) { return (size_t)n * (2 * (size_t)n + dv + 1); }
 
@@ -1474,11 +1524,51 @@ static void ref_route(float *p, int E, int Kt, int *sel, float *w) {
     for (int k = 0; k < Kt; k++) w[k] = (float)(w[k] / ws);
 }
 
+// h[i] = SiLU(g[i]) · u[i] for i < n (h may be g). GPU twin: k_silu_mul.
+static void ref_silu_mul(const float *g, const float *u, float *h, size_t n) {
+    for (size_t i = 0; i < n; i++) h[i] = ref_silu(g[i]) * u[i];
+}
+
+// One routed expert's first half over the n tokens that chose it (sass/MODEL.md §3.6):
+// h[t, i] = SiLU(gate[i] · x[t]) · (up[i] · x[t]), x [n, H], h [n, I]; u: scratch [n, I].
+// GPU twin: k_moe_gate_up (each (token, choice) pair alone).
+static void ref_moe_gate_up(ref_engine *r, const ck_mat *gate, const ck_mat *up, const float *x, int n, float *h, float *u) {
+    int H = gate->cols, I = gate->rows;
+    ref_linear(r, gate, x, H, n, h, I);
+    ref_linear(r, up, x, H, n, u, I);
+    ref_silu_mul(h, u, h, (size_t)n * I);
+}
+
+// Its second half: ye[t, j] = down[j] · h[t], h [n, I], ye [n, H]. GPU twin: k_moe_down.
+static void ref_moe_down(ref_engine *r, const ck_mat *down, const float *h, int n, float *ye) {
+    ref_linear(r, down, h, down->cols, n, ye, down->rows);
+}
+
+// The MoE output of one token (sass/MODEL.md §3.6): y[j] = Σ_k w[k] · ye[k, j], the K chosen experts
+// taken in ascending id (the order transformers' loop over the experts adds them), then
+// + σ(sg) · sh[j], the shared expert scaled by its sigmoid gate. ye [K, H] the chosen experts'
+// outputs in choice order, sel [K] their ids (distinct), w [K] their weights; sg the shared
+// expert's gate logit, sh [H] its output; y [H]. GPU twin: k_moe_combine.
+static void ref_moe_combine(const float *ye, const int *sel, const float *w, float sg, const float *sh, int K, int H, float *y) {
+    float s = ref_sigmoid(sg);
+    for (int j = 0; j < H; j++) {
+        float acc = 0;
+        for (int n = 0, last = -1; n < K; n++) {
+            int best = -1;
+            for (int k = 0; k < K; k++)
+                if (sel[k] > last && (best < 0 || sel[k] < sel[best])) best = k;
+            last = sel[best];
+            acc += ye[(size_t)best * H + j] * w[best];
+        }
+        y[j] = acc + s * sh[j];
+    }
+}
+
 // Router, routed experts and the gated shared expert over all T tokens (sass/MODEL.md §3.6).
 // Output in r->y.
 static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
     const ck_config *c = &r->m->cfg;
-    int H = c->hidden, E = c->n_experts, Kt = c->topk, I = c->inter, SI = c->shared_inter;
+    int H = c->hidden, E = c->n_experts, Kt = c->topk, SI = c->shared_inter;
     ref_linear(r, &L->router, r->xn, H, T, r->rl, E);
     for (int t = 0; t < T; t++) {
         int *sel = r->sel + (size_t)t * Kt;
@@ -1487,39 +1577,30 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
         if (r->trace_ids) memcpy(r->trace_ids[layer] + (size_t)t * Kt, sel, sizeof(int32_t) * Kt);
         if (r->trace_w) memcpy(r->trace_w[layer] + (size_t)t * Kt, w, sizeof(float) * Kt);
     }
-    memset(r->y, 0, sizeof(float) * (size_t)T * H);
-    // routed experts in ascending id, each over the tokens that chose it (as transformers' loop)
+    // routed experts in ascending id, each over the tokens that chose it (as transformers' loop);
+    // row i of an expert's batch is the pair r->rows[i] = t·K + k
     for (int x = 0; x < E; x++) {
         int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < Kt; k++)
-                if (r->sel[(size_t)t * Kt + k] == x) {
-                    r->rows[n] = t;
-                    r->rw[n] = r->selw[(size_t)t * Kt + k];
-                    memcpy(r->gx + (size_t)n * H, r->xn + (size_t)t * H, sizeof(float) * H);
-                    n++;
-                }
+        for (int p = 0; p < T * Kt; p++)
+            if (r->sel[p] == x) {
+                r->rows[n] = p;
+                memcpy(r->gx + (size_t)n * H, r->xn + (size_t)(p / Kt) * H, sizeof(float) * H);
+                n++;
+            }
         if (!n) continue;
-        ref_linear(r, &L->gate[x], r->gx, H, n, r->eg, I);
-        ref_linear(r, &L->up[x], r->gx, H, n, r->eu, I);
-        for (size_t i = 0; i < (size_t)n * I; i++) r->eg[i] = ref_silu(r->eg[i]) * r->eu[i];
-        ref_linear(r, &L->down[x], r->eg, I, n, r->ed, H);
-        for (int i = 0; i < n; i++) {
-            float *yt = r->y + (size_t)r->rows[i] * H;
-            const float *d = r->ed + (size_t)i * H;
-            for (int h = 0; h < H; h++) yt[h] += d[h] * r->rw[i];
-        }
+        ref_moe_gate_up(r, &L->gate[x], &L->up[x], r->gx, n, r->eg, r->eu);
+        ref_moe_down(r, &L->down[x], r->eg, n, r->ed);
+        for (int i = 0; i < n; i++) memcpy(r->ye + (size_t)r->rows[i] * H, r->ed + (size_t)i * H, sizeof(float) * H);
     }
-    // shared expert, scaled by its sigmoid gate
+    // the shared expert, and each token's output
     ref_linear(r, &L->sh_gate, r->xn, H, T, r->eg, SI);
     ref_linear(r, &L->sh_up, r->xn, H, T, r->eu, SI);
-    for (size_t i = 0; i < (size_t)T * SI; i++) r->eg[i] = ref_silu(r->eg[i]) * r->eu[i];
+    ref_silu_mul(r->eg, r->eu, r->eg, (size_t)T * SI);
     ref_linear(r, &L->sh_down, r->eg, SI, T, r->ed, H);
     ref_linear(r, &L->sh_gate_w, r->xn, H, T, r->gx, 1);
-    for (int t = 0; t < T; t++) {
-        float sg = ref_sigmoid(r->gx[t]);
-        for (int h = 0; h < H; h++) r->y[(size_t)t * H + h] += sg * r->ed[(size_t)t * H + h];
-    }
+    for (int t = 0; t < T; t++)
+        ref_moe_combine(r->ye + (size_t)t * Kt * H, r->sel + (size_t)t * Kt, r->selw + (size_t)t * Kt, r->gx[t], r->ed + (size_t)t * H,
+                        Kt, H, r->y + (size_t)t * H);
 }
 
 // One batched forward step. Sequence i of n appends ids[off[i] .. off[i+1]) to slot slots[i].
@@ -1690,6 +1771,8 @@ static engine_backend ref_backend(ref_engine *r) {
 #include "gpu/cuda.c"
 // defines: gpu_kernels (the embedded cubins, the kernel table K_*), gpu_launch
 #include "gpu/kernels.c"
+// defines: gpu_k_* (one typed launcher per kernel: its grid, block and shared memory from the shapes)
+#include "gpu/launch.c"
 // defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy streams)
 #include "gpu/pool.c"
 // defines: gpu_engine (device arenas, weights, KV pages, GDN state), gpu_init, gpu_step, gpu_seq_start/end

@@ -354,11 +354,11 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     // geometry the kernels take (sass/ headers)
     if (c->hidden % 4 || c->inter % 4 || c->shared_inter % 4 || c->value_dim % 4 || (c->n_heads * c->head_dim) % 4)
         return err_set(e, "the GPU kernels need hidden, expert, value and attention widths divisible by 4"), gpu_close(&g->dev), -1;
-    if (c->head_dim > 512 || c->topk > 64 || c->n_experts > 1024 || c->conv_k > 8)
-        return err_set(e, "geometry beyond the GPU kernels' limits (head_dim ≤ 512, top-k ≤ 64, experts ≤ 1024, conv ≤ 8)"),
-               gpu_close(&g->dev), -1;
+    if (c->head_dim > GPU_ATT_MAX_HD || c->topk > GPU_ROUTER_MAX_K || c->n_experts > GPU_ROUTER_MAX_E || c->conv_k > GPU_CONV_MAX_K)
+        return err_set(e, "geometry beyond the GPU kernels' limits (head_dim ≤ %d, top-k ≤ %d, experts ≤ %d, conv ≤ %d)", GPU_ATT_MAX_HD,
+                       GPU_ROUTER_MAX_K, GPU_ROUTER_MAX_E, GPU_CONV_MAX_K), gpu_close(&g->dev), -1;
     {
-        size_t smem = sizeof(float) * ((size_t)c->lk_dim * GPU_GDN_VC + 2 * (size_t)c->lk_dim);
+        size_t smem = gpu_gdn_rule_smem(c->lk_dim);
         if (smem > (size_t)g->dev.smem_optin)
             return err_set(e, "linear_key_head_dim %d needs %zu bytes of shared memory per block; the GPU has %d", c->lk_dim, smem,
                            g->dev.smem_optin), gpu_close(&g->dev), -1;
@@ -374,13 +374,13 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     }
     if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
-    CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_RULE], GPU_FUNC_ATTR_MAX_DYN_SMEM, g->dev.smem_optin));
+    gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB):
     // prompts are then cut at multiples of GPU_GDN_C; otherwise every token takes the recurrence
     g->chunk_align = 1;
     if (c->n_gdn && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
         g->chunk_align = GPU_GDN_C;
-        CU_CHECK(cu.cuFuncSetAttribute(g->k.fn[K_GDN_CHUNK], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)gpu_gdn_chunk_smem(c->lk_dim)));
+        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(c->lk_dim));
     }
     if (pfx_blocks) {   // a block ends where a prompt may be cut, and on a KV page boundary
         int unit = g->chunk_align > GPU_KV_PAGE ? g->chunk_align : GPU_KV_PAGE;
@@ -588,9 +588,6 @@ static void gpu_prefix_drop(gpu_engine *g, int b) {
 
 // ---- one step ------------------------------------------------------------------------------
 
-// P(v): the address of a kernel argument, for GPU_ARGS (this file only: #undef at its end)
-#define P(v) (void *)&(v)
-
 // One matrix product of a set that reads the same input: W [O, K], y [T, ldy].
 typedef struct {
     const gpu_mat *W;
@@ -612,8 +609,7 @@ static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdevice
         set.ldy[i] = outs[i].ldy;
         set.first[i + 1] = set.first[i] + (outs[i].W->rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS;
     }
-    gpu_launch(&g->k, K_LINEAR, (gpu_dim){(unsigned)set.first[n], (unsigned)((T + GPU_LIN_TT - 1) / GPU_LIN_TT), 1}, 256, 0, g->compute,
-               GPU_ARGS(P(set), P(x), P(ldx), P(T)));
+    gpu_k_linear(&g->k, g->compute, &set, x, ldx, T);
 }
 
 static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
@@ -623,10 +619,7 @@ static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, 
 
 static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
     const ck_config *c = &g->m->cfg;
-    gpu_mat wv = *w;
-    int H = c->hidden;
-    float eps = (float)c->eps;
-    gpu_launch(&g->k, K_ADD_RMSNORM, (gpu_dim){(unsigned)n, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(x), P(y), P(wv), P(xn), P(rows), P(H), P(eps)));
+    gpu_k_add_rmsnorm(&g->k, g->compute, x, y, *w, xn, rows, c->hidden, (float)c->eps, n);
 }
 
 static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, int T) {
@@ -638,14 +631,10 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
     size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
     CUdeviceptr ks = g->ks ? g->ks + slay : 0, vs = g->vs ? g->vs + slay : 0;
-    gpu_mat qn = G->q_norm, kn = G->k_norm;
-    float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
-    int bts = g->bt_stride;
-    gpu_launch(&g->k, K_ATTN_PREP_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)T, 1, 1}, 128, 0, g->compute,
-               GPU_ARGS(P(g->proj), P(g->kk), P(g->vv), P(qn), P(kn), P(g->inv_freq), P(rot), P(tp), P(ts), P(g->bt), P(bts), P(kc),
-                        P(vc), P(ks), P(vs), P(nh), P(kvh), P(hd), P(eps)));
-    gpu_launch(&g->k, K_ATTENTION_F32 + g->o.kv_dtype, (gpu_dim){(unsigned)nh, (unsigned)T, 1}, 512, 0, g->compute,
-               GPU_ARGS(P(g->proj), P(tp), P(ts), P(g->bt), P(bts), P(kc), P(vc), P(ks), P(vs), P(g->core), P(nh), P(kvh), P(hd), P(scale)));
+    gpu_k_attn_prep(&g->k, g->compute, g->o.kv_dtype, g->proj, g->kk, g->vv, G->q_norm, G->k_norm, g->inv_freq, rot, tp, ts, g->bt,
+                    g->bt_stride, kc, vc, ks, vs, nh, kvh, hd, (float)c->eps, T);
+    gpu_k_attention(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->core, nh, kvh, hd,
+                    1.0f / sqrtf((float)hd), T);
     gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
 }
 
@@ -661,25 +650,15 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
     long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
     CUdeviceptr rs = gpu_meta(g, GM_ROW_SLOT), r0 = gpu_meta(g, GM_ROW_START), rn = gpu_meta(g, GM_ROW_LEN);
-    gpu_mat conv = G->conv, alog = G->A_log, dtb = G->dt_bias, gn = G->gnorm;
-    gpu_launch(&g->k, K_GDN_CONV, (gpu_dim){(unsigned)((cd + 255) / 256), (unsigned)n, 1}, 256, 0, g->compute,
-               GPU_ARGS(P(g->proj), P(cd), P(conv), P(Kc), P(win), P(win_stride), P(rs), P(r0), P(rn)));
+    gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n);
     CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
-    unsigned vcs = (unsigned)((dv + GPU_GDN_VC - 1) / GPU_GDN_VC);
-    if (n1) {
-        unsigned smem = (unsigned)(sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk));
-        gpu_launch(&g->k, K_GDN_RULE, (gpu_dim){(unsigned)nv, (unsigned)n1, vcs}, GPU_GDN_VC, smem, g->compute,
-                   GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv),
-                            P(dk), P(dv), P(rs), P(r0), P(rn), P(one)));
-    }
+    if (n1)
+        gpu_k_gdn_rule(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs, r0,
+                       rn, one, n1);
     if (nm)
-        gpu_launch(&g->k, K_GDN_CHUNK, (gpu_dim){(unsigned)nv, (unsigned)nm, vcs}, GPU_GDN_NT, (unsigned)gpu_gdn_chunk_smem(dk),
-                   g->compute,
-                   GPU_ARGS(P(g->proj), P(cd), P(g->bb), P(g->aa), P(alog), P(dtb), P(ssm), P(ssm_stride), P(g->core), P(nk), P(nv),
-                            P(dk), P(dv), P(rs), P(r0), P(rn), P(rp), P(many)));
-    float eps = (float)c->eps;
-    gpu_launch(&g->k, K_GATED_NORM, (gpu_dim){(unsigned)nv, (unsigned)T, 1}, 128, 0, g->compute,
-               GPU_ARGS(P(g->core), P(g->zz), P(gn), P(nv), P(dv), P(eps)));
+        gpu_k_gdn_chunk(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
+                        r0, rn, rp, many, nm);
+    gpu_k_gated_norm(&g->k, g->compute, g->core, g->zz, G->gnorm, nv, dv, (float)c->eps, T);
     gpu_linear(g, &G->out, g->core, vd, T, g->y, H);
 }
 
@@ -689,18 +668,12 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     // the router and the shared expert's gate, up and sigmoid gate read the same normed input
     gpu_lin_out in[4] = {{&G->router, g->rl, E}, {&G->sh_gate, g->sg, SI}, {&G->sh_up, g->su, SI}, {&G->sh_gate_w, g->sgate, 1}};
     gpu_linear_n(g, 4, in, g->xn, H, T);
-    gpu_launch(&g->k, K_ROUTER, (gpu_dim){(unsigned)T, 1, 1}, 256, (unsigned)(sizeof(float) * E), g->compute,
-               GPU_ARGS(P(g->rl), P(E), P(K), P(g->sel), P(g->selw)));
-    CUdeviceptr ex = G->experts;
-    gpu_launch(&g->k, K_MOE_GATE_UP, (gpu_dim){(unsigned)((I + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)(T * K), 1}, 256, 0, g->compute,
-               GPU_ARGS(P(ex), P(g->sel), P(g->xn), P(H), P(K), P(g->eh), P(I)));
-    gpu_launch(&g->k, K_MOE_DOWN, (gpu_dim){(unsigned)((H + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS), (unsigned)(T * K), 1}, 256, 0, g->compute,
-               GPU_ARGS(P(ex), P(g->sel), P(g->eh), P(I), P(g->ye), P(H)));
-    int n = T * SI;
-    gpu_launch(&g->k, K_SILU_MUL, (gpu_dim){(unsigned)((n + 255) / 256), 1, 1}, 256, 0, g->compute, GPU_ARGS(P(g->sg), P(g->su), P(g->sg), P(n)));
+    gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
+    gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
+    gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
+    gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI);
     gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H);
-    gpu_launch(&g->k, K_MOE_COMBINE, (gpu_dim){(unsigned)((H + 255) / 256), (unsigned)T, 1}, 256, 0, g->compute,
-               GPU_ARGS(P(g->ye), P(g->sel), P(g->selw), P(g->sh), P(g->sgate), P(g->y), P(K), P(H)));
+    gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
 }
 
 // What a step returns: logits of each row's last token, or of every token.
@@ -763,9 +736,8 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     int nr, n1, nm;
     gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
-    CUdeviceptr none = 0, idsd = gpu_meta(g, GM_IDS);
-    gpu_mat emb = g->embed;
-    gpu_launch(&g->k, K_EMBED, (gpu_dim){(unsigned)T, 1, 1}, 256, 0, g->compute, GPU_ARGS(P(emb), P(idsd), P(g->x), P(H)));
+    CUdeviceptr none = 0;
+    gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, T);
     if (hidden) {   // the stream is non-blocking: a plain copy does not wait for it
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(hidden[0], g->x, sizeof(float) * (size_t)T * H));
@@ -811,4 +783,3 @@ static const float *gpu_step_logits(gpu_engine *g, int nr) {
     return g->logits_host;
 }
 
-#undef P

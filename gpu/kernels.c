@@ -5,7 +5,11 @@
 // binary needs no file beside it. At boot the image for the device's compute capability is
 // loaded (sm_90, sm_120, sm_121 machine code; for any other capability ≥ 9.0 the compute_90
 // PTX, which the driver compiles) and every kernel is looked up by name into a table indexed
-// by an enum.
+// by an enum. Launches go through gpu_launch, which checks the grid against CUDA's limits; each
+// kernel's typed launcher (gpu/launch.c) computes its geometry.
+
+// the launch geometry constants, the weight descriptor: shared with the kernels
+#include "../sass/gpu_abi.h"
 
 #define GPU_EMBED(sym, path)                                                                         \
     __asm__(".section .rodata\n.balign 64\n.hidden " #sym "\n.global " #sym "\n" #sym ":\n.incbin \"" path "\"\n" \
@@ -30,21 +34,21 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 #define GPU_K_NAME(id, name) name,
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 
-// Launch geometry constants shared with sass/ (each kernel's header states them).
-#define GPU_LIN_ROWS 8      // output rows per 256-thread block of k_linear / k_moe_*
-#define GPU_LIN_TT 8        // tokens per block of k_linear (LIN_TT)
-#define GPU_GDN_VC 32       // value columns per block of k_gdn_rule and k_gdn_chunk (GDN_VC)
-#define GPU_GDN_C 64        // tokens per piece of k_gdn_chunk (GDN_C): prompts cut at its multiples
-#define GPU_GDN_NT 256      // threads per block of k_gdn_chunk (GDN_NT)
-
-// Dynamic shared memory of k_gdn_chunk for key heads of dk: γ [C] (f64); k̂ and q̂ [C, dk + 1],
-// S [dk, VC], A and M [C, C + 1], U [C, VC + 1], β, decay weights, e^γ [C], single-token
-// scratch 2·dk (f32).
+// Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
+// γ [C] (f64); k̂ and q̂ [C, dk + 1], S [dk, VC], A and M [C, C + 1], U [C, VC + 1], β, decay
+// weights, e^γ [C], single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk) {
     return sizeof(double) * GPU_GDN_C +
            sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 1) + (size_t)dk * GPU_GDN_VC + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
                             (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
 }
+
+// Dynamic shared memory of k_gdn_rule for key heads of dk: S [dk, GPU_GDN_VC], q and k [dk] (f32).
+static size_t gpu_gdn_rule_smem(int dk) { return sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk); }
+
+// The dynamic shared memory a launch may ask for until the kernel opts in to more
+// (cuFuncSetAttribute: gpu_kernel_smem).
+#define GPU_SMEM_DEFAULT 49152
 
 // The kernel profiler (moet bench --profile): when on, every launch is bracketed by two events
 // and the time between them is added to its kernel's total after the step (gpu_prof_collect).
@@ -56,6 +60,8 @@ typedef struct {
     CUmodule mod;
     CUfunction fn[K_COUNT];
     const char *image;     // which image was loaded, for the log
+    int smem_optin;        // the device's most dynamic shared memory per block (bytes)
+    int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
     int ev_kernel[GPU_PROF_MAX];
@@ -77,23 +83,49 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
         return err_set(e, "cannot load the %s kernels on %s (compute capability %d.%d): %s", k->image, d->name, d->cc_major,
                        d->cc_minor, name);
     }
-    for (int i = 0; i < K_COUNT; i++) CU_CHECK(cu.cuModuleGetFunction(&k->fn[i], k->mod, gpu_kernel_names[i]));
+    for (int i = 0; i < K_COUNT; i++) {
+        CU_CHECK(cu.cuModuleGetFunction(&k->fn[i], k->mod, gpu_kernel_names[i]));
+        k->smem_max[i] = GPU_SMEM_DEFAULT;
+    }
+    k->smem_optin = d->smem_optin;
     return 0;
 }
 
-// gpu_launch(k, fn, grid, block, shared bytes, stream, args): one kernel launch, checked.
+// Lets kernel fn take up to `bytes` of dynamic shared memory per block (past GPU_SMEM_DEFAULT it
+// must opt in). The caller checked that the device has them (gpu_init refuses a geometry that
+// needs more).
+static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
+    MOET_ASSERT(bytes <= (size_t)k->smem_optin, "%s: %zu bytes of shared memory per block; the device has %d", gpu_kernel_names[fn],
+                bytes, k->smem_optin);
+    CU_CHECK(cu.cuFuncSetAttribute(k->fn[fn], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)bytes));
+    k->smem_max[fn] = (int)bytes;
+}
+
+// A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),
+// and what its axes count, for the message when one is past CUDA's limits.
 typedef struct {
-    unsigned x, y, z;
+    long long x, y, z;
+    const char *axes;   // e.g. "(row blocks, token·choice pairs, 1)"
 } gpu_dim;
 
-static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, unsigned block, unsigned smem, CUstream s, void **args) {
-    MOET_ASSERT(grid.x && grid.y && grid.z, "empty grid for %s", gpu_kernel_names[fn]);
+// One kernel launch, called by the typed launchers of gpu/launch.c only. A grid, block or shared
+// memory past what CUDA takes is a broken invariant named here (kernel, dimension, value, limit),
+// not the driver's CUDA_ERROR_INVALID_VALUE.
+static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, int block, size_t smem, CUstream s, void **args) {
+    const char *name = gpu_kernel_names[fn];
+    MOET_ASSERT(grid.x >= 1 && grid.x <= 2147483647LL, "%s: grid.x = %lld blocks %s; CUDA takes 1 .. 2^31 - 1", name, grid.x, grid.axes);
+    MOET_ASSERT(grid.y >= 1 && grid.y <= 65535, "%s: grid.y = %lld blocks %s; CUDA takes 1 .. 65,535", name, grid.y, grid.axes);
+    MOET_ASSERT(grid.z >= 1 && grid.z <= 65535, "%s: grid.z = %lld blocks %s; CUDA takes 1 .. 65,535", name, grid.z, grid.axes);
+    MOET_ASSERT(block >= 1 && block <= 1024, "%s: a block of %d threads; CUDA takes 1 .. 1,024", name, block);
+    MOET_ASSERT(smem <= (size_t)k->smem_max[fn], "%s: %zu bytes of dynamic shared memory; the kernel may take %d (gpu_kernel_smem)",
+                name, smem, k->smem_max[fn]);
     int p = k->prof && k->n_ev < GPU_PROF_MAX ? k->n_ev++ : -1;
     if (p >= 0) {
         k->ev_kernel[p] = fn;
         CU_CHECK(cu.cuEventRecord(k->ev[p][0], s));
     }
-    CU_CHECK(cu.cuLaunchKernel(k->fn[fn], grid.x, grid.y, grid.z, block, 1, 1, smem, s, args, NULL));
+    CU_CHECK(cu.cuLaunchKernel(k->fn[fn], (unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s,
+                               args, NULL));
     if (p >= 0) CU_CHECK(cu.cuEventRecord(k->ev[p][1], s));
 }
 
@@ -130,4 +162,3 @@ static void gpu_prof_print(const gpu_kernels *k, FILE *f, const char *what, int 
             fprintf(f, "moet bench:   %-18s %6.0f calls %9.3f ms %5.1f%%\n", gpu_kernel_names[i], (double)k->calls[i] / steps,
                     k->ms[i] / steps, 100 * k->ms[i] / total);
 }
-#define GPU_ARGS(...) ((void *[]){__VA_ARGS__})

@@ -3,10 +3,11 @@
 // (pairs i, i + rot/2; angle = position · inv_freq[i] in f32, cos/sin in f64 as the reference),
 // then k and v appended to the paged KV cache at the token's position (fp8: with their scales,
 // sass/kv.cuh).
-// CPU twin: the first loop of ref_attention.
+// CPU twin: ref_attn_prep (moet.c; one token), with ref_kv_round for the bf16 / fp8 caches.
 // In/out: proj [T, 2·nh·hd] (per head h: q at h·2hd, gate at h·2hd + hd; q normed + roped in place),
 // kk, vv [T, kvd]. Cache: kc/vc of this layer [pages, GPU_KV_PAGE, kvd]; block table
-// bt [slots, bt_stride]. Launch: block 128 (4 warps, one head at a time each), grid T.
+// bt [slots, bt_stride]. Launch (gpu_k_attn_prep): block GPU_PREP_NT (4 warps, one head at a time
+// each), grid T.
 #include "kv.cuh"
 
 template <class KV>
@@ -63,10 +64,10 @@ __device__ void attn_prep(float *__restrict__ proj, const float *__restrict__ kk
 }
 
 #define ATTN_PREP(NAME, KV)                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) NAME(float *proj, const float *kk, const float *vv, gpu_mat qn, gpu_mat kn,  \
-                                                           const float *inv_freq, int rot, const int *tok_pos, const int *tok_slot,  \
-                                                           const int *bt, int bt_stride, void *kc, void *vc, float *ks, float *vs, \
-                                                           int nh, int kvh, int hd, float eps) {                                  \
+    extern "C" __global__ void __launch_bounds__(GPU_PREP_NT)                                                                     \
+        NAME(float *proj, const float *kk, const float *vv, gpu_mat qn, gpu_mat kn, const float *inv_freq, int rot,              \
+             const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, void *kc, void *vc, float *ks, float *vs,    \
+             int nh, int kvh, int hd, float eps) {                                                                                \
         attn_prep<KV>(proj, kk, vv, qn, kn, inv_freq, rot, tok_pos, tok_slot, bt, bt_stride, (KV::T *)kc, (KV::T *)vc, ks, vs, nh, kvh, hd, eps); \
     }
 ATTN_PREP(k_attn_prep_f32, kv_f32)

@@ -1,16 +1,14 @@
 // sass/gdn.cuh — what the two forms of the gated delta rule share (MODEL.md §3.5, §4): the
-// gates of one token and one value head, and the recurrent update of one token on the GDN_VC
-// value columns a warp holds. k_gdn_rule runs every token through gdn_token; k_gdn_chunk runs
+// gates of one token and one value head, and the recurrent update of one token on the GPU_GDN_VC
+// value columns a warp holds (GPU_GDN_VC: sass/gpu_abi.h). k_gdn_rule runs every token through gdn_token; k_gdn_chunk runs
 // its single-token pieces through it too, and the two give the same bits there: the update
 // below spells out every rounding (__fmul_rn, __fmaf_rn), so no FMA contraction is left to the
 // compiler to choose differently in the two kernels.
 #pragma once
 #include "common.cuh"
 
-#define GDN_VC 32   // value columns per block (one per lane of a warp)
-
 // β = σ(b), g = −exp(A_log) · softplus(a + dt_bias) (PyTorch softplus: threshold 20). g ≤ 0 is
-// the log of the token's decay.
+// the log of the token's decay. CPU twin: ref_gdn_gates.
 __device__ __forceinline__ void gdn_gates(float b, float a, float Aexp, float dtb, float *beta, float *g) {
     *beta = sigm(b);
     float x = a + dtb;
@@ -21,12 +19,12 @@ __device__ __forceinline__ void gdn_gates(float b, float a, float Aexp, float dt
 // One token, recurrent form, by the calling warp (lane = value column v0 + lane):
 //   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
 //   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
-// S [dk, GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
-// vt: this lane's value (0 for a column past dv).
+// S [dk, GPU_GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
+// vt: this lane's value (0 for a column past dv). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
 __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
                                            float vt, float beta, float g, float qscale, int lane) {
     float sq = 0.f, sk = 0.f;
-    for (int d = lane; d < dk; d += GDN_VC) {
+    for (int d = lane; d < dk; d += GPU_GDN_VC) {
         float qv = row[hk * dk + d], kv = row[key_dim + hk * dk + d];
         qs[d] = qv;
         ks[d] = kv;
@@ -41,15 +39,15 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
     float decay = expf(g);
     float kS = 0.f;
     for (int d = 0; d < dk; d++) {
-        float s = __fmul_rn(S[d * GDN_VC + lane], decay);
-        S[d * GDN_VC + lane] = s;
+        float s = __fmul_rn(S[d * GPU_GDN_VC + lane], decay);
+        S[d * GPU_GDN_VC + lane] = s;
         kS = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS);
     }
     float u = __fmul_rn(__fsub_rn(vt, kS), beta);
     float out = 0.f;
     for (int d = 0; d < dk; d++) {
-        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[d * GDN_VC + lane]);
-        S[d * GDN_VC + lane] = s;
+        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[d * GPU_GDN_VC + lane]);
+        S[d * GPU_GDN_VC + lane] = s;
         out = __fmaf_rn(s, __fmul_rn(qs[d], rq), out);
     }
     __syncwarp();

@@ -1,8 +1,8 @@
 // sass/gdn_chunk.cu — the gated delta rule, chunked (WY) form for prompt chunks (MODEL.md §4.2):
 // the same map from (S₀, tokens) to (outputs, S) as the recurrent form, computed with matrix
-// products over up to GDN_C tokens at a time instead of one token after another.
+// products over up to GPU_GDN_C tokens at a time instead of one token after another.
 //
-// A row's tokens are cut into pieces at multiples of GDN_C of their absolute positions in the
+// A row's tokens are cut into pieces at multiples of GPU_GDN_C of their absolute positions in the
 // sequence (row_pos[r] is the first one's), so a given prompt is cut the same way however the
 // scheduler split it into steps, as long as its steps end at such multiples (engine_backend's
 // chunk_align); a single-token piece (a prompt's last token past a multiple) takes the recurrent
@@ -15,45 +15,43 @@
 //   O = diag(e^γ) Q̂ S₀ + M U;            S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ
 // Only differences γ_r − γ_j ≤ 0 are exponentiated, so a strong decay underflows to 0, never
 // overflows; γ is summed in f64, so a difference of two large γ (after a strong decay) keeps
-// the precision of an f32 difference. Value columns evolve on their own: a block takes GDN_VC columns of one head of one
-// row, holds them in shared memory over the row's pieces, and repeats the (cheap) q̂/k̂ work.
+// the precision of an f32 difference. Value columns evolve on their own: a block takes GPU_GDN_VC
+// columns of one head of one row, holds them in shared memory over the row's pieces, and repeats
+// the (cheap) q̂/k̂ work.
 // CPU twin: ref_gdn_chunk (moet.c).
 // In/out as k_gdn_rule, plus row_pos. Rows: rows[0 .. gridDim.y).
-// Launch: block GDN_NT threads, grid (nv, rows, ceil(dv / GDN_VC)), dynamic shared memory
-// gdn_chunk_smem(dk) bytes (gpu/engine.c computes the same sum).
+// Launch (gpu_k_gdn_chunk): block GPU_GDN_NT threads, grid (nv, rows, ceil(dv / GPU_GDN_VC)),
+// dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the sum of the arrays below).
 #include "gdn.cuh"
 
-#define GDN_C 64    // tokens per piece
-#define GDN_NT 256  // threads per block: 8 warps
-
-extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
-                                                                 const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
-                                                                 float *__restrict__ S_base, long long S_slot_stride,
-                                                                 float *__restrict__ o, int nk, int nv, int dk, int dv,
-                                                                 const int *__restrict__ row_slot, const int *__restrict__ row_start,
-                                                                 const int *__restrict__ row_len, const int *__restrict__ row_pos,
-                                                                 const int *__restrict__ rows) {
+extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
+                                                                     const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
+                                                                     float *__restrict__ S_base, long long S_slot_stride,
+                                                                     float *__restrict__ o, int nk, int nv, int dk, int dv,
+                                                                     const int *__restrict__ row_slot, const int *__restrict__ row_start,
+                                                                     const int *__restrict__ row_len, const int *__restrict__ row_pos,
+                                                                     const int *__restrict__ rows) {
     extern __shared__ double smd[];
-    const int KP = dk + 1, AP = GDN_C + 1, UP = GDN_VC + 1;   // padded row strides (no bank conflicts)
-    double *gam = smd;                // [GDN_C] γ
-    float *sm = (float *)(smd + GDN_C);
-    float *Ks = sm;                   // [GDN_C, KP] k̂ of the piece
-    float *Qs = Ks + GDN_C * KP;      // [GDN_C, KP] q̂
-    float *S = Qs + GDN_C * KP;       // [dk, GDN_VC] the state's columns
-    float *A = S + dk * GDN_VC;       // [GDN_C, AP]
-    float *M = A + GDN_C * AP;        // [GDN_C, AP]
-    float *U = M + GDN_C * AP;        // [GDN_C, UP] V, then R, then U
-    float *bet = U + GDN_C * UP;      // [GDN_C] β
-    float *wl = bet + GDN_C;          // [GDN_C] e^{γ_{n−1} − γ_r}
-    float *eg = wl + GDN_C;           // [GDN_C] e^{γ_r} (for step 6)
-    float *tq = eg + GDN_C;           // [dk] q scratch of single-token pieces
-    float *tk = tq + dk;              // [dk] k scratch
+    const int KP = dk + 1, AP = GPU_GDN_C + 1, UP = GPU_GDN_VC + 1;   // padded row strides (no bank conflicts)
+    double *gam = smd;                    // [GPU_GDN_C] γ
+    float *sm = (float *)(smd + GPU_GDN_C);
+    float *Ks = sm;                       // [GPU_GDN_C, KP] k̂ of the piece
+    float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
+    float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns
+    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, AP]
+    float *M = A + GPU_GDN_C * AP;        // [GPU_GDN_C, AP]
+    float *U = M + GPU_GDN_C * AP;        // [GPU_GDN_C, UP] V, then R, then U
+    float *bet = U + GPU_GDN_C * UP;      // [GPU_GDN_C] β
+    float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
+    float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r} (for step 6)
+    float *tq = eg + GPU_GDN_C;           // [dk] q scratch of single-token pieces
+    float *tk = tq + dk;                  // [dk] k scratch
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int j = blockIdx.x, r = rows[blockIdx.y], v0 = blockIdx.z * GDN_VC;
+    const int j = blockIdx.x, r = rows[blockIdx.y], v0 = blockIdx.z * GPU_GDN_VC;
     const int v = v0 + lane, live = v < dv, hk = j / (nv / nk), key_dim = nk * dk;
     float *Sg = S_base + (size_t)row_slot[r] * S_slot_stride + (size_t)j * dk * dv;
-    for (int i = tid; i < dk * GDN_VC; i += GDN_NT) {
-        int d = i / GDN_VC, c = i % GDN_VC;
+    for (int i = tid; i < dk * GPU_GDN_VC; i += GPU_GDN_NT) {
+        int d = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
         S[i] = v0 + c < dv ? Sg[(size_t)d * dv + v0 + c] : 0.f;
     }
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
@@ -61,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
     int t = row_start[r], end = t + row_len[r], p = row_pos[r];
     __syncthreads();
     while (t < end) {
-        int n = GDN_C - p % GDN_C;
+        int n = GPU_GDN_C - p % GPU_GDN_C;
         if (n > end - t) n = end - t;
         if (n == 1) {   // the recurrent update, by warp 0
             if (warp == 0) {
@@ -77,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
             continue;
         }
         // 0. the piece's q, k (zero rows past n), its values V into U, β and g
-        for (int i = tid; i < GDN_C * dk; i += GDN_NT) {
+        for (int i = tid; i < GPU_GDN_C * dk; i += GPU_GDN_NT) {
             int rr = i / dk, d = i % dk;
             float qv = 0.f, kv = 0.f;
             if (rr < n) {
@@ -88,11 +86,11 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
             Qs[rr * KP + d] = qv;
             Ks[rr * KP + d] = kv;
         }
-        for (int i = tid; i < GDN_C * GDN_VC; i += GDN_NT) {
-            int rr = i / GDN_VC, c = i % GDN_VC;
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
+            int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
             U[rr * UP + c] = rr < n && v0 + c < dv ? qkv[(size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c] : 0.f;
         }
-        if (tid < GDN_C) {
+        if (tid < GPU_GDN_C) {
             float beta = 0.f, g = 0.f;   // padding rows: β = 0, g = 0 change nothing
             if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
             bet[tid] = beta;
@@ -100,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
         }
         __syncthreads();
         // 1. L2 norms (a warp per token) while thread 0 sums the log decays in token order
-        for (int rr = warp; rr < n; rr += GDN_NT / WARP) {
+        for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
             float sq = 0.f, sk = 0.f;
             for (int d = lane; d < dk; d += WARP) {
                 float qv = Qs[rr * KP + d], kv = Ks[rr * KP + d];
@@ -116,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
             }
         }
         if (tid == 0)
-            for (int rr = 1; rr < GDN_C; rr++) gam[rr] += gam[rr - 1];
+            for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
         __syncthreads();
         // 2. A and M: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci, ci+16, ci+32, ci+48
         {
@@ -147,25 +145,25 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
                     M[rr * AP + jj] = qk[a][b] * dec;
                 }
         }
-        if (tid < GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
+        if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
         //    lane = column, warp w takes tokens w, w + 8, …
-        float oq[GDN_C / 8];
+        float oq[GPU_GDN_C / 8];
         {
-            float ks[GDN_C / 8], qs[GDN_C / 8];
+            float ks[GPU_GDN_C / 8], qs[GPU_GDN_C / 8];
 #pragma unroll
-            for (int m = 0; m < GDN_C / 8; m++) ks[m] = qs[m] = 0.f;
+            for (int m = 0; m < GPU_GDN_C / 8; m++) ks[m] = qs[m] = 0.f;
             for (int d = 0; d < dk; d++) {
-                float s = S[d * GDN_VC + lane];
+                float s = S[d * GPU_GDN_VC + lane];
 #pragma unroll
-                for (int m = 0; m < GDN_C / 8; m++) {
+                for (int m = 0; m < GPU_GDN_C / 8; m++) {
                     int rr = warp + 8 * m;
                     ks[m] += Ks[rr * KP + d] * s;
                     qs[m] += Qs[rr * KP + d] * s;
                 }
             }
 #pragma unroll
-            for (int m = 0; m < GDN_C / 8; m++) {
+            for (int m = 0; m < GPU_GDN_C / 8; m++) {
                 int rr = warp + 8 * m;
                 float e = expf((float)gam[rr]);   // as eg[rr], which is not synchronised yet
                 U[rr * UP + lane] = bet[rr] * (U[rr * UP + lane] - e * ks[m]);
@@ -189,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
         }
         // 5. outputs O = e^γ Q̂ S₀ + M U
 #pragma unroll
-        for (int m = 0; m < GDN_C / 8; m++) {
+        for (int m = 0; m < GPU_GDN_C / 8; m++) {
             int rr = warp + 8 * m;
             if (rr >= n) continue;
             float acc = oq[m];
@@ -202,12 +200,12 @@ extern "C" __global__ void __launch_bounds__(GDN_NT) k_gdn_chunk(const float *__
             for (int d = warp; d < dk; d += 8) {
                 float acc = 0.f;
                 for (int rr = 0; rr < n; rr++) acc += wl[rr] * Ks[rr * KP + d] * U[rr * UP + lane];
-                S[d * GDN_VC + lane] = el * S[d * GDN_VC + lane] + acc;
+                S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc;
             }
         }
         __syncthreads();
         t += n, p += n;
     }
     if (live)
-        for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GDN_VC + lane];
+        for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];
 }

@@ -1,7 +1,56 @@
-// sass/gpu_abi.h — what the host (C) and the kernels (CUDA) agree on: weight descriptors and
-// the kinds of stored weights. Included by gpu/ and by every sass/*.cu; C and C++ alike.
+// sass/gpu_abi.h — what the host (C) and the kernels (CUDA) agree on: weight descriptors, the
+// kinds of stored weights and every launch geometry constant. Included by gpu/ and by every
+// sass/*.cu; C and C++ alike.
 #ifndef MOET_GPU_ABI_H
 #define MOET_GPU_ABI_H
+
+#ifdef __cplusplus
+#define GPU_ABI_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define GPU_ABI_ASSERT(cond, why) _Static_assert(cond, why)
+#endif
+
+// ---- launch geometry ---------------------------------------------------------------------
+//
+// Threads per block (GPU_*_NT) are each kernel's __launch_bounds__ and the block its launcher
+// in gpu/launch.c asks for; the other constants are how a kernel cuts its work, from which the
+// launcher computes the grid. Each kernel's header comment says how it uses them.
+
+// k_linear, k_moe_gate_up, k_moe_down: a block of GPU_LIN_ROWS warps, one output row each.
+#define GPU_LIN_ROWS 8
+#define GPU_LIN_NT (GPU_LIN_ROWS * 32)
+// k_linear: tokens per block (a weight chunk is decoded once per this many tokens).
+#define GPU_LIN_TT 8
+// k_gdn_rule, k_gdn_chunk: value columns per block, one per lane of a warp (k_gdn_rule's block
+// is one warp).
+#define GPU_GDN_VC 32
+// k_gdn_chunk: tokens per piece (prompts are cut at its multiples of their positions: the GPU
+// backend's chunk_align) and threads per block; its thread mapping (16 × 16 tiles of 4 × 4
+// tokens, 8 warps, 8 lanes per value column) is written for exactly these three numbers.
+#define GPU_GDN_C 64
+#define GPU_GDN_NT 256
+GPU_ABI_ASSERT(GPU_GDN_VC == 32 && GPU_GDN_C == 64 && GPU_GDN_NT == 256, "k_gdn_chunk's thread mapping");
+// k_attention: warps per block (each takes every GPU_ATT_WARPS-th position) and the largest
+// head_dim (one accumulator per lane per 32 dims, and one row per warp in shared memory).
+#define GPU_ATT_WARPS 16
+#define GPU_ATT_NT (GPU_ATT_WARPS * 32)
+#define GPU_ATT_MAX_HD 512
+// k_attn_prep: 4 warps, one head at a time each.
+#define GPU_PREP_NT 128
+// k_router: the most experts a token may choose (a shared array of their weights), and the most
+// experts (their probabilities are dynamic shared memory, E floats).
+#define GPU_ROUTER_NT 256
+#define GPU_ROUTER_MAX_K 64
+#define GPU_ROUTER_MAX_E 1024
+// k_gdn_conv: one thread per channel; the longest conv kernel (taps and history in registers).
+#define GPU_CONV_NT 256
+#define GPU_CONV_MAX_K 8
+// the one-block-per-row and element-wise kernels
+#define GPU_EMBED_NT 256     // k_embed: a block per token
+#define GPU_NORM_NT 256      // k_add_rmsnorm: a block per row
+#define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
+#define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
+#define GPU_SILU_NT 256      // k_silu_mul: a thread per element
 
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };
@@ -27,8 +76,8 @@ typedef struct {
 } gpu_mat;
 
 // Up to GPU_LIN_SET matrices that read the same input x [T, K] (every W[i].cols = K), computed
-// by one k_linear launch: matrix i takes the blocks [first[i], first[i + 1]) of grid.x (8 output
-// rows each) and writes y_i [T, ldy_i] (a device address). Passed by value (272 bytes).
+// by one k_linear launch: matrix i takes the blocks [first[i], first[i + 1]) of grid.x (GPU_LIN_ROWS
+// output rows each) and writes y_i [T, ldy_i] (a device address). Passed by value (272 bytes).
 #define GPU_LIN_SET 4
 typedef struct {
     gpu_mat W[GPU_LIN_SET];
@@ -38,10 +87,6 @@ typedef struct {
     int n;
     int pad[2];
 } gpu_lin_set;
-#ifdef __cplusplus
-static_assert(sizeof(gpu_lin_set) == 272, "gpu_lin_set: the host's layout");
-#else
-_Static_assert(sizeof(gpu_lin_set) == 272, "gpu_lin_set: the kernels' layout");
-#endif
+GPU_ABI_ASSERT(sizeof(gpu_lin_set) == 272, "gpu_lin_set: the same layout on the host and in the kernels");
 
 #endif

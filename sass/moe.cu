@@ -4,16 +4,18 @@
 //   k_moe_down:    ye[p, j] = down_x[j] · h[p]                                  j < H
 // and k_moe_combine: y[t, j] = Σ_k w[t, k] · ye[t·K + k, j] (experts in ascending id, as the
 // reference adds them) + sigmoid(sg[t]) · sh[t, j] (the gated shared expert).
-// CPU twin: ref_moe (moet.c). The experts' matrices come from a device table
-// experts[3·x + {0 gate, 1 up, 2 down}] (slot pool planes or checkpoint formats alike).
+// CPU twins: ref_moe_gate_up, ref_moe_down (one expert over the tokens that chose it) and
+// ref_moe_combine (one token), which ref_moe calls (moet.c). The experts' matrices come from a
+// device table experts[3·x + {0 gate, 1 up, 2 down}] (slot pool planes or checkpoint formats alike).
 //
-// Launch gate_up/down: block 256 (8 warps, one output row each), grid (ceil(rows / 8), T·K).
-// combine: block 256, grid (ceil(H / 256), T). Each pair is computed alone: batch invariant.
+// Launch (gpu_k_moe_gate_up, gpu_k_moe_down): block GPU_LIN_NT (GPU_LIN_ROWS warps, one output
+// row each), grid (ceil(rows / GPU_LIN_ROWS), T·K). combine (gpu_k_moe_combine): block
+// GPU_COMBINE_NT, grid (ceil(H / GPU_COMBINE_NT), T). Each pair is computed alone: batch invariant.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) k_moe_gate_up(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
-                                                                 const float *__restrict__ xn, int ldx, int K, float *__restrict__ h, int I) {
-    int i = blockIdx.x * 8 + (threadIdx.x >> 5), p = blockIdx.y;
+extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_gate_up(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
+                                                                       const float *__restrict__ xn, int ldx, int K, float *__restrict__ h, int I) {
+    int i = blockIdx.x * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
     if (i >= I) return;
     int x = sel[p], t = p / K;
     gpu_mat G = experts[3 * x], U = experts[3 * x + 1];
@@ -23,9 +25,9 @@ extern "C" __global__ void __launch_bounds__(256) k_moe_gate_up(const gpu_mat *_
     if ((threadIdx.x & 31) == 0) h[(size_t)p * I + i] = silu(g[0]) * u[0];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k_moe_down(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
-                                                              const float *__restrict__ h, int I, float *__restrict__ ye, int H) {
-    int j = blockIdx.x * 8 + (threadIdx.x >> 5), p = blockIdx.y;
+extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_down(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
+                                                                    const float *__restrict__ h, int I, float *__restrict__ ye, int H) {
+    int j = blockIdx.x * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
     if (j >= H) return;
     gpu_mat D = experts[3 * sel[p] + 2];
     float d[1];
@@ -33,9 +35,9 @@ extern "C" __global__ void __launch_bounds__(256) k_moe_down(const gpu_mat *__re
     if ((threadIdx.x & 31) == 0) ye[(size_t)p * H + j] = d[0];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k_moe_combine(const float *__restrict__ ye, const int *__restrict__ sel,
-                                                                 const float *__restrict__ selw, const float *__restrict__ sh,
-                                                                 const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
+extern "C" __global__ void __launch_bounds__(GPU_COMBINE_NT) k_moe_combine(const float *__restrict__ ye, const int *__restrict__ sel,
+                                                                           const float *__restrict__ selw, const float *__restrict__ sh,
+                                                                           const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
     int j = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (j >= H) return;
     const int *s = sel + (size_t)t * K;

@@ -1,11 +1,12 @@
 // sass/rmsnorm.cu — the residual add and the zero-centred RMSNorm (MODEL.md §3.2):
 //   if y: x[r] += y[r];   xn[i] = x[r] / sqrt(mean(x[r]²) + eps) · (1 + w),   r = rows ? rows[i] : i
-// (rows gathers the tokens whose logits are wanted, for the final norm). CPU twin: ref_rmsnorm1p.
-// Launch: block 256, grid n (output rows). One block per row: batch invariant.
+// (rows gathers the tokens whose logits are wanted, for the final norm). CPU twin: ref_rmsnorm1p
+// (the residual add is ref_forward's x += y before it). Launch (gpu_k_add_rmsnorm): block
+// GPU_NORM_NT, grid n (output rows). One block per row: batch invariant.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) k_add_rmsnorm(float *__restrict__ x, const float *__restrict__ y, gpu_mat w,
-                                                                 float *__restrict__ xn, const int *__restrict__ rows, int H, float eps) {
+extern "C" __global__ void __launch_bounds__(GPU_NORM_NT) k_add_rmsnorm(float *__restrict__ x, const float *__restrict__ y, gpu_mat w,
+                                                                        float *__restrict__ xn, const int *__restrict__ rows, int H, float eps) {
     __shared__ float red[32];
     int i = blockIdx.x, r = rows ? rows[i] : i;
     float *xr = x + (size_t)r * H;

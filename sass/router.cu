@@ -1,15 +1,16 @@
 // sass/router.cu — the router (MODEL.md §3.6): softmax over the E logits of a token, the K most
 // probable experts (ties to the lower id), their probabilities renormalised to sum 1.
-// CPU twin: the routing loop of ref_moe. Launch: block 256, grid T; dynamic shared memory E floats.
+// CPU twin: ref_route (moet.c). Launch (gpu_k_router): block GPU_ROUTER_NT, grid T; dynamic
+// shared memory E floats (E ≤ GPU_ROUTER_MAX_E), K ≤ GPU_ROUTER_MAX_K.
 // In: logits [T, E]. Out: sel [T, K] (by descending weight), selw [T, K].
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) k_router(const float *__restrict__ logits, int E, int K, int *__restrict__ sel,
-                                                           float *__restrict__ selw) {
+extern "C" __global__ void __launch_bounds__(GPU_ROUTER_NT) k_router(const float *__restrict__ logits, int E, int K, int *__restrict__ sel,
+                                                                     float *__restrict__ selw) {
     extern __shared__ float p[];   // [E]
     __shared__ float red[32];
     __shared__ int redi[32];
-    __shared__ float chosen[64];
+    __shared__ float chosen[GPU_ROUTER_MAX_K];
     int t = blockIdx.x;
     const float *l = logits + (size_t)t * E;
     float mx = -INFINITY;

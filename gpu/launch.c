@@ -1,0 +1,200 @@
+// gpu/launch.c — one typed launcher per kernel of sass/: gpu_k_<kernel>(k, stream, the kernel's
+// parameters in its order, then the extent of the launch).
+//
+// A launcher is the only place that knows how its kernel is launched: it computes the grid, the
+// block and the dynamic shared memory from the shapes and the geometry constants of
+// sass/gpu_abi.h (the numbers the kernel itself is compiled with), and asserts what the kernel
+// assumes of its arguments (alignment of what it loads 16 bytes at a time, the limits of its
+// fixed arrays). gpu_launch then checks the grid against CUDA's limits. The engine and the tests
+// launch through these functions only, so a kernel's argument list is spelled once.
+//
+// Dimension letters as in gpu/engine.c: T tokens of the launch, H hidden, E experts, K top-k,
+// I expert width; pointers are device addresses (CUdeviceptr) of f32 arrays unless said.
+
+#define GPU_ARGS(...) ((void *[]){__VA_ARGS__})   // the addresses of a launch's arguments, in order
+
+// Every model the config parser accepts fits the kernels' fixed arrays.
+_Static_assert(MOET_MAX_HEAD_DIM <= GPU_ATT_MAX_HD && MOET_MAX_TOPK <= GPU_ROUTER_MAX_K && MOET_MAX_EXPERTS <= GPU_ROUTER_MAX_E &&
+                   MOET_MAX_CONV_KERNEL <= GPU_CONV_MAX_K,
+               "the limits of arena/limits.h within the kernels' (sass/gpu_abi.h)");
+
+// Whether a is a multiple of b (a function: MOET_ASSERT's condition text must hold no '%').
+static int gpu_multiple(long long a, long long b) { return a % b == 0; }
+static int gpu_aligned(CUdeviceptr p, unsigned align) { return p % align == 0; }
+
+static long long gpu_cdiv(long long a, long long b) { return (a + b - 1) / b; }
+
+// What row_dot (sass/common.cuh) loads of a weight matrix: 16-byte chunks of rows, so rows at
+// 16-byte multiples and in_features a multiple of the chunk's values (boot checks the same on
+// the checkpoint: gpu_mat_check).
+static void gpu_assert_rows(const char *kernel, const gpu_mat *W, int ldx) {
+    int need = W->kind == GPU_W_F32 ? 4 : W->kind == GPU_W_BF16 || W->kind == GPU_W_F16 ? 8 : W->kind == GPU_W_PLANES ? 64 : 16;
+    MOET_ASSERT(gpu_multiple(W->cols, need) && W->cols <= ldx, "%s: a weight of %d in_features (kind %d) over inputs of stride %d", kernel,
+                W->cols, W->kind, ldx);
+    MOET_ASSERT(W->kind == GPU_W_PLANES ? gpu_multiple(W->rows, 16) : gpu_multiple((long long)W->row_bytes, 16) && gpu_aligned(W->w, 16),
+                "%s: weight rows are not 16-byte chunks (kind %d, %llu bytes per row)", kernel, W->kind, W->row_bytes);
+}
+
+// row_dot's activations: 16-byte loads of rows of stride ldx floats.
+static void gpu_assert_x(const char *kernel, CUdeviceptr x, int ldx) {
+    MOET_ASSERT(gpu_aligned(x, 16) && gpu_multiple(ldx, 4), "%s: inputs at %#llx with a stride of %d floats; 16-byte rows needed", kernel, x, ldx);
+}
+
+// ---- embedding and norms -----------------------------------------------------------------
+
+// x[t] = E[ids[t]] for t < T. ids: int32 [T]; x [T, H].
+static void gpu_k_embed(gpu_kernels *k, CUstream s, gpu_mat E, CUdeviceptr ids, CUdeviceptr x, int H, int T) {
+    MOET_ASSERT(E.cols == H && E.kind <= GPU_W_F32, "k_embed: an embedding of %d columns (kind %d) for H = %d", E.cols, E.kind, H);
+    gpu_launch(k, K_EMBED, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_EMBED_NT, 0, s, GPU_ARGS(&E, &ids, &x, &H));
+}
+
+// if y: x[r] += y[r]; xn[i] = RMSNorm1p(x[r]) · (1 + w), r = rows ? rows[i] : i, for i < n.
+// x, y [·, H]; rows: int32 [n] or 0; xn [n, H].
+static void gpu_k_add_rmsnorm(gpu_kernels *k, CUstream s, CUdeviceptr x, CUdeviceptr y, gpu_mat w, CUdeviceptr xn, CUdeviceptr rows, int H,
+                              float eps, int n) {
+    MOET_ASSERT(w.cols == H, "k_add_rmsnorm: a weight of %d for H = %d", w.cols, H);
+    gpu_launch(k, K_ADD_RMSNORM, (gpu_dim){n, 1, 1, "(rows, 1, 1)"}, GPU_NORM_NT, 0, s, GPU_ARGS(&x, &y, &w, &xn, &rows, &H, &eps));
+}
+
+// ---- matrix products -------------------------------------------------------------------------
+
+// y_i = x W_iᵀ for the set's matrices (sass/gpu_abi.h: gpu_lin_set, first[] in row blocks of
+// GPU_LIN_ROWS), x [T, ldx].
+static void gpu_k_linear(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdeviceptr x, int ldx, int T) {
+    MOET_ASSERT(set->n >= 1 && set->n <= GPU_LIN_SET && set->first[0] == 0, "k_linear: a set of %d matrices", set->n);
+    for (int i = 0; i < set->n; i++) {
+        gpu_assert_rows("k_linear", &set->W[i], ldx);
+        MOET_ASSERT(set->first[i + 1] - set->first[i] == gpu_cdiv(set->W[i].rows, GPU_LIN_ROWS),
+                    "k_linear: matrix %d of %d rows takes blocks [%d, %d)", i, set->W[i].rows, set->first[i], set->first[i + 1]);
+    }
+    gpu_assert_x("k_linear", x, ldx);
+    gpu_launch(k, K_LINEAR, (gpu_dim){set->first[set->n], gpu_cdiv(T, GPU_LIN_TT), 1, "(row blocks of every matrix, token tiles, 1)"},
+               GPU_LIN_NT, 0, s, GPU_ARGS((void *)set, &x, &ldx, &T));
+}
+
+// ---- the mixture of experts -------------------------------------------------------------------
+
+// Per token: softmax over logits [T, E], the K most probable experts into sel (int32 [T, K], by
+// descending weight) and their renormalised weights into selw [T, K].
+static void gpu_k_router(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, int K, CUdeviceptr sel, CUdeviceptr selw, int T) {
+    MOET_ASSERT(E >= 1 && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
+                "k_router: top-%d of %d experts (at most %d of %d)", K, E, GPU_ROUTER_MAX_K, GPU_ROUTER_MAX_E);
+    gpu_launch(k, K_ROUTER, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_ROUTER_NT, sizeof(float) * (size_t)E, s,
+               GPU_ARGS(&logits, &E, &K, &sel, &selw));
+}
+
+// h[p, i] = SiLU(gate_x[i] · xn[t]) · (up_x[i] · xn[t]) for the pairs p = t·K + k < T·K with expert
+// x = sel[p]. experts: gpu_mat [E, 3] (gate, up, down); xn [T, ldx]; h [T·K, I].
+static void gpu_k_moe_gate_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr sel, CUdeviceptr xn, int ldx, int K,
+                              CUdeviceptr h, int I, int T) {
+    MOET_ASSERT(gpu_aligned(experts, 8), "k_moe_gate_up: the expert table at %#llx", experts);
+    gpu_assert_x("k_moe_gate_up", xn, ldx);
+    gpu_launch(k, K_MOE_GATE_UP, (gpu_dim){gpu_cdiv(I, GPU_LIN_ROWS), (long long)T * K, 1, "(row blocks of I, tokens x top-k, 1)"},
+               GPU_LIN_NT, 0, s, GPU_ARGS(&experts, &sel, &xn, &ldx, &K, &h, &I));
+}
+
+// ye[p, j] = down_x[j] · h[p] for the pairs p < n_pairs, x = sel[p]. h [n_pairs, I]; ye [n_pairs, H].
+static void gpu_k_moe_down(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr sel, CUdeviceptr h, int I, CUdeviceptr ye, int H,
+                           int n_pairs) {
+    MOET_ASSERT(gpu_aligned(experts, 8), "k_moe_down: the expert table at %#llx", experts);
+    gpu_assert_x("k_moe_down", h, I);
+    gpu_launch(k, K_MOE_DOWN, (gpu_dim){gpu_cdiv(H, GPU_LIN_ROWS), n_pairs, 1, "(row blocks of H, tokens x top-k, 1)"}, GPU_LIN_NT, 0, s,
+               GPU_ARGS(&experts, &sel, &h, &I, &ye, &H));
+}
+
+// y[t, j] = Σ_k selw[t, k] · ye[t·K + k, j] (ascending expert id) + σ(sg[t]) · sh[t, j], t < T.
+static void gpu_k_moe_combine(gpu_kernels *k, CUstream s, CUdeviceptr ye, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr sh, CUdeviceptr sg,
+                              CUdeviceptr y, int K, int H, int T) {
+    gpu_launch(k, K_MOE_COMBINE, (gpu_dim){gpu_cdiv(H, GPU_COMBINE_NT), T, 1, "(blocks of H, tokens, 1)"}, GPU_COMBINE_NT, 0, s,
+               GPU_ARGS(&ye, &sel, &selw, &sh, &sg, &y, &K, &H));
+}
+
+// h[i] = SiLU(g[i]) · u[i], i < n (h may be g).
+static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdeviceptr u, CUdeviceptr h, int n) {
+    gpu_launch(k, K_SILU_MUL, (gpu_dim){gpu_cdiv(n, GPU_SILU_NT), 1, 1, "(blocks of elements, 1, 1)"}, GPU_SILU_NT, 0, s,
+               GPU_ARGS(&g, &u, &h, &n));
+}
+
+// ---- Gated DeltaNet -----------------------------------------------------------------------------
+
+// The causal conv + SiLU in place on qkv [T, cd] for n_rows rows (row r: tokens [row_start[r], +
+// row_len[r]) of slot row_slot[r], int32 [n_rows] each), continuing each slot's window
+// win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc].
+static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, gpu_mat w, int Kc, CUdeviceptr win_base,
+                           long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows) {
+    MOET_ASSERT(Kc >= 1 && Kc <= GPU_CONV_MAX_K && w.rows == cd && w.cols == Kc, "k_gdn_conv: a conv of %d taps over %d channels (weight [%d, %d]; "
+                "at most %d taps)", Kc, cd, w.rows, w.cols, GPU_CONV_MAX_K);
+    gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, GPU_CONV_NT), n_rows, 1, "(blocks of channels, rows, 1)"}, GPU_CONV_NT, 0, s,
+               GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len));
+}
+
+// The gated delta rule, recurrent form, over the rows rows[0 .. n_rows) (int32 indices into
+// row_slot / row_start / row_len): qkv [T, cd] after the conv, bb, aa [T, nv], state of slot s at
+// S_base + s·S_slot_stride [nv, dk, dv] (floats), o [T, nv·dv].
+static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,
+                           gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
+                           CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr rows, int n_rows) {
+    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule: %d key heads, %d value heads of %d, %d, conv dim %d",
+                nk, nv, dk, dv, cd);
+    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_VC,
+               gpu_gdn_rule_smem(dk), s,
+               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
+                        &row_len, &rows));
+}
+
+// The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute
+// position, where its pieces of GPU_GDN_C are cut).
+static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,
+                            gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
+                            CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
+                            int n_rows) {
+    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_chunk: %d key heads, %d value heads of %d, %d, conv dim %d",
+                nk, nv, dk, dv, cd);
+    gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
+               gpu_gdn_chunk_smem(dk), s,
+               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
+                        &row_len, &row_pos, &rows));
+}
+
+// o[t, h] ← w · (o / rms(o)) · SiLU(z[t, h]) for every (token, value head): o, z [T, nv·dv].
+static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdeviceptr z, gpu_mat w, int nv, int dv, float eps, int T) {
+    MOET_ASSERT(w.cols == dv, "k_gated_norm: a weight of %d for value heads of %d", w.cols, dv);
+    gpu_launch(k, K_GATED_NORM, (gpu_dim){nv, T, 1, "(value heads, tokens, 1)"}, GPU_GNORM_NT, 0, s, GPU_ARGS(&o, &z, &w, &nv, &dv, &eps));
+}
+
+// ---- gated attention ----------------------------------------------------------------------------
+
+static void gpu_assert_attn(const char *kernel, int kv_dtype, CUdeviceptr ks, CUdeviceptr vs, int nh, int kvh, int hd) {
+    MOET_ASSERT(kv_dtype >= GPU_KV_F32 && kv_dtype <= GPU_KV_FP8, "%s: KV type %d", kernel, kv_dtype);
+    MOET_ASSERT((kv_dtype == GPU_KV_FP8) == (ks && vs), "%s: fp8 caches and only they have scales", kernel);
+    MOET_ASSERT(kvh >= 1 && gpu_multiple(nh, kvh) && hd >= 1 && hd <= GPU_ATT_MAX_HD, "%s: %d query heads over %d KV heads of %d (at most %d)", kernel,
+                nh, kvh, hd, GPU_ATT_MAX_HD);
+}
+
+// q/k norms, partial RoPE and the KV append for T tokens (sass/attn_prep.cu), with the kernel of
+// the cache's element type kv_dtype (GPU_KV_*). proj [T, 2·nh·hd] (q normed and roped in place),
+// kk (in place), vv [T, kvh·hd]; inv_freq [rot / 2]; tok_pos, tok_slot: int32 [T]; bt: int32
+// [slots, bt_stride]; kc, vc this layer's pages; ks, vs their fp8 scales (else 0).
+static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr kk, CUdeviceptr vv, gpu_mat qn,
+                            gpu_mat kn, CUdeviceptr inv_freq, int rot, CUdeviceptr tok_pos, CUdeviceptr tok_slot, CUdeviceptr bt,
+                            int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, int nh, int kvh, int hd, float eps,
+                            int T) {
+    gpu_assert_attn("k_attn_prep", kv_dtype, ks, vs, nh, kvh, hd);
+    MOET_ASSERT(gpu_multiple(rot, 2) && rot <= hd && qn.cols == hd && kn.cols == hd, "k_attn_prep: %d rotary dims, norms of %d and %d, heads of %d",
+                rot, qn.cols, kn.cols, hd);
+    gpu_launch(k, K_ATTN_PREP_F32 + kv_dtype, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_PREP_NT, 0, s,
+               GPU_ARGS(&proj, &kk, &vv, &qn, &kn, &inv_freq, &rot, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &nh, &kvh, &hd,
+                        &eps));
+}
+
+// Each of the T tokens' queries over its sequence's cache up to its position, gated
+// (sass/attention.cu): core [T, nh·hd]. Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd).
+static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
+                            CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
+                            int nh, int kvh, int hd, float scale, int T) {
+    gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
+    gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){nh, T, 1, "(query heads, tokens, 1)"}, GPU_ATT_NT, 0, s,
+               GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale));
+}
+
+#undef GPU_ARGS

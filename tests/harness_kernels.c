@@ -1,0 +1,665 @@
+// tests/harness_kernels.c — every kernel of sass/ against its CPU twin on Qwen3.6-35B-A3B's
+// shapes, in the formats its checkpoint stores, and timed. One table line per kernel and shape:
+// the normalised error against the twin (check_nerr: max |gpu − twin| / std(twin)) and its bound,
+// the median time, the bytes the kernel must move, and the bandwidth that gives, in GB/s and as a
+// share of the device-to-device copy bandwidth measured in the same run.
+//
+// `./build.sh harness` builds and runs it on a machine with an NVIDIA GPU; the exit status is 1
+// when an error is past its bound (or there is no GPU).
+//
+// Shapes: tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json (H 2048; attention 16 query
+// heads over 2 KV heads of 256, 64 rotary dims; GDN 16 key / 32 value heads of 128, conv 4; 256
+// experts top-8 of width 512, a shared expert of 512; vocab 248,320). Formats: its
+// hf_quant_config.json — FP8 attention and GDN projections; NVFP4 routed experts, shared expert
+// and lm_head; BF16 embedding, router, GDN b / a, norms and conv — and the routed experts as
+// 2-bit planes too (what `moet serve` reads). Random values of each format (kernel_data.h).
+// Two shapes per kernel: decode, T = 1 (attention at depth 4,096), and prefill, T = 512 (a
+// 512-token chunk from position 0; for k_gdn_rule, which serves one-token rows, 512 sequences
+// decoding). lm_head only at T = 1 (a prefill chunk takes the logits of its last token only).
+//
+// Timing: HK_WARM launches, then HK_REPS launches each between two events on the stream, each
+// after a 256 MiB memset that leaves nothing of the data in L2 (a decode step reads its weights
+// once, never from a warm cache); the median. Bytes: what the kernel must move at least — every
+// input read once, every output written once; of the routed experts, the weights (with scales)
+// of the distinct experts chosen. The copy bandwidth counts a copy's bytes read plus written.
+#ifndef MOET_TEST
+#define MOET_TEST
+#endif
+#include "../moet.c"
+#include "check.h"
+#include "kernel_data.h"
+
+#define HK_WARM 3
+#define HK_REPS 15
+#define HK_FLUSH ((size_t)256 << 20)      // bytes memset before each timed launch (H200 L2: 60 MiB)
+#define HK_SCRATCH ((size_t)2304 << 20)   // device bytes of one section's buffers
+#define HK_CONFIG "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json"
+
+// Bounds (normalised max error against the twin), each with its reason.
+// Both sides compute each output from the same values in f32 (the twin often sums in f64), in
+// another order. For the dot products of k_linear and k_moe_down (≤ 4,096 terms) that moves the
+// largest outputs by a few ulps of their partial sums: the kernels' summation order emulated on
+// the CPU against the twin's gives 2.0e-6 .. 2.4e-6 of the outputs' spread over 2e5 outputs (K
+// 2,048 and 4,096); the harness compares up to 5e6, whose tail is a little longer. The norms,
+// the conv, attn_prep's q and k, combine and SiLU round far less (a scale factor, a few terms).
+#define HK_TOL_SUM 2e-5
+// k_moe_gate_up's output is the product SiLU(g) · u of two such sums: an error of g meets the
+// largest u (and the reverse), several times the spread of h away: emulated 1.1e-5 over 2e5
+// outputs of 2-bit plane experts.
+#define HK_TOL_PRODUCT 1e-4
+// Attention: a softmax over up to 4,096 positions in f32 with an online rescaling (sixteen
+// warps' partial states merged), against the twin's f64 sums: emulated 1.6e-6 .. 1.8e-6 at
+// depths 41, 512 and 4,096.
+#define HK_TOL_ATT 1e-4
+// k_embed copies decoded values: exact.
+#define HK_TOL_EXACT 0.0
+
+static struct {
+    gpu_device dev;
+    gpu_kernels k;
+    CUstream s;
+    CUevent ev[HK_REPS][2];
+    arena flush, d;          // the L2 flush buffer; one section's device buffers (reset per section)
+    double copy_gbs;         // device-to-device copy, bytes read + written per second / 1e9
+    ck_model m;              // the config alone: the twins read their dimensions from it
+    ref_engine r;            // the twins' engine: matrix products on every core, rotary frequencies, KV rounding
+    uint64_t rng;
+} hk;
+
+// ---- data and device buffers ------------------------------------------------------------------
+
+static uint64_t hk_next(void) {   // xorshift64: the gigabytes of the large tables, quickly
+    hk.rng ^= hk.rng << 13, hk.rng ^= hk.rng >> 7, hk.rng ^= hk.rng << 17;
+    return hk.rng;
+}
+
+// n floats of kt_normal() · sd (the small arrays), or uniform in ±sd·√3 (the same spread) for
+// the large ones.
+static float *hk_normal(size_t n, float sd) {
+    float *p = malloc(sizeof(float) * n);
+    MOET_ASSERT(p, "%zu floats", n);
+    if (n < ((size_t)1 << 24))
+        for (size_t i = 0; i < n; i++) p[i] = sd * kt_normal();
+    else
+        for (size_t i = 0; i < n; i++) p[i] = sd * 1.7320508f * ((float)(hk_next() >> 40) / 8388608.0f - 1.0f);
+    return p;
+}
+
+static void hk_reset(void) {
+    CU_CHECK(cu.cuCtxSynchronize());
+    hk.d.used = 0;   // a scratch arena: every section carves from the start again
+}
+
+static CUdeviceptr hk_take(size_t bytes) { return (uintptr_t)arena_take(&hk.d, bytes, 256, "harness buffer"); }
+
+// A device copy of host bytes (h NULL: NaN bytes, so an unwritten output fails the check).
+static CUdeviceptr hk_up(const void *h, size_t bytes) {
+    CUdeviceptr p = hk_take(bytes);
+    if (h) CU_CHECK(cu.cuMemcpyHtoD(p, h, bytes));
+    else CU_CHECK(cu.cuMemsetD8(p, 0xff, bytes));
+    CU_CHECK(cu.cuCtxSynchronize());   // the legacy stream's copy before the harness stream's launches
+    return p;
+}
+
+static void *hk_down(CUdeviceptr p, size_t bytes) {
+    void *h = malloc(bytes);
+    CU_CHECK(cu.cuStreamSynchronize(hk.s));
+    CU_CHECK(cu.cuMemcpyDtoH(h, p, bytes));
+    return h;
+}
+
+static size_t hk_mat_bytes(const ck_mat *m) { return gpu_mat_bytes(m) + gpu_scale_bytes(m); }
+
+static const char *hk_kind(int kind) {
+    return kind == CK_W_BF16 ? "bf16" : kind == CK_W_FP8 ? "fp8" : kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_PLANES ? "planes" : "f32";
+}
+
+// ---- timing and the table -----------------------------------------------------------------------
+
+static double hk_median_us(void) {
+    float ms[HK_REPS];
+    CU_CHECK(cu.cuStreamSynchronize(hk.s));
+    for (int i = 0; i < HK_REPS; i++) CU_CHECK(cu.cuEventElapsedTime(&ms[i], hk.ev[i][0], hk.ev[i][1]));
+    for (int i = 1; i < HK_REPS; i++)
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            float t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    return 1000.0 * ms[HK_REPS / 2];
+}
+
+// us_out = the median time in µs of the launch statement(s) after the comma.
+#define HK_TIME(us_out, ...)                                                                   \
+    do {                                                                                       \
+        for (int w_ = 0; w_ < HK_WARM; w_++) { __VA_ARGS__; }                                  \
+        for (int r_ = 0; r_ < HK_REPS; r_++) {                                                 \
+            CU_CHECK(cu.cuMemsetD8Async((uintptr_t)hk.flush.base, (unsigned char)r_, HK_FLUSH, hk.s)); \
+            CU_CHECK(cu.cuEventRecord(hk.ev[r_][0], hk.s));                                    \
+            __VA_ARGS__;                                                                       \
+            CU_CHECK(cu.cuEventRecord(hk.ev[r_][1], hk.s));                                    \
+        }                                                                                      \
+        (us_out) = hk_median_us();                                                             \
+    } while (0)
+
+static void hk_row(const char *kernel, const char *shape, const char *format, double err, double bound, double us, double bytes) {
+    double gbs = bytes / (us * 1e-6) / 1e9;
+    CHECK(err <= bound, "%s %s %s: normalised error %.3g past its bound %.0e", kernel, shape, format, err, bound);
+    printf("%-18s %-46s %-12s %9.2e %7.0e %10.1f %9.2f MB %8.1f %6.1f%%%s\n", kernel, shape, format, err, bound, us, bytes / 1e6, gbs,
+           100 * gbs / hk.copy_gbs, err <= bound ? "" : "  FAIL");
+    fflush(stdout);
+}
+
+// The device-to-device copy bandwidth: a 1 GiB cuMemcpyDtoDAsync, bytes read + written.
+static void hk_copy(void) {
+    size_t n = (size_t)1 << 30;
+    CUdeviceptr a = hk_up(NULL, n), b = hk_up(NULL, n);
+    double us;
+    HK_TIME(us, CU_CHECK(cu.cuMemcpyDtoDAsync(b, a, n, hk.s)));
+    hk.copy_gbs = 2.0 * n / (us * 1e-6) / 1e9;
+    printf("device-to-device copy of 1 GiB: %.1f µs, %.1f GB/s (read + written)\n\n", us, hk.copy_gbs);
+    printf("%-18s %-46s %-12s %9s %7s %10s %12s %8s %7s\n", "kernel", "shape", "format", "err", "bound", "µs", "bytes", "GB/s",
+           "% copy");
+    hk_reset();
+}
+
+// ---- the kernels --------------------------------------------------------------------------------
+
+// k_embed against ck_row_f32 (the reference's embedding lookup): a BF16 table [V, H].
+static void hk_embed(void) {
+    const ck_config *c = &hk.m.cfg;
+    int H = c->hidden, V = c->vocab;
+    uint16_t *tab = malloc(sizeof(uint16_t) * (size_t)V * H);
+    for (size_t i = 0; i < (size_t)V * H; i++) {   // sign, exponent 2^-7 .. 2^0, mantissa: ±[2^-7, 2)
+        uint32_t b = (uint32_t)(hk_next() >> 48);
+        tab[i] = (uint16_t)((b & 0x8000u) | ((120u + ((b >> 7) & 7u)) << 7) | (b & 0x7fu));
+    }
+    ck_mat E = {.kind = CK_W_BF16, .rows = V, .cols = H, .w = (const uint8_t *)tab, .row_bytes = (size_t)H * 2, .s = 1};
+    gpu_mat Ed = gpu_put(&hk.d, &E, "embedding");
+    for (int T = 1; T <= 512; T += 511) {
+        int32_t *ids = malloc(sizeof(int32_t) * T);
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)(hk_next() % (uint64_t)V);
+        CUdeviceptr idd = hk_up(ids, sizeof(int32_t) * T), x = hk_up(NULL, sizeof(float) * (size_t)T * H);
+        gpu_k_embed(&hk.k, hk.s, Ed, idd, x, H, T);
+        float *got = hk_down(x, sizeof(float) * (size_t)T * H), *ref = malloc(sizeof(float) * (size_t)T * H);
+        for (int t = 0; t < T; t++) ck_row_f32(&E, ids[t], ref + (size_t)t * H);
+        double err = check_nerr(got, ref, (size_t)T * H), us;
+        HK_TIME(us, gpu_k_embed(&hk.k, hk.s, Ed, idd, x, H, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d of [%d, %d]", T, V, H);
+        hk_row("k_embed", shape, "bf16", err, HK_TOL_EXACT, us, (double)T * H * (2 + 4) + 4.0 * T);
+        free(ids), free(got), free(ref);
+    }
+    free(tab);
+    hk_reset();
+}
+
+// k_add_rmsnorm against x + y and ref_rmsnorm1p; a BF16 weight [H].
+static void hk_norm(void) {
+    const ck_config *c = &hk.m.cfg;
+    int H = c->hidden;
+    uint16_t *wb = malloc(sizeof(uint16_t) * H);
+    ck_mat w = kt_bf16_vec(wb, H, 0.0f, 0.3f);
+    gpu_mat wd = gpu_put(&hk.d, &w, "norm");
+    for (int T = 1; T <= 512; T += 511) {
+        size_t n = (size_t)T * H;
+        float *x = hk_normal(n, 3.0f), *y = hk_normal(n, 1.0f), *ref = malloc(sizeof(float) * n);
+        CUdeviceptr xd = hk_up(x, sizeof(float) * n), yd = hk_up(y, sizeof(float) * n), nd = hk_up(NULL, sizeof(float) * n);
+        gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, 0, H, (float)c->eps, T);
+        float *gx = hk_down(xd, sizeof(float) * n), *gn = hk_down(nd, sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) x[i] += y[i];
+        for (int t = 0; t < T; t++) ref_rmsnorm1p(x + (size_t)t * H, &w, H, c->eps, ref + (size_t)t * H);
+        double err = fmax(check_nerr(gn, ref, n), check_nerr(gx, x, n)), us;
+        HK_TIME(us, gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, 0, H, (float)c->eps, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d, H %d", T, H);
+        hk_row("k_add_rmsnorm", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 16.0 * n + 2.0 * H);
+        free(x), free(y), free(ref), free(gx), free(gn);
+    }
+    free(wb);
+    hk_reset();
+}
+
+// k_linear against ref_linear: the model's matrix products, each set as the engine launches it
+// (the matrices that read one input in one launch).
+static void hk_linear(void) {
+    const ck_config *c = &hk.m.cfg;
+    int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    const struct {
+        const char *name;
+        int n, T_max, kind[GPU_LIN_SET], rows[GPU_LIN_SET], cols;
+    } sets[] = {
+        {"attention q|k|v", 3, 512, {CK_W_FP8, CK_W_FP8, CK_W_FP8}, {2 * qd, kvd, kvd}, H},
+        {"attention o", 1, 512, {CK_W_FP8}, {H}, qd},
+        {"GDN qkv|z|b|a", 4, 512, {CK_W_FP8, CK_W_FP8, CK_W_BF16, CK_W_BF16}, {c->conv_dim, c->value_dim, c->lv_heads, c->lv_heads}, H},
+        {"GDN out", 1, 512, {CK_W_FP8}, {H}, c->value_dim},
+        {"router|shared g|u|gate", 4, 512, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {c->n_experts, c->shared_inter, c->shared_inter, 1}, H},
+        {"shared down", 1, 512, {CK_W_NVFP4}, {H}, c->shared_inter},
+        {"lm_head", 1, 1, {CK_W_NVFP4}, {c->vocab}, H},
+    };
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        int n = sets[si].n, K = sets[si].cols;
+        ck_mat W[GPU_LIN_SET];
+        uint8_t *wb[GPU_LIN_SET], *sb[GPU_LIN_SET];
+        gpu_lin_set set;
+        memset(&set, 0, sizeof set);
+        set.n = n;
+        double wbytes = 0;
+        char rows[64] = "", fmt[32] = "";
+        for (int i = 0; i < n; i++) {
+            W[i] = kt_random_mat(sets[si].kind[i], sets[si].rows[i], K, &wb[i], &sb[i]);
+            set.W[i] = gpu_put(&hk.d, &W[i], "matrix");
+            set.first[i + 1] = set.first[i] + (W[i].rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS;
+            wbytes += (double)hk_mat_bytes(&W[i]);
+            snprintf(rows + strlen(rows), sizeof rows - strlen(rows), "%s%d", i ? "+" : "", W[i].rows);
+            if (!strstr(fmt, hk_kind(W[i].kind))) snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), "%s%s", *fmt ? "+" : "", hk_kind(W[i].kind));
+        }
+        for (int T = 1; T <= sets[si].T_max; T += 511) {
+            float *x = hk_normal((size_t)T * K, 1.0f);
+            CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)T * K);
+            double obytes = 0, err = 0, us;
+            for (int i = 0; i < n; i++) {
+                set.y[i] = hk_up(NULL, sizeof(float) * (size_t)T * W[i].rows);
+                set.ldy[i] = W[i].rows;
+                obytes += 4.0 * T * W[i].rows;
+            }
+            gpu_k_linear(&hk.k, hk.s, &set, xd, K, T);
+            for (int i = 0; i < n; i++) {
+                size_t no = (size_t)T * W[i].rows;
+                float *got = hk_down(set.y[i], sizeof(float) * no), *ref = malloc(sizeof(float) * no);
+                ref_linear(&hk.r, &W[i], x, K, T, ref, W[i].rows);
+                err = fmax(err, check_nerr(got, ref, no));
+                free(got), free(ref);
+            }
+            HK_TIME(us, gpu_k_linear(&hk.k, hk.s, &set, xd, K, T));
+            char shape[96];
+            snprintf(shape, sizeof shape, "%s T=%d [%s, %d]", sets[si].name, T, rows, K);
+            hk_row("k_linear", shape, fmt, err, HK_TOL_SUM, us, wbytes + 4.0 * T * K + obytes);
+            free(x);
+        }
+        for (int i = 0; i < n; i++) free(wb[i]), free(sb[i]);
+        hk_reset();
+    }
+}
+
+// T tokens' routing as the reference routes random logits: sel [T, K] (distinct experts), w [T, K].
+static void hk_route(int T, int32_t *sel, float *w) {
+    const ck_config *c = &hk.m.cfg;
+    int E = c->n_experts, K = c->topk, s[GPU_ROUTER_MAX_K];
+    float *p = malloc(sizeof(float) * E);
+    for (int t = 0; t < T; t++) {
+        for (int x = 0; x < E; x++) p[x] = 2.0f * kt_normal();
+        ref_route(p, E, K, s, w + (size_t)t * K);
+        for (int k = 0; k < K; k++) sel[(size_t)t * K + k] = s[k];
+    }
+    free(p);
+}
+
+// k_router against ref_route: the same experts in the same order, and their weights.
+static void hk_router(void) {
+    const ck_config *c = &hk.m.cfg;
+    int E = c->n_experts, K = c->topk;
+    for (int T = 1; T <= 512; T += 511) {
+        float *lg = hk_normal((size_t)T * E, 2.0f), *w = malloc(sizeof(float) * (size_t)T * K), *p = malloc(sizeof(float) * E);
+        int *sel = malloc(sizeof(int) * (size_t)T * K);
+        CUdeviceptr ld = hk_up(lg, sizeof(float) * (size_t)T * E), sd = hk_up(NULL, 4 * (size_t)T * K), wd = hk_up(NULL, 4 * (size_t)T * K);
+        gpu_k_router(&hk.k, hk.s, ld, E, K, sd, wd, T);
+        int32_t *gs = hk_down(sd, 4 * (size_t)T * K);
+        float *gw = hk_down(wd, 4 * (size_t)T * K);
+        int same = 1;
+        for (int t = 0; t < T; t++) {
+            memcpy(p, lg + (size_t)t * E, sizeof(float) * E);
+            ref_route(p, E, K, sel + (size_t)t * K, w + (size_t)t * K);
+            for (int k = 0; k < K; k++) same &= sel[(size_t)t * K + k] == gs[(size_t)t * K + k];
+        }
+        double err = same ? check_nerr(gw, w, (size_t)T * K) : INFINITY, us;   // other experts: no bound holds
+        HK_TIME(us, gpu_k_router(&hk.k, hk.s, ld, E, K, sd, wd, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d, E %d top-%d", T, E, K);
+        hk_row("k_router", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * E + 8.0 * T * K);
+        free(lg), free(w), free(p), free(sel), free(gs), free(gw);
+        hk_reset();
+    }
+}
+
+// The routed experts of one stored kind: k_moe_gate_up against ref_moe_gate_up and k_moe_down
+// against ref_moe_down, each expert over the (token, choice) pairs that chose it, as ref_moe
+// groups them; k_moe_down reads the GPU's own h, so each kernel is measured alone.
+static void hk_experts(int kind) {
+    const ck_config *c = &hk.m.cfg;
+    int E = c->n_experts, K = c->topk, H = c->hidden, I = c->inter;
+    ck_mat *gate = malloc(sizeof(ck_mat) * E), *up = malloc(sizeof(ck_mat) * E), *down = malloc(sizeof(ck_mat) * E);
+    uint8_t **bufs = malloc(sizeof(uint8_t *) * 6 * (size_t)E);
+    gpu_mat *tab = malloc(sizeof(gpu_mat) * 3 * (size_t)E);
+    for (int x = 0; x < E; x++) {
+        gate[x] = kt_random_mat(kind, I, H, &bufs[6 * x], &bufs[6 * x + 1]);
+        up[x] = kt_random_mat(kind, I, H, &bufs[6 * x + 2], &bufs[6 * x + 3]);
+        down[x] = kt_random_mat(kind, H, I, &bufs[6 * x + 4], &bufs[6 * x + 5]);
+        tab[3 * x] = gpu_put(&hk.d, &gate[x], "expert"), tab[3 * x + 1] = gpu_put(&hk.d, &up[x], "expert");
+        tab[3 * x + 2] = gpu_put(&hk.d, &down[x], "expert");
+    }
+    CUdeviceptr ex = hk_up(tab, sizeof(gpu_mat) * 3 * (size_t)E);
+    size_t used = hk.d.used;
+    for (int T = 1; T <= 512; T += 511) {
+        int P = T * K, *rows = malloc(sizeof(int) * P);
+        int32_t *sel = malloc(sizeof(int32_t) * P);
+        float *w = malloc(sizeof(float) * P), *xn = hk_normal((size_t)T * H, 1.0f);
+        hk_route(T, sel, w);
+        float *href = malloc(sizeof(float) * (size_t)P * I), *yref = malloc(sizeof(float) * (size_t)P * H);
+        float *gx = malloc(sizeof(float) * (size_t)T * (H > I ? H : I)), *hh = malloc(sizeof(float) * (size_t)T * I);
+        float *uu = malloc(sizeof(float) * (size_t)T * I), *ed = malloc(sizeof(float) * (size_t)T * H);
+        CUdeviceptr sd = hk_up(sel, 4 * (size_t)P), xd = hk_up(xn, sizeof(float) * (size_t)T * H);
+        CUdeviceptr hd = hk_up(NULL, sizeof(float) * (size_t)P * I), yd = hk_up(NULL, sizeof(float) * (size_t)P * H);
+        gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T);
+        float *gh = hk_down(hd, sizeof(float) * (size_t)P * I);
+        gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P);
+        float *gy = hk_down(yd, sizeof(float) * (size_t)P * H);
+        double ebytes_gu = 0, ebytes_d = 0;
+        for (int x = 0; x < E; x++) {
+            int n = 0;
+            for (int p = 0; p < P; p++)
+                if (sel[p] == x) rows[n++] = p;
+            if (!n) continue;
+            ebytes_gu += (double)(hk_mat_bytes(&gate[x]) + hk_mat_bytes(&up[x]));
+            ebytes_d += (double)hk_mat_bytes(&down[x]);
+            for (int i = 0; i < n; i++) memcpy(gx + (size_t)i * H, xn + (size_t)(rows[i] / K) * H, sizeof(float) * H);
+            ref_moe_gate_up(&hk.r, &gate[x], &up[x], gx, n, hh, uu);
+            for (int i = 0; i < n; i++) memcpy(href + (size_t)rows[i] * I, hh + (size_t)i * I, sizeof(float) * I);
+            for (int i = 0; i < n; i++) memcpy(gx + (size_t)i * I, gh + (size_t)rows[i] * I, sizeof(float) * I);
+            ref_moe_down(&hk.r, &down[x], gx, n, ed);
+            for (int i = 0; i < n; i++) memcpy(yref + (size_t)rows[i] * H, ed + (size_t)i * H, sizeof(float) * H);
+        }
+        double egu = check_nerr(gh, href, (size_t)P * I), ed_ = check_nerr(gy, yref, (size_t)P * H), us;
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
+        HK_TIME(us, gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T));
+        hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
+        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
+        HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
+        hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
+        free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
+        CU_CHECK(cu.cuCtxSynchronize());
+        hk.d.used = used;   // keep the experts, drop this shape's buffers
+    }
+    for (size_t i = 0; i < 6 * (size_t)E; i++) free(bufs[i]);
+    free(bufs), free(gate), free(up), free(down), free(tab);
+    hk_reset();
+}
+
+// k_moe_combine against ref_moe_combine, and k_silu_mul against ref_silu_mul (the shared expert).
+// Bound HK_TOL_SUM: the GPU may contract a product and a sum into one FMA where the twin rounds
+// twice, and computes SiLU / σ in f32 (expf) where the twin goes through f64: a few ulps.
+static void hk_combine_silu(void) {
+    const ck_config *c = &hk.m.cfg;
+    int K = c->topk, H = c->hidden, SI = c->shared_inter;
+    for (int T = 1; T <= 512; T += 511) {
+        int32_t *sel = malloc(sizeof(int32_t) * (size_t)T * K);
+        float *w = malloc(sizeof(float) * (size_t)T * K);
+        hk_route(T, sel, w);
+        float *ye = hk_normal((size_t)T * K * H, 1.0f), *sh = hk_normal((size_t)T * H, 1.0f), *sg = hk_normal(T, 2.0f);
+        float *ref = malloc(sizeof(float) * (size_t)T * H);
+        CUdeviceptr yed = hk_up(ye, sizeof(float) * (size_t)T * K * H), sd = hk_up(sel, 4 * (size_t)T * K), wd = hk_up(w, 4 * (size_t)T * K);
+        CUdeviceptr shd = hk_up(sh, sizeof(float) * (size_t)T * H), sgd = hk_up(sg, sizeof(float) * T);
+        CUdeviceptr yd = hk_up(NULL, sizeof(float) * (size_t)T * H);
+        gpu_k_moe_combine(&hk.k, hk.s, yed, sd, wd, shd, sgd, yd, K, H, T);
+        float *got = hk_down(yd, sizeof(float) * (size_t)T * H);
+        for (int t = 0; t < T; t++)
+            ref_moe_combine(ye + (size_t)t * K * H, sel + (size_t)t * K, w + (size_t)t * K, sg[t], sh + (size_t)t * H, K, H, ref + (size_t)t * H);
+        double err = check_nerr(got, ref, (size_t)T * H), us;
+        HK_TIME(us, gpu_k_moe_combine(&hk.k, hk.s, yed, sd, wd, shd, sgd, yd, K, H, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d x top-%d, H %d", T, K, H);
+        hk_row("k_moe_combine", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * K * H + 8.0 * T * H + 8.0 * T * K + 4.0 * T);
+        free(sel), free(w), free(ye), free(sh), free(sg), free(ref), free(got);
+        // the shared expert's activation: h = SiLU(g) · u over [T, SI]
+        size_t n = (size_t)T * SI;
+        float *g = hk_normal(n, 2.0f), *u = hk_normal(n, 1.0f), *hr = malloc(sizeof(float) * n);
+        CUdeviceptr gd = hk_up(g, sizeof(float) * n), ud = hk_up(u, sizeof(float) * n), hd = hk_up(NULL, sizeof(float) * n);
+        gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n);
+        float *gh = hk_down(hd, sizeof(float) * n);
+        ref_silu_mul(g, u, hr, n);
+        err = check_nerr(gh, hr, n);
+        HK_TIME(us, gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n));
+        snprintf(shape, sizeof shape, "T=%d x %d", T, SI);
+        hk_row("k_silu_mul", shape, "f32", err, HK_TOL_SUM, us, 12.0 * n);
+        free(g), free(u), free(hr), free(gh);
+        hk_reset();
+    }
+}
+
+// k_gdn_conv against ref_gdn_conv, token after token of one row, and the window it leaves.
+static void hk_gdn_conv(void) {
+    const ck_config *c = &hk.m.cfg;
+    int cd = c->conv_dim, Kc = c->conv_k;
+    uint8_t *wb, *sb;
+    ck_mat w = kt_random_mat(CK_W_BF16, cd, Kc, &wb, &sb);
+    gpu_mat wd = gpu_put(&hk.d, &w, "conv");
+    for (int T = 1; T <= 512; T += 511) {
+        size_t n = (size_t)T * cd, nw = (size_t)(Kc - 1) * cd;
+        float *x = hk_normal(n, 1.0f), *win = hk_normal(nw, 1.0f), *tmp = malloc(sizeof(float) * cd);
+        int32_t meta[3] = {0, 0, T};   // row_slot, row_start, row_len of the one row
+        CUdeviceptr xd = hk_up(x, sizeof(float) * n), wind = hk_up(win, sizeof(float) * nw), md = hk_up(meta, sizeof meta);
+        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1);
+        float *gx = hk_down(xd, sizeof(float) * n), *gw = hk_down(wind, sizeof(float) * nw);
+        for (int t = 0; t < T; t++) ref_gdn_conv(&w, cd, Kc, x + (size_t)t * cd, win, tmp);
+        double err = fmax(check_nerr(gx, x, n), check_nerr(gw, win, nw)), us;
+        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d in 1 row, %d ch x %d taps", T, cd, Kc);
+        hk_row("k_gdn_conv", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 8.0 * n + 8.0 * nw + 2.0 * cd * Kc);
+        free(x), free(win), free(tmp), free(gx), free(gw);
+    }
+    free(wb);
+    hk_reset();
+}
+
+// k_gdn_rule (T one-token rows, each its own sequence) and k_gdn_chunk (one row of T tokens
+// from position 0) against their twins (kernel_data.h: kt_gdn_row), outputs and states.
+static void hk_gdn_rule(int kernel, int T) {
+    const ck_config *c = &hk.m.cfg;
+    int nk = c->lk_heads, nv = c->lv_heads, dk = c->lk_dim, dv = c->lv_dim, cd = c->conv_dim;
+    int nrows = kernel == K_GDN_RULE ? T : 1;
+    size_t slot = (size_t)nv * dk * dv, nS = slot * nrows, nO = (size_t)T * nv * dv;
+    float *qkv = hk_normal((size_t)T * cd, 1.0f), *bb = hk_normal((size_t)T * nv, 2.0f), *aa = hk_normal((size_t)T * nv, 2.0f);
+    for (size_t i = 0; i < (size_t)T * nv; i++) aa[i] -= 1.0f;
+    float *S = hk_normal(nS, 0.1f), *o = malloc(sizeof(float) * nO);
+    uint16_t lb[64], db[64];
+    ck_mat alog = kt_bf16_vec(lb, nv, 0.5f, 1.0f), dtb = kt_bf16_vec(db, nv, 0.0f, 0.5f);
+    gpu_mat ga = gpu_put(&hk.d, &alog, "A_log"), gd = gpu_put(&hk.d, &dtb, "dt_bias");
+    kt_row *rw = malloc(sizeof(kt_row) * nrows);
+    for (int i = 0; i < nrows; i++) rw[i] = (kt_row){i, 0, T / nrows};
+    CUdeviceptr m = kt_rows_dev(&hk.d, rw, nrows, 0);
+    CUdeviceptr qd = hk_up(qkv, sizeof(float) * (size_t)T * cd), bd = hk_up(bb, sizeof(float) * (size_t)T * nv);
+    CUdeviceptr ad = hk_up(aa, sizeof(float) * (size_t)T * nv), Sd = hk_up(S, sizeof(float) * nS), od = hk_up(NULL, sizeof(float) * nO);
+    kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
+    float *go = hk_down(od, sizeof(float) * nO), *gS = hk_down(Sd, sizeof(float) * nS);
+    for (int i = 0, t = 0; i < nrows; t += rw[i].len, i++)
+        kt_gdn_row(qkv + (size_t)t * cd, cd, bb + (size_t)t * nv, aa + (size_t)t * nv, &alog, &dtb, S + (size_t)i * slot,
+                   o + (size_t)t * nv * dv, nk, nv, dk, dv, rw[i].pos, rw[i].len, kernel == K_GDN_RULE);
+    double err = fmax(check_nerr(go, o, nO), check_nerr(gS, S, nS)), us;
+    HK_TIME(us, kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv));
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%d in %d row%s, %d/%d heads of %d", T, nrows, nrows > 1 ? "s" : "", nk, nv, dk);
+    hk_row(kernel == K_GDN_RULE ? "k_gdn_rule" : "k_gdn_chunk", shape, "f32", err, GPU_TOL_GDN, us,
+           8.0 * nS + 4.0 * T * cd + 8.0 * T * nv + 4.0 * nO);
+    free(qkv), free(bb), free(aa), free(S), free(o), free(rw), free(go), free(gS);
+    hk_reset();
+}
+
+// k_gated_norm against ref_gated_rmsnorm, every (token, value head); a BF16 weight [dv].
+static void hk_gated_norm(void) {
+    const ck_config *c = &hk.m.cfg;
+    int nv = c->lv_heads, dv = c->lv_dim;
+    uint16_t *wb = malloc(sizeof(uint16_t) * dv);
+    ck_mat w = kt_bf16_vec(wb, dv, 1.0f, 0.2f);
+    gpu_mat wd = gpu_put(&hk.d, &w, "gated norm");
+    for (int T = 1; T <= 512; T += 511) {
+        size_t n = (size_t)T * nv * dv;
+        float *o = hk_normal(n, 0.1f), *z = hk_normal(n, 1.0f);
+        CUdeviceptr od = hk_up(o, sizeof(float) * n), zd = hk_up(z, sizeof(float) * n);
+        gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, T);
+        float *got = hk_down(od, sizeof(float) * n);
+        for (size_t h = 0; h < (size_t)T * nv; h++) ref_gated_rmsnorm(o + h * dv, z + h * dv, &w, dv, c->eps);
+        double err = check_nerr(got, o, n), us;
+        HK_TIME(us, gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d x %d heads of %d", T, nv, dv);
+        hk_row("k_gated_norm", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 12.0 * n + 2.0 * dv);
+        free(o), free(z), free(got);
+    }
+    free(wb);
+    hk_reset();
+}
+
+// The stored element i of a KV cache of type kv (raw: its bytes) as a float, with its scale.
+static float hk_kv_get(int kv, const void *raw, size_t i, float scale) {
+    if (kv == GPU_KV_F32) return ((const float *)raw)[i];
+    if (kv == GPU_KV_BF16) return ck_bf16((const uint8_t *)raw + 2 * i);
+    return ck_e4m3_lut[((const uint8_t *)raw)[i]] * scale;
+}
+
+// k_attn_prep and k_attention for one KV type over a sequence of P = 4,096 positions in one
+// slot (pages in order). k_attn_prep fills the cache in three launches — positions [0, 512),
+// [512, P − 1), P − 1 — each against ref_attn_prep: q and k in f32 (bound HK_TOL_SUM), and the
+// cache exactly what ref_kv_round makes of the GPU's own k and v (a key computed in another
+// order can land on the other side of a bf16 / e4m3 rounding boundary; that is the f32 check's
+// business, not the cache's). k_attention against ref_attn_core over the GPU's cache (decoded):
+// one query at P − 1 (decode), and the 512 queries of [0, 512) (prefill; every fourth checked).
+static void hk_attention(int kv) {
+    const ck_config *c = &hk.m.cfg;
+    enum { P = 4096, TP = 512 };
+    int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, kvd = kvh * hd, pw = 2 * nh * hd, rot = c->rot_dim;
+    size_t elem = gpu_kv_elem(kv);
+    float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
+    float *proj = hk_normal((size_t)P * pw, 1.0f), *kk = hk_normal((size_t)P * kvd, 1.0f), *vv = hk_normal((size_t)P * kvd, 1.0f);
+    uint16_t qb[GPU_ATT_MAX_HD], kb[GPU_ATT_MAX_HD];
+    ck_mat qn = kt_bf16_vec(qb, hd, 0.0f, 0.3f), kn = kt_bf16_vec(kb, hd, 0.0f, 0.3f);
+    int32_t *pos = malloc(sizeof(int32_t) * P), *slot = calloc(P, sizeof(int32_t)), *bt = malloc(sizeof(int32_t) * (P / GPU_KV_PAGE));
+    for (int p = 0; p < P; p++) pos[p] = p;
+    for (int b = 0; b < P / GPU_KV_PAGE; b++) bt[b] = b;
+    gpu_mat qnd = gpu_put(&hk.d, &qn, "q_norm"), knd = gpu_put(&hk.d, &kn, "k_norm");
+    CUdeviceptr projd = hk_up(proj, sizeof(float) * (size_t)P * pw), kkd = hk_up(kk, sizeof(float) * (size_t)P * kvd);
+    CUdeviceptr vvd = hk_up(vv, sizeof(float) * (size_t)P * kvd), inv = hk_up(hk.r.inv_freq, sizeof(float) * (size_t)(rot / 2));
+    CUdeviceptr posd = hk_up(pos, sizeof(int32_t) * P), slotd = hk_up(slot, sizeof(int32_t) * P), btd = hk_up(bt, sizeof(int32_t) * (P / GPU_KV_PAGE));
+    CUdeviceptr kc = hk_up(NULL, elem * (size_t)P * kvd), vc = hk_up(NULL, elem * (size_t)P * kvd), ks = 0, vs = 0;
+    if (kv == GPU_KV_FP8) ks = hk_up(NULL, sizeof(float) * (size_t)P * kvh), vs = hk_up(NULL, sizeof(float) * (size_t)P * kvh);
+    int bts = P / GPU_KV_PAGE;
+    // launch the prep of tokens [a, b)
+#define HK_PREP(a, b)                                                                                                              \
+    gpu_k_attn_prep(&hk.k, hk.s, kv, projd + (size_t)(a) * pw * 4, kkd + (size_t)(a) * kvd * 4, vvd + (size_t)(a) * kvd * 4, qnd, knd, \
+                    inv, rot, posd + (size_t)(a) * 4, slotd + (size_t)(a) * 4, btd, bts, kc, vc, ks, vs, nh, kvh, hd, eps, (b) - (a))
+    const int cut[4] = {0, TP, P - 1, P};
+    for (int i = 0; i < 3; i++) HK_PREP(cut[i], cut[i + 1]);
+    float *gq = hk_down(projd, sizeof(float) * (size_t)P * pw), *gk = hk_down(kkd, sizeof(float) * (size_t)P * kvd);
+    uint8_t *gkc = hk_down(kc, elem * (size_t)P * kvd), *gvc = hk_down(vc, elem * (size_t)P * kvd);
+    float *gks = ks ? hk_down(ks, sizeof(float) * (size_t)P * kvh) : NULL, *gvs = vs ? hk_down(vs, sizeof(float) * (size_t)P * kvh) : NULL;
+    // the twin, and the GPU's cache decoded [P, kvd]
+    float *Kr = malloc(sizeof(float) * (size_t)P * kvd), *Vr = malloc(sizeof(float) * (size_t)P * kvd);
+    float *Kg = malloc(sizeof(float) * (size_t)P * kvd), *Vg = malloc(sizeof(float) * (size_t)P * kvd);
+    float *Kx = malloc(sizeof(float) * (size_t)P * kvd), *Vx = malloc(sizeof(float) * (size_t)P * kvd);
+    hk.r.kv_round = kv;
+    for (int p = 0; p < P; p++)
+        ref_attn_prep(&hk.r, &qn, &kn, proj + (size_t)p * pw, kk + (size_t)p * kvd, vv + (size_t)p * kvd, Kr + (size_t)p * kvd,
+                      Vr + (size_t)p * kvd, p);
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < kvh; j++) {
+            size_t o = (size_t)p * kvd + (size_t)j * hd;
+            float ksc = gks ? gks[(size_t)p * kvh + j] : 1, vsc = gvs ? gvs[(size_t)p * kvh + j] : 1;
+            for (int d = 0; d < hd; d++) Kg[o + d] = hk_kv_get(kv, gkc, o + d, ksc), Vg[o + d] = hk_kv_get(kv, gvc, o + d, vsc);
+            memcpy(Kx + o, gk + o, sizeof(float) * hd);   // what the cache must hold: the GPU's k and v, rounded as ref_kv_round does
+            memcpy(Vx + o, vv + o, sizeof(float) * hd);
+            if (kv != GPU_KV_F32) ref_kv_round(Kx + o, hd, kv), ref_kv_round(Vx + o, hd, kv);
+        }
+    char name[32], shape[64];
+    double err_prep[2], bytes_prep[2];   // T = 512 from position 0, T = 1 at P − 1
+    for (int i = 0; i < 2; i++) {
+        size_t a = (size_t)cut[2 * i], n = (size_t)(cut[2 * i + 1] - cut[2 * i]);
+        double err = fmax(check_nerr(gq + a * pw, proj + a * pw, n * pw), check_nerr(gk + a * kvd, kk + a * kvd, n * kvd));
+        err_prep[i] = fmax(err, fmax(check_nerr(Kg + a * kvd, Kx + a * kvd, n * kvd), check_nerr(Vg + a * kvd, Vx + a * kvd, n * kvd)));
+        // q read and written, k read and written, v read, the cache row written (+ fp8 scales), position and slot
+        bytes_prep[i] = n * (8.0 * nh * hd + 8.0 * kvd + 4.0 * kvd + 2.0 * elem * kvd + (kv == GPU_KV_FP8 ? 8.0 * kvh : 0) + 8.0);
+    }
+    // k_attention: one query at P − 1, then the prefill's queries [0, TP)
+    CUdeviceptr core = hk_up(NULL, sizeof(float) * (size_t)TP * nh * hd);
+    float *scores = malloc(sizeof(float) * P), *ref = malloc(sizeof(float) * (size_t)TP * nh * hd);
+    snprintf(name, sizeof name, "k_attention_%s", gpu_kv_names[kv]);
+    for (int dec = 1; dec >= 0; dec--) {
+        int a = dec ? P - 1 : 0, T = dec ? 1 : TP;
+        gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs, core,
+                        nh, kvh, hd, scale, T);
+        float *got = hk_down(core, sizeof(float) * (size_t)T * nh * hd);
+        size_t m = 0;   // rows compared, packed: every fourth query of the prefill
+        for (int t = dec ? 0 : 3; t < T; t += dec ? 1 : 4, m++) {
+            ref_attn_core(&hk.r, gq + (size_t)(a + t) * pw, Kg, Vg, a + t, scores, ref + m * nh * hd);
+            memmove(got + m * nh * hd, got + (size_t)t * nh * hd, sizeof(float) * nh * hd);
+        }
+        double err = check_nerr(got, ref, m * nh * hd), us;
+        HK_TIME(us, gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks,
+                                    vs, core, nh, kvh, hd, scale, T));
+        int span = dec ? P : TP;   // positions read: the cache once
+        // q and gate read, the output written, keys and values read once (+ fp8 scales), positions and slots
+        double bytes = 8.0 * T * nh * hd + 4.0 * T * nh * hd + 2.0 * span * kvd * elem + (kv == GPU_KV_FP8 ? 8.0 * span * kvh : 0) + 8.0 * T;
+        if (dec) snprintf(shape, sizeof shape, "T=1 at depth %d, %d/%d heads of %d", P, nh, kvh, hd);
+        else snprintf(shape, sizeof shape, "T=%d from 0, %d/%d heads of %d", TP, nh, kvh, hd);
+        hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, us, bytes);
+        free(got);
+    }
+    // k_attn_prep's times last: each launch rewrites q, k and the cache in place
+    snprintf(name, sizeof name, "k_attn_prep_%s", gpu_kv_names[kv]);
+    for (int i = 0; i < 2; i++) {
+        double us;
+        HK_TIME(us, HK_PREP(cut[2 * i], cut[2 * i + 1]));
+        if (i) snprintf(shape, sizeof shape, "T=1 at position %d, %d/%d heads", P - 1, nh, kvh);
+        else snprintf(shape, sizeof shape, "T=%d from position 0, %d/%d heads", TP, nh, kvh);
+        hk_row(name, shape, gpu_kv_names[kv], err_prep[i], HK_TOL_SUM, us, bytes_prep[i]);
+    }
+#undef HK_PREP
+    hk.r.kv_round = 0;
+    free(proj), free(kk), free(vv), free(pos), free(slot), free(bt), free(gq), free(gk), free(gkc), free(gvc), free(gks), free(gvs);
+    free(Kr), free(Vr), free(Kg), free(Vg), free(Kx), free(Vx), free(scores), free(ref);
+    hk_reset();
+}
+
+int main(void) {
+    moet_err e = {{0}};
+    if (gpu_open(&hk.dev, &e)) {
+        printf("harness_kernels: no GPU: %s\n", e.msg);
+        return 1;
+    }
+    gpu_describe(&hk.dev, stdout);
+    ck_init_tables();
+    hk.rng = 0x9e3779b97f4a7c15ull;
+    if (ck_config_read(&hk.m.cfg, HK_CONFIG, &e)) moet_die("%s", e.msg);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ref_init(&hk.r, &hk.m, 1, 4096, 512, cores > 1 ? (int)cores : 1, &e)) moet_die("%s", e.msg);
+    if (gpu_kernels_load(&hk.k, &hk.dev, &e)) moet_die("%s", e.msg);
+    const ck_config *c = &hk.m.cfg;
+    gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
+    gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem(c->lk_dim));
+    CU_CHECK(cu.cuStreamCreate(&hk.s, GPU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < HK_REPS; i++)
+        for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&hk.ev[i][j], 0));
+    if (arena_init_kind(&hk.flush, "L2 flush", ARENA_DEVICE, HK_FLUSH, &e) || arena_init_kind(&hk.d, "harness", ARENA_DEVICE, HK_SCRATCH, &e))
+        moet_die("%s", e.msg);
+    printf("Qwen3.6-35B-A3B shapes (%s): H %d, attention %d/%d heads of %d, GDN %d/%d heads of %d, %d experts top-%d of %d, vocab %d; "
+           "median of %d launches, L2 flushed before each\n",
+           HK_CONFIG, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->lk_heads, c->lv_heads, c->lk_dim, c->n_experts, c->topk,
+           c->inter, c->vocab, HK_REPS);
+    hk_copy();
+    hk_embed();
+    hk_norm();
+    hk_linear();
+    hk_router();
+    hk_experts(CK_W_PLANES);
+    hk_experts(CK_W_NVFP4);
+    hk_combine_silu();
+    hk_gdn_conv();
+    hk_gdn_rule(K_GDN_RULE, 1);
+    hk_gdn_rule(K_GDN_RULE, 512);
+    hk_gdn_rule(K_GDN_CHUNK, 512);
+    hk_gated_norm();
+    for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) hk_attention(kv);
+    ref_free(&hk.r);
+    arena_release(&hk.d);
+    arena_release(&hk.flush);
+    return check_report("harness_kernels");
+}
