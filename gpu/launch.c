@@ -89,7 +89,7 @@ static void gpu_k_moe_gate_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, C
                               CUdeviceptr h, int I, int T) {
     MOET_ASSERT(gpu_aligned(experts, 8), "k_moe_gate_up: the expert table at %#llx", experts);
     gpu_assert_x("k_moe_gate_up", xn, ldx);
-    gpu_launch(k, K_MOE_GATE_UP, (gpu_dim){gpu_cdiv(I, GPU_LIN_ROWS), (long long)T * K, 1, "(row blocks of I, tokens x top-k, 1)"},
+    gpu_launch(k, K_MOE_GATE_UP, (gpu_dim){(long long)T * K, gpu_cdiv(I, GPU_LIN_ROWS), 1, "(tokens x top-k, row blocks of I, 1)"},
                GPU_LIN_NT, 0, s, GPU_ARGS(&experts, &sel, &xn, &ldx, &K, &h, &I));
 }
 
@@ -98,14 +98,14 @@ static void gpu_k_moe_down(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUde
                            int n_pairs) {
     MOET_ASSERT(gpu_aligned(experts, 8), "k_moe_down: the expert table at %#llx", experts);
     gpu_assert_x("k_moe_down", h, I);
-    gpu_launch(k, K_MOE_DOWN, (gpu_dim){gpu_cdiv(H, GPU_LIN_ROWS), n_pairs, 1, "(row blocks of H, tokens x top-k, 1)"}, GPU_LIN_NT, 0, s,
+    gpu_launch(k, K_MOE_DOWN, (gpu_dim){n_pairs, gpu_cdiv(H, GPU_LIN_ROWS), 1, "(tokens x top-k, row blocks of H, 1)"}, GPU_LIN_NT, 0, s,
                GPU_ARGS(&experts, &sel, &h, &I, &ye, &H));
 }
 
 // y[t, j] = Σ_k selw[t, k] · ye[t·K + k, j] (ascending expert id) + σ(sg[t]) · sh[t, j], t < T.
 static void gpu_k_moe_combine(gpu_kernels *k, CUstream s, CUdeviceptr ye, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr sh, CUdeviceptr sg,
                               CUdeviceptr y, int K, int H, int T) {
-    gpu_launch(k, K_MOE_COMBINE, (gpu_dim){gpu_cdiv(H, GPU_COMBINE_NT), T, 1, "(blocks of H, tokens, 1)"}, GPU_COMBINE_NT, 0, s,
+    gpu_launch(k, K_MOE_COMBINE, (gpu_dim){T, gpu_cdiv(H, GPU_COMBINE_NT), 1, "(tokens, blocks of H, 1)"}, GPU_COMBINE_NT, 0, s,
                GPU_ARGS(&ye, &sel, &selw, &sh, &sg, &y, &K, &H));
 }
 
@@ -159,7 +159,7 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
 // o[t, h] ← w · (o / rms(o)) · SiLU(z[t, h]) for every (token, value head): o, z [T, nv·dv].
 static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdeviceptr z, gpu_mat w, int nv, int dv, float eps, int T) {
     MOET_ASSERT(w.cols == dv, "k_gated_norm: a weight of %d for value heads of %d", w.cols, dv);
-    gpu_launch(k, K_GATED_NORM, (gpu_dim){nv, T, 1, "(value heads, tokens, 1)"}, GPU_GNORM_NT, 0, s, GPU_ARGS(&o, &z, &w, &nv, &dv, &eps));
+    gpu_launch(k, K_GATED_NORM, (gpu_dim){T, nv, 1, "(tokens, value heads, 1)"}, GPU_GNORM_NT, 0, s, GPU_ARGS(&o, &z, &w, &nv, &dv, &eps));
 }
 
 // ---- gated attention ----------------------------------------------------------------------------
@@ -193,8 +193,37 @@ static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
                             int nh, int kvh, int hd, float scale, int T) {
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
-    gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){nh, T, 1, "(query heads, tokens, 1)"}, GPU_ATT_NT, 0, s,
+    gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
                GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale));
 }
 
 #undef GPU_ARGS
+
+// ---- the plan's largest step against CUDA's grid limits ----------------------------------------
+//
+// Every launch of a step puts its token count (or token × top-k pairs) along grid.x, which holds
+// 2³¹ − 1 blocks; what lies along grid.y and grid.z (65,535 blocks each) is bounded by the model's
+// shapes, the sequences of a step, and k_linear's token tiles (ceil(T / GPU_LIN_TT)). gpu_init
+// checks a plan of max_tokens per step and max_seqs rows here, before it allocates anything, so a
+// plan that could not launch is refused with its reason instead of aborting in a launcher
+// mid-request. The launchers assert the same limits for every launch (gpu_launch).
+static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, moet_err *e) {
+    const long long X = 2147483647LL, Y = 65535;
+    long long T = max_tokens, pairs = T * c->topk;
+    struct {
+        const char *what;
+        long long blocks, limit;
+    } dim[] = {
+        {"k_linear's token tiles (grid.y = ceil(max-batch-tokens / 8))", (T + GPU_LIN_TT - 1) / GPU_LIN_TT, Y},
+        {"the routed experts' (token, choice) pairs (grid.x of k_moe_gate_up / k_moe_down)", pairs, X},
+        {"the expert rows per block (grid.y of k_moe_gate_up / k_moe_down)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, GPU_LIN_ROWS), Y},
+        {"the rows of a step (grid.y of k_gdn_conv, k_gdn_rule, k_gdn_chunk)", max_seqs, Y},
+        {"the heads (grid.y of k_attention, k_gated_norm)", c->n_heads > c->lv_heads ? c->n_heads : c->lv_heads, Y},
+        {"the shared expert's elements (k_silu_mul's int count, T · shared_intermediate)", T * c->shared_inter, X},
+    };
+    for (size_t i = 0; i < sizeof dim / sizeof dim[0]; i++)
+        if (dim[i].blocks > dim[i].limit)
+            return err_set(e, "a step of %d tokens cannot launch on the GPU: %s needs %lld blocks, CUDA takes at most %lld "
+                              "(lower --max-batch-tokens)", max_tokens, dim[i].what, dim[i].blocks, dim[i].limit);
+    return 0;
+}

@@ -2,7 +2,8 @@
 // (MODEL.md §3.4 steps 6–7): for token t at position p and query head h (KV head h / (nh / kvh)),
 //   o = Σ_{τ ≤ p} softmax_τ(q · k_τ / sqrt(hd)) v_τ,   core[t, h] = o ⊙ σ(gate)
 // CPU twin: ref_attn_core (moet.c; one query token).
-// Launch (gpu_k_attention): block GPU_ATT_NT = GPU_ATT_WARPS (16) warps, grid (nh, T). Warp w takes
+// Launch (gpu_k_attention): block GPU_ATT_NT = GPU_ATT_WARPS (16) warps, grid (T, nh) (tokens
+// along grid.x, which holds 2³¹ − 1 blocks). Warp w takes
 // positions τ ≡ w (mod 16), two at a time (τ and τ + 16: two independent dot products in
 // flight), with an online softmax (running max m, sum l, accumulator per lane over hd/32 dims);
 // the sixteen partial states merge in warp order. The order depends only on p: batch invariant.
@@ -18,7 +19,7 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
                           float *__restrict__ core, int nh, int kvh, int hd, float scale) {
     __shared__ float ms[GPU_ATT_WARPS], ls[GPU_ATT_WARPS];
     __shared__ float accs[GPU_ATT_WARPS][GPU_ATT_MAX_HD];
-    int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int h = blockIdx.y, t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int p = tok_pos[t], kvd = kvh * hd, j = h / (nh / kvh), nd = (hd + WARP - 1) / WARP;
     const int *btr = bt + (size_t)tok_slot[t] * bt_stride;
     const float *q = proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd;

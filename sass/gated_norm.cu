@@ -1,13 +1,13 @@
 // sass/gated_norm.cu — the Gated DeltaNet output norm (MODEL.md §3.3), per token t and value head h:
 //   o[t, h, :] = w · (o / sqrt(mean(o²) + eps)) · SiLU(z[t, h, :])     (plain weight, not 1 + w)
 // CPU twin: ref_gated_rmsnorm (moet.c; one token's value head). Launch (gpu_k_gated_norm): block
-// GPU_GNORM_NT, grid (nv, T). o, z: [T, nv·dv].
+// GPU_GNORM_NT, grid (T, nv) (tokens along grid.x). o, z: [T, nv·dv].
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT) k_gated_norm(float *__restrict__ o, const float *__restrict__ z, gpu_mat w,
                                                                         int nv, int dv, float eps) {
     __shared__ float red[32];
-    size_t base = ((size_t)blockIdx.y * nv + blockIdx.x) * dv;
+    size_t base = ((size_t)blockIdx.x * nv + blockIdx.y) * dv;
     float ss = 0.f;
     for (int v = threadIdx.x; v < dv; v += blockDim.x) ss += o[base + v] * o[base + v];
     ss = block_sum(ss, red);

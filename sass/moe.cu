@@ -9,13 +9,15 @@
 // device table experts[3·x + {0 gate, 1 up, 2 down}] (slot pool planes or checkpoint formats alike).
 //
 // Launch (gpu_k_moe_gate_up, gpu_k_moe_down): block GPU_LIN_NT (GPU_LIN_ROWS warps, one output
-// row each), grid (ceil(rows / GPU_LIN_ROWS), T·K). combine (gpu_k_moe_combine): block
-// GPU_COMBINE_NT, grid (ceil(H / GPU_COMBINE_NT), T). Each pair is computed alone: batch invariant.
+// row each), grid (T·K, ceil(rows / GPU_LIN_ROWS)). combine (gpu_k_moe_combine): block
+// GPU_COMBINE_NT, grid (T, ceil(H / GPU_COMBINE_NT)). The pairs and tokens run along grid.x
+// (up to 2³¹ − 1 blocks; grid.y stops at 65,535, which T·K reaches at T = 8,192 with K = 8).
+// Each pair is computed alone: batch invariant.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_gate_up(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
                                                                        const float *__restrict__ xn, int ldx, int K, float *__restrict__ h, int I) {
-    int i = blockIdx.x * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
+    int i = blockIdx.y * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.x;
     if (i >= I) return;
     int x = sel[p], t = p / K;
     gpu_mat G = experts[3 * x], U = experts[3 * x + 1];
@@ -27,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_gate_up(const gpu
 
 extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_down(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
                                                                     const float *__restrict__ h, int I, float *__restrict__ ye, int H) {
-    int j = blockIdx.x * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
+    int j = blockIdx.y * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.x;
     if (j >= H) return;
     gpu_mat D = experts[3 * sel[p] + 2];
     float d[1];
@@ -38,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_down(const gpu_ma
 extern "C" __global__ void __launch_bounds__(GPU_COMBINE_NT) k_moe_combine(const float *__restrict__ ye, const int *__restrict__ sel,
                                                                            const float *__restrict__ selw, const float *__restrict__ sh,
                                                                            const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    int j = blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
     if (j >= H) return;
     const int *s = sel + (size_t)t * K;
     float acc = 0.f;

@@ -823,8 +823,8 @@ static void launch_limits(void) {
     static gpu_kernels k;   // no module: the launch must not get as far as the driver
     for (int i = 0; i < K_COUNT; i++) k.smem_max[i] = GPU_SMEM_DEFAULT;
     k.smem_optin = GPU_SMEM_DEFAULT;
-    const char *want[] = {"k_moe_gate_up: grid.y = 70000 blocks (row blocks of I, tokens x top-k, 1)",
-                          "k_attention_bf16: grid.y = 65536 blocks (query heads, tokens, 1)",
+    const char *want[] = {"k_gdn_conv: grid.y = 70000 blocks (blocks of channels, rows, 1)",
+                          "k_attention_bf16: grid.y = 70000 blocks (tokens, query heads, 1)",
                           "k_gdn_chunk: 126464 bytes of dynamic shared memory; the kernel may take 49152"};
     for (int c = 0; c < 3; c++) {
         int fd[2];
@@ -836,8 +836,9 @@ static void launch_limits(void) {
             dup2(fd[1], 2);
             close(fd[0]);
             CUdeviceptr a = 1 << 20;   // aligned addresses the launch never reads
-            if (c == 0) gpu_k_moe_gate_up(&k, NULL, a, a, a, 2048, 8, a, 512, 8750);   // 8,750 tokens × top-8 pairs
-            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_BF16, a, a, a, a, 256, a, a, 0, 0, a, 16, 2, 256, 0.0625f, 65536);
+            gpu_mat w = {.rows = 8192, .cols = 4, .kind = GPU_W_BF16, .row_bytes = 8, .s = 1};
+            if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000);   // 70,000 rows in one step
+            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_BF16, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
                                         a, a, a, 1);
             _exit(0);
@@ -856,10 +857,74 @@ static void launch_limits(void) {
     }
 }
 
+// gpu_init refuses a plan whose largest step could not launch, naming what is too large; the
+// steps Qwen3.6's shapes reach with --max-batch-tokens 8192 and 16384 (T · top-8 past 65,535)
+// and the largest the tiles of k_linear take (65,535 · GPU_LIN_TT) pass. Runs without a GPU.
+static void plan_grids(void) {
+    ck_config c = {0};
+    c.hidden = 2048, c.inter = 512, c.shared_inter = 512, c.topk = 8, c.n_heads = 16, c.lv_heads = 32;
+    moet_err e = {{0}};
+    int ok[] = {8192, 16384, 65535 * GPU_LIN_TT};
+    for (int i = 0; i < 3; i++) CHECK(gpu_plan_grids(&c, ok[i], 64, &e) == 0, "a plan of %d tokens per step: %s", ok[i], e.msg);
+    e.msg[0] = 0;
+    CHECK(gpu_plan_grids(&c, 65536 * GPU_LIN_TT, 64, &e) == -1 && strstr(e.msg, "k_linear") && strstr(e.msg, "--max-batch-tokens"),
+          "a plan past k_linear's token tiles is refused with its reason: %s", e.msg);
+    CHECK(gpu_plan_grids(&c, 16, 70000, &e) == -1 && strstr(e.msg, "rows of a step"), "70,000 rows per step are refused: %s", e.msg);
+}
+
+// Steps of 8,192 and 16,384 tokens of a top-8 model (token × choice pairs past grid.y's 65,535)
+// and the plan's largest step (65,535 · GPU_LIN_TT tokens, a model of GDN layers only) launch,
+// and give the bits of the same prompt in chunks of 4,096 or 65,536 (chunk invariance).
+static void largest_steps(void) {
+    const char *base = "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 64, \"vocab_size\": 256, "
+                       "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32, \"linear_num_key_heads\": 1, "
+                       "\"linear_num_value_heads\": 2, \"linear_key_head_dim\": 32, \"linear_value_head_dim\": 32, "
+                       "\"num_experts\": 16, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 32, "
+                       "\"shared_expert_intermediate_size\": 32, \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, "
+                       "\"max_position_embeddings\": 1048576, ";
+    char cfg[2][2048];
+    snprintf(cfg[0], sizeof cfg[0], "%s\"num_hidden_layers\": 2, \"layer_types\": [\"linear_attention\", \"full_attention\"]}\n", base);
+    snprintf(cfg[1], sizeof cfg[1], "%s\"num_hidden_layers\": 1, \"layer_types\": [\"linear_attention\"]}\n", base);
+    const char *dirs[2] = {"build/gpu_step_attn", "build/gpu_step_gdn"};
+    struct { int model, T, chunk; } cases[] = {{0, 8192, 4096}, {0, 16384, 4096}, {1, 65535 * GPU_LIN_TT, 65536}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *dir = dirs[cases[i].model];
+        if (synth(dir, cfg[cases[i].model], NULL)) return;
+        ck_model m;
+        moet_err e = {{0}};
+        if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+        int T = cases[i].T, CH = cases[i].chunk, V = m.cfg.vocab, nr, s0 = 0, s1 = 1;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 37 + (t >> 7) * 11 + 5) % V);
+        gpu_engine g;
+        gpu_opts o = {.max_seqs = 2, .max_len = T, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+        if (gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "a plan of %d tokens per step: %s", T, e.msg); ck_close(&m); free(ids); return; }
+        float *whole = malloc(sizeof(float) * V);
+        CHECK(gpu_seq_start(&g, 0, T) == 0 && gpu_seq_start(&g, 1, T) == 0, "KV pages for two sequences of %d", T);
+        int off[2] = {0, T};
+        CHECK(gpu_step(&g, 1, &s0, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        memcpy(whole, gpu_step_logits(&g, 1), sizeof(float) * V);
+        for (int t0 = 0; t0 < T; t0 += CH) {
+            int n = T - t0 < CH ? T - t0 : CH, oc[2] = {0, n};
+            CHECK(gpu_step(&g, 1, &s1, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        }
+        int finite = 1;
+        for (int v = 0; v < V; v++) finite &= isfinite(whole[v]) != 0;
+        CHECK(finite && !memcmp(gpu_step_logits(&g, 1), whole, sizeof(float) * V),
+              "a step of %d tokens: its logits are the bits of the same prompt in chunks of %d", T, CH);
+        printf("largest steps: %d tokens in one step (%s) = in chunks of %d, bit for bit\n", T, dir, CH);
+        gpu_free(&g);
+        free(whole);
+        free(ids);
+        ck_close(&m);
+    }
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
     launch_limits();
+    plan_grids();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
         printf("test_gpu: the GPU tests did not run here: %s\n", e.msg);
@@ -923,6 +988,7 @@ int main(void) {
         if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
     }
     long_context();
+    largest_steps();
     versus_reference("tests/fixtures/demo", NULL, 200);
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
     return check_report("test_gpu");
