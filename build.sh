@@ -110,31 +110,52 @@ build_tests() {
     return $rc
 }
 
+# The result line of one test program: "name: N passed, M failed, K skipped" (", K skipped" may
+# be missing). Prints "N M K", or nothing when there is no such line.
+result_counts() {
+    { grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' || true; } | tail -n 1 |
+        sed -E 's/^[a-z_0-9]+: ([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/' |
+        awk '{ print $1, $2, ($3 == "" ? 0 : $3) }'
+}
+
+# Totals over the programs run so far, and the table of checks per program.
+T_PASSED=0 T_FAILED=0 T_SKIPPED=0 T_TABLE=""
+add_counts() {   # name passed failed skipped
+    T_PASSED=$((T_PASSED + $2)); T_FAILED=$((T_FAILED + $3)); T_SKIPPED=$((T_SKIPPED + $4))
+    T_TABLE+=$(printf '  %-44s %8d passed %3d failed %3d skipped' "$1" "$2" "$3" "$4")$'\n'
+}
+# The table, then last on stdout "N passed, M failed, K skipped"; status 0 only when M = 0.
+report_totals() {
+    printf 'checks per test program:\n%s' "$T_TABLE"
+    echo "$T_PASSED passed, $T_FAILED failed, $T_SKIPPED skipped"
+    [ "$T_FAILED" -eq 0 ]
+}
+
+# Runs the given test programs, each one's output to stderr, and adds up their result lines.
+# "VAR=value:build/test_x" runs build/test_x with VAR set. A program without a result line, or
+# one that exits non-zero with no failed check, counts as one failure.
 run_tests() {
-    local passed=0 failed=0 t out line
-    for t in build/test_*; do
-        [ -x "$t" ] || continue
-        echo "== $t" >&2
+    local t out counts rc prog var p f k
+    for t in "$@"; do
+        var=""; prog=$t
+        if [[ $t == *:* ]]; then var=${t%%:*}; prog=${t#*:}; fi
+        [ -x "$prog" ] || continue
+        echo "== $prog${var:+ ($var)}" >&2
         set +e
-        out=$("$t" 2>&1)
-        local rc=$?
+        out=$(env $var "$prog" 2>&1)
+        rc=$?
         set -e
         printf '%s\n' "$out" >&2
-        line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1 || true)
-        if [ -z "$line" ]; then
-            echo "$t: no result line (exit $rc): counted as 1 failure" >&2
-            failed=$((failed + 1))
-            continue
+        counts=$(printf '%s\n' "$out" | result_counts)
+        if [ -z "$counts" ]; then
+            echo "$prog: no result line (exit $rc): counted as 1 failure" >&2
+            p=0 f=1 k=0
+        else
+            read -r p f k <<<"$counts"
+            if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "$prog: exit $rc" >&2; fi
         fi
-        local p f
-        p=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1/')
-        f=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\2/')
-        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "$t: exit $rc" >&2; fi
-        passed=$((passed + p))
-        failed=$((failed + f))
+        add_counts "$(basename "$prog")${var:+ ($var)}" "$p" "$f" "$k"
     done
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
 }
 
 build_fuzz() {
@@ -190,12 +211,10 @@ run_gpu_tests() {
         $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$t" "tests/$t.c" $LIBS || rc=1
     done
     [ $rc = 0 ] || return 1
-    MOET_REQUIRE_GPU=1 build/test_gpu || rc=1
-    MOET_REQUIRE_GPU=1 build/test_backend || rc=1
-    MOET_E2E_BACKEND=gpu build/test_serve_e2e || rc=1
-    MOET_RUN_BACKEND=gpu build/test_forward || rc=1
-    gpu_memcheck || rc=1
-    return $rc
+    run_tests MOET_REQUIRE_GPU=1:build/test_gpu MOET_REQUIRE_GPU=1:build/test_backend \
+        MOET_E2E_BACKEND=gpu:build/test_serve_e2e MOET_RUN_BACKEND=gpu:build/test_forward
+    gpu_memcheck
+    report_totals
 }
 
 # compute-sanitizer memcheck on short GPU runs: moet run (fp8 KV, plane experts, an 80-token
@@ -204,25 +223,27 @@ run_gpu_tests() {
 # programs' output go to build/memcheck-*.log.
 gpu_memcheck() {
     if ! command -v compute-sanitizer >/dev/null; then
-        echo "build.sh: no compute-sanitizer: the memcheck runs did not run" >&2
+        echo "build.sh: no compute-sanitizer on the PATH: the memcheck runs cannot run (a failure here)" >&2
+        add_counts "memcheck (compute-sanitizer)" 0 1 0
         return 0
     fi
-    local cs="compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20" rc=0
-    $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
+    local cs="compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20" ok=0 bad=0
+    if $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
         --ids "1,5,9,200,17,33,4000,12,7,99,1000,2,3,4,5,6,$(seq -s, 100 163)" --greedy 6 --chunk 64 \
-        >build/memcheck-run.log 2>&1 || rc=1
-    printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
+        >build/memcheck-run.log 2>&1; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    if printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
         '{"id":"b","prompt":"def f(x):","max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3}' \
         '{"id":"c","messages":[{"role":"user","content":"Explain zip."}],"max_tokens":10,"stream":true}' |
-        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1 || rc=1
-    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2
-    [ $rc = 0 ] || echo "build.sh: compute-sanitizer found errors: build/memcheck-*.log" >&2
-    return $rc
+        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1; then
+        ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2 || true
+    [ $bad = 0 ] || echo "build.sh: compute-sanitizer found errors (or a run failed): build/memcheck-*.log" >&2
+    add_counts "memcheck (compute-sanitizer)" $ok $bad 0
 }
 
 case "${1:-}" in
     "") build_cubins && build_moet && build_demo_planes ;;
-    test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests ;;
+    test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests build/test_* && report_totals ;;
     test-gpu) build_cubins && build_moet && build_demo_planes && run_gpu_tests ;;
     cubins) build_cubins force ;;
     fuzz) build_fuzz && run_fuzz ;;
