@@ -241,6 +241,113 @@ gpu_memcheck() {
     add_counts "memcheck (compute-sanitizer)" $ok $bad 0
 }
 
+# ./build.sh mutate [N|NAME]: the mutation run. Each entry of tests/mutations.txt plants one small
+# bug in a scratch copy of the sources (build/mutate/), builds ./moet and the test programs it
+# names from that copy (CPU only), runs them, and reports whether any failed (caught). A needle
+# that is not found exactly once, a mutant that does not compile, are ERRORs; a survivor is a
+# failure unless its entry shows it equivalent ("= why"). With N (1-based) or a name: that one.
+MUTATE_SOURCES="moet.c arena format gpu"
+mutate_read() {   # fills M_NAME M_TESTS M_NEEDLE M_REPL M_EQUIV from tests/mutations.txt
+    M_NAME=() M_TESTS=() M_NEEDLE=() M_REPL=() M_EQUIV=()
+    local line i=-1 has_n=0 has_r=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+            "@ "*)
+                i=$((i + 1)) has_n=0 has_r=0
+                M_NAME[i]=$(printf '%s' "${line#@ }" | sed -E 's/ *\|.*$//')
+                M_TESTS[i]=$(printf '%s' "$line" | sed -E 's/^[^|]*\| *//')
+                M_NEEDLE[i]="" M_REPL[i]="" M_EQUIV[i]="" ;;
+            "- "*)
+                if [ $has_n = 1 ]; then M_NEEDLE[i]+=$'\n'"${line#- }"; else M_NEEDLE[i]=${line#- }; has_n=1; fi ;;
+            "+ "*|"+")
+                [ "$line" = "+" ] && line="+ "
+                if [ $has_r = 1 ]; then M_REPL[i]+=$'\n'"${line#+ }"; else M_REPL[i]=${line#+ }; has_r=1; fi ;;
+            "= "*) M_EQUIV[i]=${line#= } ;;
+        esac
+    done < tests/mutations.txt
+}
+# Where the needle occurs: prints "count file" (file: the last one that holds it).
+mutate_find() {   # needle, in the tree at $2
+    local needle=$1 root=$2 f text rest count=0 where=""
+    for f in $(cd "$root" && find $MUTATE_SOURCES -type f \( -name '*.c' -o -name '*.h' \) | sort); do
+        text=$(cat "$root/$f"; printf x); text=${text%x}
+        rest=${text//"$needle"/}
+        if [ ${#rest} -ne ${#text} ]; then
+            count=$((count + (${#text} - ${#rest}) / ${#needle}))
+            where=$f
+        fi
+    done
+    echo "$count $where"
+}
+mutate() {
+    local only=${1:-} n i t0 t1 total=0 caught=0 survived=0 equiv=0 errors=0 results=""
+    mutate_read
+    n=${#M_NAME[@]}
+    echo "mutate: ${n} mutations in tests/mutations.txt" >&2
+    mkdir -p build
+    t0=$(date +%s)
+    for ((i = 0; i < n; i++)); do
+        if [ -n "$only" ] && [ "$only" != "$((i + 1))" ] && [ "$only" != "${M_NAME[i]}" ]; then continue; fi
+        total=$((total + 1))
+        local tag="[$((i + 1))] ${M_NAME[i]}" verdict why="" found count file
+        local dir=build/mutate
+        rm -rf "$dir"; mkdir -p "$dir/tests" "$dir/build"
+        cp -r $MUTATE_SOURCES sass "$dir/"
+        cp tests/*.c tests/*.h "$dir/tests/"
+        ln -s "$PWD/tests/fixtures" "$dir/tests/fixtures"
+        [ -e "$DEMO_PLANES" ] && cp "$DEMO_PLANES" "$dir/build/"
+        found=$(mutate_find "${M_NEEDLE[i]}" "$dir")
+        count=${found%% *}; file=${found#* }
+        if [ "$count" != 1 ]; then
+            verdict=ERROR; why="the needle occurs $count times (want exactly once)"
+        else
+            local text
+            text=$(cat "$dir/$file"; printf x); text=${text%x}
+            printf '%s' "${text/"${M_NEEDLE[i]}"/"${M_REPL[i]}"}" > "$dir/$file"
+            if ! (cd "$dir" && $CC $CFLAGS -o moet moet.c $LIBS) 2>"$dir/build.log"; then
+                verdict=ERROR; why="the mutant does not compile (build/mutate/build.log)"
+            else
+                local tst failed_in="" rc
+                for tst in ${M_TESTS[i]}; do
+                    if ! (cd "$dir" && $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$tst" "tests/$tst.c" $LIBS) 2>>"$dir/build.log"; then
+                        verdict=ERROR; why="$tst does not compile against the mutant"; break
+                    fi
+                    set +e
+                    (cd "$dir" && timeout "${MUTATE_TIMEOUT:-600}" "build/$tst") >"$dir/$tst.log" 2>&1
+                    rc=$?
+                    set -e
+                    local counts
+                    counts=$(result_counts < "$dir/$tst.log")
+                    if [ $rc -ne 0 ] || [ -z "$counts" ] || [ "$(echo "$counts" | cut -d' ' -f2)" != 0 ]; then
+                        failed_in+="${failed_in:+, }$tst"
+                        if [ -n "$counts" ]; then failed_in+=" ($(echo "$counts" | cut -d' ' -f2) failed)"
+                        else failed_in+=" (exit $rc)"; fi
+                    fi
+                done
+                if [ "${verdict:-}" != ERROR ]; then
+                    if [ -n "$failed_in" ]; then verdict=CAUGHT; why="by $failed_in"
+                    elif [ -n "${M_EQUIV[i]}" ]; then verdict=EQUIVALENT; why="${M_EQUIV[i]}"
+                    else verdict=SURVIVED; why="${M_TESTS[i]} all pass"; fi
+                fi
+            fi
+        fi
+        case $verdict in
+            CAUGHT) caught=$((caught + 1)) ;;
+            EQUIVALENT) equiv=$((equiv + 1)) ;;
+            SURVIVED) survived=$((survived + 1)) ;;
+            ERROR) errors=$((errors + 1)) ;;
+        esac
+        printf '%-10s %s: %s\n' "$verdict" "$tag" "$why" >&2
+        results+=$(printf '%-10s %s: %s' "$verdict" "$tag" "$why")$'\n'
+        unset verdict
+    done
+    t1=$(date +%s)
+    rm -rf build/mutate
+    printf '%s' "$results"
+    echo "mutate: $caught of $total caught, $equiv equivalent, $survived survived, $errors errors ($((t1 - t0)) s)"
+    [ $((survived + errors)) -eq 0 ]
+}
+
 case "${1:-}" in
     "") build_cubins && build_moet && build_demo_planes ;;
     test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests build/test_* && report_totals ;;
@@ -248,5 +355,6 @@ case "${1:-}" in
     cubins) build_cubins force ;;
     fuzz) build_fuzz && run_fuzz ;;
     unicode) gen_unicode ;;
-    *) echo "usage: ./build.sh [test|test-gpu|cubins|fuzz|unicode]" >&2; exit 2 ;;
+    mutate) build_cubins && build_moet && build_demo_planes && mutate "${2:-}" ;;
+    *) echo "usage: ./build.sh [test|test-gpu|mutate [N]|cubins|fuzz|unicode]" >&2; exit 2 ;;
 esac

@@ -291,7 +291,7 @@ static void test_fixture_slots(const char *planes_path) {
     for (uint32_t l = 0; l < g.n_layers; l++)
         for (uint32_t x = 0; x < g.n_experts; x++) {
             ck_expert_f64(&m, (int)l, (int)x, w13, w2);
-            CHECK(pf_quant_expert(&L, w13, w2, slot, scratch, &e) == 0, "%s", e.msg);
+            if (pf_quant_expert(&L, w13, w2, slot, scratch, &e)) CHECK(0, "%s", e.msg);
             const uint8_t *want = gold_slots->data + ((size_t)l * g.n_experts + x) * L.slot_bytes;
             if (memcmp(slot, want, L.slot_bytes)) {
                 if (!bad) {
@@ -858,7 +858,7 @@ static void test_run_planes(const char *fix) {
     uint64_t bad = 0;
     for (uint64_t i = 0; i < L->n_slots && slots->bytes == L->n_slots * L->slot_bytes; i++) {
         pf_entry x = pf_entry_expected(L, i);
-        CHECK(pf_read_slot(&f, x.layer, x.expert, buf, L->slot_stride, NULL, &e) == 0, "%s", e.msg);
+        if (pf_read_slot(&f, x.layer, x.expert, buf, L->slot_stride, NULL, &e)) CHECK(0, "%s", e.msg);
         bad += memcmp(buf, slots->data + i * L->slot_bytes, L->slot_bytes) != 0;
     }
     CHECK(bad == 0, "%s: %" PRIu64 " slots differ from planes.slots", fix, bad);

@@ -112,7 +112,7 @@ static void against_oracle(int n_vocab, int rows, int kinds) {
         for (int kind = 0; kind < kinds; kind++) {
             uint64_t seed = rnd();
             for (int i = 0; i < 50; i++) prompt[i] = (int32_t)(rnd() % (uint64_t)Vn);
-            CHECK(samp_bank_admit(&bank, 0, &ps[pi], seed, 1, 20, prompt, 50, &e) == 0, "%s", e.msg);
+            if (samp_bank_admit(&bank, 0, &ps[pi], seed, 1, 20, prompt, 50, &e)) CHECK(0, "%s", e.msg);
             oracle_rng orng;
             oracle_seed(&orng, seed);
             oracle_scratch osc = {Vn, owork, ocand};
