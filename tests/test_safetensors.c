@@ -320,6 +320,8 @@ static void test_corrupt_entries(void) {
     SF_FAILS(d, "model.safetensors", "'a'", "F32 [2, 3]", "needs 24 bytes", "hold 20");
     sf_one(d, sizeof d, "wrong_size_dtype", "{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4);
     SF_FAILS(d, "model.safetensors", "'a'", "BF16 [4]", "needs 8 bytes", "hold 4");
+    sf_one(d, sizeof d, "span_too_long", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12);
+    SF_FAILS(d, "model.safetensors", "'a'", "F32 [2]", "needs 8 bytes", "hold 12");
     sf_one(d, sizeof d, "scalar_size", "{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,0]}}", 0);
     SF_FAILS(d, "model.safetensors", "'a'", "needs 4 bytes", "hold 0");
     // element count and byte size overflow (2^32 × 2^32; 2^62 elements × 4 bytes)
