@@ -174,12 +174,12 @@ static void gpu_free_be(engine_backend *be) {
     free(be->self);
 }
 static const suite_traits gpu_traits = {
-    .reference = 0, .bitwise = 1, .inv_tol = 0, .gold_tol = 4e-5,
+    .reference = 0, .bitwise = 1, .inv_tol = 0, .gold_tol = 2e-5,
     .gold_why = "float32 activations, state and KV on the GPU: only the summation order differs from the reference "
-                "(warp butterflies vs 8 lanes + f64), 4e-6..2.2e-5 measured against transformers",
-    .ref_tol = 3e-5,        // 4.6e-6..1e-5 measured against the CPU reference
-    .router_w_tol = 1e-5,   // weights are O(0.1-1); expf and an f32 sum instead of exp and an f64 sum
-    .lp_tol = 1e-5,         // launch and forward_all compute the same logits row (same kernels, same order)
+                "(warp butterflies vs 8 lanes + f64), 4.1e-6..9.2e-6 measured against transformers on tiny",
+    .ref_tol = 3e-5,        // 4.3e-6..9.4e-6 measured against the CPU reference (tiny, demo; checkpoint experts and planes)
+    .router_w_tol = 6e-6,   // weights O(0.1-1), expf and an f32 sum instead of exp and an f64 sum: 2e-6 measured
+    .lp_tol = 1e-6,         // launch and forward_all compute the same logits row: 1.1e-7..2.2e-7 measured
 };
 
 static const suite_traits *tr;
