@@ -2,12 +2,16 @@
 # build.sh — the recipe.
 #   ./build.sh          build ./moet (one translation unit: moet.c) and build/demo.planes (the
 #                       bundled model's experts as 2-bit planes, what `moet serve` serves by default)
-#   ./build.sh test     build ./moet, then build and run every tests/test_*.c; the last line is
-#                       "N passed, M failed" over all of them; exit status 0 only when M = 0
+#   ./build.sh test     build ./moet, then build and run every tests/test_*.c; a table of checks per
+#                       program, then the last line "N passed, M failed, K skipped" over all of them
+#                       (each skip is named on stderr); exit status 0 only when M = 0
 #   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
 #   ./build.sh test-gpu run the GPU tests (tests/test_gpu.c: the whole model on the GPU against the goldens
-#                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU
+#                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU, and
+#                       compute-sanitizer memcheck (a missing tool is a failure); the same last line
+#   ./build.sh mutate [N]  plant each bug of tests/mutations.txt (or the N-th) in a scratch copy and run
+#                       the tests that cover it: every one must be caught (a tool, not part of CI)
 #   ./build.sh cubins   rebuild the kernels' cubins and PTX (sass/moet.*) with nvcc, whatever the stamp says
 #   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
 #                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,

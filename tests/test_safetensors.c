@@ -558,15 +558,18 @@ static const st_tensor *sf_has(int line, const st_set *s, const char *name, cons
     char nm[512];
     snprintf(nm, sizeof nm, "%s%s", strncmp(name, "lm_head", 7) ? SF_LM : "", name);
     const st_tensor *t = st_find(s, nm);
-    CHECK(t != NULL, "line %d: '%s' missing", line, nm);
-    if (!t) return NULL;
+    if (!t) {
+        CHECK(0, "line %d: '%s' missing", line, nm);
+        return NULL;
+    }
     int64_t want[3] = {d0, d1, d2};
     int same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == want[i];
     char got[96];
-    CHECK(same, "line %d: '%s' shape %s, want rank %d [%" PRId64 ", %" PRId64 ", %" PRId64 "]", line, nm,
-          st_shape_str(t->shape, t->ndim, got, sizeof got), ndim, d0, d1, d2);
-    if (dtype) CHECK(!strcmp(st_dtype_name(t->dtype), dtype), "line %d: '%s' dtype %s, want %s", line, nm, st_dtype_name(t->dtype), dtype);
+    // one check per tensor: its shape and dtype
+    CHECK(same && (!dtype || !strcmp(st_dtype_name(t->dtype), dtype)), "line %d: '%s' %s %s, want %s rank %d [%" PRId64 ", %" PRId64
+          ", %" PRId64 "]", line, nm, st_dtype_name(t->dtype), st_shape_str(t->shape, t->ndim, got, sizeof got), dtype ? dtype : "any",
+          ndim, d0, d1, d2);
     return t;
 }
 #define SF_HAS(s, name, dtype, ndim, d0, d1, d2) sf_has(__LINE__, s, name, dtype, ndim, d0, d1, d2)
