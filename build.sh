@@ -2,16 +2,20 @@
 # build.sh — the recipe.
 #   ./build.sh          build ./moet (one translation unit: moet.c) and build/demo.planes (the
 #                       bundled model's experts as 2-bit planes, what `moet serve` serves by default)
-#   ./build.sh test     build ./moet, then build and run every tests/test_*.c; the last line is
-#                       "N passed, M failed" over all of them; exit status 0 only when M = 0
+#   ./build.sh test     build ./moet, then build and run every tests/test_*.c; a table of checks per
+#                       program, then the last line "N passed, M failed, K skipped" over all of them
+#                       (each skip is named on stderr); exit status 0 only when M = 0
 #   ./build.sh fuzz     build the libFuzzer targets tests/fuzz_*.c (clang, ASan + UBSan) and run
 #                       each for FUZZ_SECONDS (default 60) on its corpus in build/corpus/<name>
 #   ./build.sh test-gpu run the GPU tests (tests/test_gpu.c: the whole model on the GPU against the goldens
-#                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU
+#                       and the CPU reference, batch invariance) on a machine with an NVIDIA GPU, and
+#                       compute-sanitizer memcheck (a missing tool is a failure); the same last line
 #   ./build.sh harness  every kernel against its CPU twin on Qwen3.6-35B-A3B's shapes, timed, on a
 #                       machine with an NVIDIA GPU (tests/harness_kernels.c): a table line per kernel
 #                       and shape (error and bound, µs, bytes, GB/s, % of the copy bandwidth); exit
 #                       status 1 when an error is past its bound
+#   ./build.sh mutate [N]  plant each bug of tests/mutations.txt (or the N-th) in a scratch copy and run
+#                       the tests that cover it: every one must be caught (a tool, not part of CI)
 #   ./build.sh cubins   rebuild the kernels' cubins and PTX (sass/moet.*) with nvcc, whatever the stamp says
 #   ./build.sh unicode  regenerate format/unicode_tables.h (the tokenizer's Unicode properties and
 #                       NFC tables) from the UCD of Debian's unicode-data package (/usr/share/unicode,
@@ -114,31 +118,52 @@ build_tests() {
     return $rc
 }
 
+# The result line of one test program: "name: N passed, M failed, K skipped" (", K skipped" may
+# be missing). Prints "N M K", or nothing when there is no such line.
+result_counts() {
+    { grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' || true; } | tail -n 1 |
+        sed -E 's/^[a-z_0-9]+: ([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/' |
+        awk '{ print $1, $2, ($3 == "" ? 0 : $3) }'
+}
+
+# Totals over the programs run so far, and the table of checks per program.
+T_PASSED=0 T_FAILED=0 T_SKIPPED=0 T_TABLE=""
+add_counts() {   # name passed failed skipped
+    T_PASSED=$((T_PASSED + $2)); T_FAILED=$((T_FAILED + $3)); T_SKIPPED=$((T_SKIPPED + $4))
+    T_TABLE+=$(printf '  %-44s %8d passed %3d failed %3d skipped' "$1" "$2" "$3" "$4")$'\n'
+}
+# The table, then last on stdout "N passed, M failed, K skipped"; status 0 only when M = 0.
+report_totals() {
+    printf 'checks per test program:\n%s' "$T_TABLE"
+    echo "$T_PASSED passed, $T_FAILED failed, $T_SKIPPED skipped"
+    [ "$T_FAILED" -eq 0 ]
+}
+
+# Runs the given test programs, each one's output to stderr, and adds up their result lines.
+# "VAR=value:build/test_x" runs build/test_x with VAR set. A program without a result line, or
+# one that exits non-zero with no failed check, counts as one failure.
 run_tests() {
-    local passed=0 failed=0 t out line
-    for t in build/test_*; do
-        [ -x "$t" ] || continue
-        echo "== $t" >&2
+    local t out counts rc prog var p f k
+    for t in "$@"; do
+        var=""; prog=$t
+        if [[ $t == *:* ]]; then var=${t%%:*}; prog=${t#*:}; fi
+        [ -x "$prog" ] || continue
+        echo "== $prog${var:+ ($var)}" >&2
         set +e
-        out=$("$t" 2>&1)
-        local rc=$?
+        out=$(env $var "$prog" 2>&1)
+        rc=$?
         set -e
         printf '%s\n' "$out" >&2
-        line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1 || true)
-        if [ -z "$line" ]; then
-            echo "$t: no result line (exit $rc): counted as 1 failure" >&2
-            failed=$((failed + 1))
-            continue
+        counts=$(printf '%s\n' "$out" | result_counts)
+        if [ -z "$counts" ]; then
+            echo "$prog: no result line (exit $rc): counted as 1 failure" >&2
+            p=0 f=1 k=0
+        else
+            read -r p f k <<<"$counts"
+            if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "$prog: exit $rc" >&2; fi
         fi
-        local p f
-        p=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\1/')
-        f=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed/\2/')
-        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "$t: exit $rc" >&2; fi
-        passed=$((passed + p))
-        failed=$((failed + f))
+        add_counts "$(basename "$prog")${var:+ ($var)}" "$p" "$f" "$k"
     done
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
 }
 
 build_fuzz() {
@@ -195,13 +220,10 @@ run_gpu_tests() {
         $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$t" "tests/$t.c" $LIBS || rc=1
     done
     [ $rc = 0 ] || return 1
-    MOET_REQUIRE_GPU=1 build/test_gpu || rc=1
-    MOET_REQUIRE_GPU=1 build/test_backend || rc=1
-    MOET_REQUIRE_GPU=1 build/test_prefix || rc=1
-    MOET_E2E_BACKEND=gpu build/test_serve_e2e || rc=1
-    MOET_RUN_BACKEND=gpu build/test_forward || rc=1
-    gpu_memcheck || rc=1
-    return $rc
+    run_tests MOET_REQUIRE_GPU=1:build/test_gpu MOET_REQUIRE_GPU=1:build/test_backend MOET_REQUIRE_GPU=1:build/test_prefix \
+        MOET_E2E_BACKEND=gpu:build/test_serve_e2e MOET_RUN_BACKEND=gpu:build/test_forward
+    gpu_memcheck
+    report_totals
 }
 
 # The kernel harness: built as a test (MOET_TEST: moet.c without main), without MOET_POISON (its
@@ -218,29 +240,139 @@ run_harness() {
 # programs' output go to build/memcheck-*.log.
 gpu_memcheck() {
     if ! command -v compute-sanitizer >/dev/null; then
-        echo "build.sh: no compute-sanitizer: the memcheck runs did not run" >&2
+        echo "build.sh: no compute-sanitizer on the PATH: the memcheck runs cannot run (a failure here)" >&2
+        add_counts "memcheck (compute-sanitizer)" 0 1 0
         return 0
     fi
-    local cs="compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20" rc=0
-    $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
+    local cs="compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20" ok=0 bad=0
+    if $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
         --ids "1,5,9,200,17,33,4000,12,7,99,1000,2,3,4,5,6,$(seq -s, 100 163)" --greedy 6 --chunk 64 \
-        >build/memcheck-run.log 2>&1 || rc=1
-    printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
+        >build/memcheck-run.log 2>&1; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    if printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
         '{"id":"b","prompt":"def f(x):","max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3}' \
         '{"id":"c","messages":[{"role":"user","content":"Explain zip."}],"max_tokens":10,"stream":true}' |
-        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1 || rc=1
-    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2
-    [ $rc = 0 ] || echo "build.sh: compute-sanitizer found errors: build/memcheck-*.log" >&2
-    return $rc
+        $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1; then
+        ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2 || true
+    [ $bad = 0 ] || echo "build.sh: compute-sanitizer found errors (or a run failed): build/memcheck-*.log" >&2
+    add_counts "memcheck (compute-sanitizer)" $ok $bad 0
+}
+
+# ./build.sh mutate [N|NAME]: the mutation run. Each entry of tests/mutations.txt plants one small
+# bug in a scratch copy of the sources (build/mutate/), builds ./moet and the test programs it
+# names from that copy (CPU only), runs them, and reports whether any failed (caught). A needle
+# that is not found exactly once, a mutant that does not compile, are ERRORs; a survivor is a
+# failure unless its entry shows it equivalent ("= why"). With N (1-based) or a name: that one.
+MUTATE_SOURCES="moet.c arena format gpu"
+mutate_read() {   # fills M_NAME M_TESTS M_NEEDLE M_REPL M_EQUIV from tests/mutations.txt
+    M_NAME=() M_TESTS=() M_NEEDLE=() M_REPL=() M_EQUIV=()
+    local line i=-1 has_n=0 has_r=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+            "@ "*)
+                i=$((i + 1)) has_n=0 has_r=0
+                M_NAME[i]=$(printf '%s' "${line#@ }" | sed -E 's/ *\|.*$//')
+                M_TESTS[i]=$(printf '%s' "$line" | sed -E 's/^[^|]*\| *//')
+                M_NEEDLE[i]="" M_REPL[i]="" M_EQUIV[i]="" ;;
+            "- "*)
+                if [ $has_n = 1 ]; then M_NEEDLE[i]+=$'\n'"${line#- }"; else M_NEEDLE[i]=${line#- }; has_n=1; fi ;;
+            "+ "*|"+")
+                [ "$line" = "+" ] && line="+ "
+                if [ $has_r = 1 ]; then M_REPL[i]+=$'\n'"${line#+ }"; else M_REPL[i]=${line#+ }; has_r=1; fi ;;
+            "= "*) M_EQUIV[i]=${line#= } ;;
+        esac
+    done < tests/mutations.txt
+}
+# Where the needle occurs: prints "count file" (file: the last one that holds it).
+mutate_find() {   # needle, in the tree at $2
+    local needle=$1 root=$2 f text rest count=0 where=""
+    for f in $(cd "$root" && find $MUTATE_SOURCES -type f \( -name '*.c' -o -name '*.h' \) | sort); do
+        text=$(cat "$root/$f"; printf x); text=${text%x}
+        rest=${text//"$needle"/}
+        if [ ${#rest} -ne ${#text} ]; then
+            count=$((count + (${#text} - ${#rest}) / ${#needle}))
+            where=$f
+        fi
+    done
+    echo "$count $where"
+}
+mutate() {
+    local only=${1:-} n i t0 t1 total=0 caught=0 survived=0 equiv=0 errors=0 results=""
+    mutate_read
+    n=${#M_NAME[@]}
+    echo "mutate: ${n} mutations in tests/mutations.txt" >&2
+    mkdir -p build
+    t0=$(date +%s)
+    for ((i = 0; i < n; i++)); do
+        if [ -n "$only" ] && [ "$only" != "$((i + 1))" ] && [ "$only" != "${M_NAME[i]}" ]; then continue; fi
+        total=$((total + 1))
+        local tag="[$((i + 1))] ${M_NAME[i]}" verdict why="" found count file
+        local dir=build/mutate
+        rm -rf "$dir"; mkdir -p "$dir/tests" "$dir/build"
+        cp -r $MUTATE_SOURCES sass "$dir/"
+        cp tests/*.c tests/*.h "$dir/tests/"
+        ln -s "$PWD/tests/fixtures" "$dir/tests/fixtures"
+        [ -e "$DEMO_PLANES" ] && cp "$DEMO_PLANES" "$dir/build/"
+        found=$(mutate_find "${M_NEEDLE[i]}" "$dir")
+        count=${found%% *}; file=${found#* }
+        if [ "$count" != 1 ]; then
+            verdict=ERROR; why="the needle occurs $count times (want exactly once)"
+        else
+            local text
+            text=$(cat "$dir/$file"; printf x); text=${text%x}
+            printf '%s' "${text/"${M_NEEDLE[i]}"/"${M_REPL[i]}"}" > "$dir/$file"
+            if ! (cd "$dir" && $CC $CFLAGS -o moet moet.c $LIBS) 2>"$dir/build.log"; then
+                verdict=ERROR; why="the mutant does not compile (build/mutate/build.log)"
+            else
+                local tst failed_in="" rc
+                for tst in ${M_TESTS[i]}; do
+                    if ! (cd "$dir" && $CC $CFLAGS -DMOET_TEST -DMOET_POISON -o "build/$tst" "tests/$tst.c" $LIBS) 2>>"$dir/build.log"; then
+                        verdict=ERROR; why="$tst does not compile against the mutant"; break
+                    fi
+                    set +e
+                    (cd "$dir" && timeout "${MUTATE_TIMEOUT:-600}" "build/$tst") >"$dir/$tst.log" 2>&1
+                    rc=$?
+                    set -e
+                    local counts
+                    counts=$(result_counts < "$dir/$tst.log")
+                    if [ $rc -ne 0 ] || [ -z "$counts" ] || [ "$(echo "$counts" | cut -d' ' -f2)" != 0 ]; then
+                        failed_in+="${failed_in:+, }$tst"
+                        if [ -n "$counts" ]; then failed_in+=" ($(echo "$counts" | cut -d' ' -f2) failed)"
+                        else failed_in+=" (exit $rc)"; fi
+                    fi
+                done
+                if [ "${verdict:-}" != ERROR ]; then
+                    if [ -n "$failed_in" ]; then verdict=CAUGHT; why="by $failed_in"
+                    elif [ -n "${M_EQUIV[i]}" ]; then verdict=EQUIVALENT; why="${M_EQUIV[i]}"
+                    else verdict=SURVIVED; why="${M_TESTS[i]} all pass"; fi
+                fi
+            fi
+        fi
+        case $verdict in
+            CAUGHT) caught=$((caught + 1)) ;;
+            EQUIVALENT) equiv=$((equiv + 1)) ;;
+            SURVIVED) survived=$((survived + 1)) ;;
+            ERROR) errors=$((errors + 1)) ;;
+        esac
+        printf '%-10s %s: %s\n' "$verdict" "$tag" "$why" >&2
+        results+=$(printf '%-10s %s: %s' "$verdict" "$tag" "$why")$'\n'
+        unset verdict
+    done
+    t1=$(date +%s)
+    rm -rf build/mutate
+    printf '%s' "$results"
+    echo "mutate: $caught of $total caught, $equiv equivalent, $survived survived, $errors errors ($((t1 - t0)) s)"
+    [ $((survived + errors)) -eq 0 ]
 }
 
 case "${1:-}" in
     "") build_cubins && build_moet && build_demo_planes ;;
-    test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests ;;
+    test) build_cubins && build_moet && build_demo_planes && check_cubins && build_tests && run_tests build/test_* && report_totals ;;
     test-gpu) build_cubins && build_moet && build_demo_planes && run_gpu_tests ;;
     harness) build_cubins && run_harness ;;
     cubins) build_cubins force ;;
     fuzz) build_fuzz && run_fuzz ;;
     unicode) gen_unicode ;;
-    *) echo "usage: ./build.sh [test|test-gpu|harness|cubins|fuzz|unicode]" >&2; exit 2 ;;
+    mutate) build_cubins && build_moet && build_demo_planes && mutate "${2:-}" ;;
+    *) echo "usage: ./build.sh [test|test-gpu|harness|mutate [N]|cubins|fuzz|unicode]" >&2; exit 2 ;;
 esac

@@ -46,16 +46,7 @@ static void expect_error(const char *json, const char *fragment) {
     CHECK(strstr(e.msg, fragment) != NULL, "%s: message [%s] lacks [%s]", json, e.msg, fragment);
 }
 
-#define TOOLS_RULES                                                                                        \
-    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n" \
-    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n" \
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "  \
-    "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow " \
-    "the specified format: an inner <function=...></function> block must be nested within "                 \
-    "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional " \
-    "reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If "   \
-    "there is no function call available, answer the question like normal with your current knowledge and " \
-    "do not tell the user about function calls\n</IMPORTANT>"
+#include "chat_tools.h"
 
 static void test_template(void) {
     // the generation prompt, thinking on (default) and off (format/CHECKPOINT.md §C.6)
@@ -135,6 +126,8 @@ static void test_template(void) {
            "<tool_call>\n<function=f>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
            "r\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\ndone<|im_end|>\n"
            "<|im_start|>assistant\n<think>\n");
+    // three tools, two tool calls (arguments as an object and as a JSON string), two responses
+    expect("{" TOOLS3_MEMBERS "}", TOOLS3_PROMPT);
     // Python's float repr and str() in tool arguments
     expect("{\"messages\":[{\"role\":\"user\",\"content\":\"n\"},{\"role\":\"assistant\",\"content\":\"\","
            "\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":{\"b\":1e20,\"c\":100.0,\"d\":0.0001,"

@@ -24,8 +24,9 @@ static void write_variant(const char *dir, const char *drop, const char *retype,
         memcpy(o->shape, t->shape, sizeof o->shape);
         o->data = t->data;
         if (retype && !strcmp(t->name, retype)) {
-            o->dtype = new_dtype;   // same byte count: BF16 → F16, or a 1-byte type with twice the elements
-            if (st_dtypes[new_dtype].bytes == 1) o->shape[o->ndim - 1] *= 2;
+            // same byte count: BF16 → F16 or I16 (same shape), or a 1-byte type with twice the elements
+            if (st_dtypes[new_dtype].bytes == 1 && st_dtypes[t->dtype].bytes == 2) o->shape[o->ndim - 1] *= 2;
+            o->dtype = new_dtype;
         }
         if (reshape && !strcmp(t->name, reshape)) { o->shape[0] /= 2; o->shape[o->ndim - 1] *= 2; }
     }
@@ -133,6 +134,10 @@ int main(void) {
     snprintf(nm, sizeof nm, "%slinear_attn.out_proj.weight", L0);
     write_variant(dir, NULL, nm, ST_F8_E4M3, NULL);
     expect_fail(dir, nm, "expected F16/BF16/F32 [128, 128]", "found F8_E4M3 [128, 256]");
+    // the dtype alone wrong: the same shape and bytes, stored as I16
+    VARIANT("dtype16");
+    write_variant(dir, NULL, nm, ST_I16, NULL);
+    expect_fail(dir, nm, "expected F16/BF16/F32 [128, 128]", "found I16 [128, 128]");
     VARIANT("shape");
     snprintf(nm, sizeof nm, "%smlp.gate.weight", L0);
     write_variant(dir, NULL, NULL, 0, nm);

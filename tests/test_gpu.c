@@ -18,37 +18,67 @@
 #include "check.h"
 #include "kernel_data.h"
 
-// Tolerances (normalised max error, check_nerr: max |a − b| / std(b)).
-// KV f32: the GPU computes every op in f32 from the same weight values as the reference; only
-// the summation order differs (warp butterflies vs 8 lanes + f64, expf vs exp), the same kind of
-// difference the CPU reference has against transformers (5e-6..2.5e-5 measured), so the
-// reference's own bound 1e-4 holds.
-#define GPU_TOL_F32 1e-4
-// Against the CPU reference with its KV cache rounded the same way (ref_kv_round): with an f32
-// cache the bound is GPU_TOL_F32. With bf16 / fp8 the two sides round keys and values computed
-// in a different summation order, so an element within an f32 ulp of a rounding boundary lands
-// one bf16 / e4m3 step apart; measured 5e-6..6e-4 on tiny, check and demo, and once 0.4 (check +
-// planes, bf16: the random-weight check model amplifies one step of one key far more than a
-// trained model does). GPU_TOL_ROUNDED only catches a broken cache; the f32 cache is the exact test.
-#define GPU_TOL_ROUNDED 1.0
-// Against transformers (f32 keys and values) a bf16 / fp8 cache adds its own rounding: keys and
-// values keep 8 (bf16) or 4 (e4m3) significant bits, so the attention output moves by up to
-// 2^-9 or 2^-4 relative, and scores q·k by that fraction of their size; how much of that reaches
-// the logits depends on the model. Measured with bf16: 6.5e-4..8.3e-3 on tiny and check, 0.035
-// and 0.10 on a model the tests had not seen (8 layers, GQA 4, a 300-token prompt, random
-// weights), and 0.42 on check + planes in prefill (with the chunked GDN form, whose rounding
-// moves a key across a bf16 step that the random-weight check model then amplifies; 2.5e-4
-// against the reference with the same rounding); fp8: up to 0.66 in prefill and 0.014 in decode
-// on check (scores of tens, where 2^-4 of a key reorders the softmax of the first positions).
-// These bounds (1.0, 1.0, 5e-2 for fp8 decode) only catch a broken cache (garbage is >> 1);
-// that the kernels compute the right function with a rounded cache is the comparison with the
-// reference above, and the greedy tokens must agree with transformers' for every KV type.
-#define GPU_TOL_BF16 1.0
-#define GPU_TOL_FP8 1.0
-#define GPU_TOL_FP8_DECODE 5e-2
+// Tolerances (normalised max error, check_nerr: max |a − b| / std(b)), each a few times the
+// error measured for it on an H200 (both numbers beside it; ./build.sh test-gpu prints them all).
+//
+// KV f32 against transformers' float32 goldens: the GPU computes every op in f32 from the same
+// weight values as the reference; only the summation order differs (warp butterflies vs 8
+// lanes + f64, expf vs exp), the same kind of difference the CPU reference has against
+// transformers, so the same bounds per fixture (test_forward.c): measured on the GPU over every
+// hidden state, the prefill and the decode logits in bf16, nvfp4 and planes:
+//   tiny  3.2e-6 .. 9.2e-6 → 2e-5 (with test_backend.c and moet run on the GPU)
+//   check 9.4e-6 .. 2.1e-5 → 4e-5
+#define GPU_TOL_F32_TINY 2e-5
+#define GPU_TOL_F32_CHECK 4e-5
+static double gpu_gold_tol(const char *fix) { return strstr(fix, "/check") ? GPU_TOL_F32_CHECK : GPU_TOL_F32_TINY; }
+// Against the CPU reference with its KV cache rounded as the GPU's (ref_kv_round), over every
+// hidden state, the prefill logits and the decode logits (the golden tokens fed), tiny and
+// check in bf16, nvfp4 and planes; a bound on the maximum over all rows (no percentile: the
+// worst row is at most 3× the next one, printed beside it):
+//   f32:  measured 2.9e-6 .. 1.0e-5 → 3e-5 (also the real-shape layers, ≤ 1.1e-5)
+//   bf16: the two sides round keys and values computed in a different summation order, so an
+//         element within an f32 ulp of a rounding boundary lands one bf16 step apart; measured
+//         4.8e-6 .. 7.4e-5 → 3e-4. A cache that truncates instead of rounding is 2e-3 .. 0.18
+//         from the rounding reference, one that keeps 4 significant bits 9e-3 .. 0.92 (both
+//         simulated with the CPU reference on tiny and check), so either fails here.
+//   fp8:  the same with 4 significant bits (e4m3); measured 4.2e-6 .. 2.6e-3 (the worst: one
+//         hidden-state row of check/nvfp4, the next row 8.8e-4) → 6e-3. An e4m3 that truncates
+//         is 2.9e-2 .. 1.07 from the reference (simulated likewise).
+// With a bf16 / fp8 cache the comparison with transformers' f32 is the cache's own rounding
+// (6.5e-4 .. 0.66 measured, the largest where the random-weight check model amplifies a key
+// one step apart), not a property of the kernels: it is printed, and what must hold for a
+// user is that the greedy tokens equal transformers' for every KV type and that `moet eval`'s
+// KL against the CPU reference on the bundled model stays small (eval_kl below).
+#define GPU_TOL_REF_F32 3e-5
+#define GPU_TOL_REF_BF16 3e-4
+#define GPU_TOL_REF_FP8 6e-3
 
 static const char *kv_name(int kv) { return gpu_kv_names[kv]; }
-static double kv_tol(int kv) { return kv == GPU_KV_F32 ? GPU_TOL_F32 : kv == GPU_KV_BF16 ? GPU_TOL_BF16 : GPU_TOL_FP8; }
+static double kv_ref_tol(int kv) { return kv == GPU_KV_F32 ? GPU_TOL_REF_F32 : kv == GPU_KV_BF16 ? GPU_TOL_REF_BF16 : GPU_TOL_REF_FP8; }
+
+// The worst and the second-worst row of a [rows, width] comparison, each as max |a − b| / std(b)
+// with the std of the whole of b (as check_nerr): a lone outlier row (a routing near-tie flips
+// one token's experts) shows as a worst far above the second.
+static double nerr_rows(const float *a, const float *b, int rows, int width, double *second) {
+    double mean = 0, var = 0, w1 = 0, w2 = 0;
+    size_t n = (size_t)rows * width;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    double sd = sqrt(var / (double)n);
+    for (int r = 0; r < rows; r++) {
+        double mx = 0;
+        for (int j = 0; j < width; j++) {
+            double d = fabs((double)a[(size_t)r * width + j] - b[(size_t)r * width + j]);
+            if (!(d <= mx)) mx = isnan(d) ? INFINITY : d;
+        }
+        if (mx > w1) w2 = w1, w1 = mx;
+        else if (mx > w2) w2 = mx;
+    }
+    if (sd <= 0) sd = 1;
+    if (second) *second = w2 / sd;
+    return w1 / sd;
+}
 
 static int argmax_row(const float *x, int n) { return moet_argmax(x, n); }
 
@@ -59,6 +89,13 @@ static const char *planes_of(const char *model_dir, const char *name, char *path
     snprintf(cmd, sizeof cmd, "./moet build-planes --model %s --out %s 2>/dev/null", model_dir, path);
     CHECK(system(cmd) == 0, "%s", cmd);
     return path;
+}
+
+// A golden tensor of the fixture: a missing one is a failure, never a comparison left out.
+static const st_tensor *gold_tensor(const st_set *g, const char *gpath, const char *name) {
+    const st_tensor *t = st_find(g, name);
+    CHECK(t != NULL, "%s: golden tensor %s missing", gpath, name);
+    return t;
 }
 
 static void variant(const char *fix, const char *sub, const char *tag, const char *planes, int kv) {
@@ -72,10 +109,9 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
     if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); st_close(&gold); return; }
     const ck_config *c = &m.cfg;
     int H = c->hidden, V = c->vocab, L = c->n_layers, Kt = c->topk;
-    const st_tensor *pid = st_find(&gold, "prompt_ids");
+    const st_tensor *pid = gold_tensor(&gold, gpath, "prompt_ids");
     snprintf(name, sizeof name, "%s.greedy_ids", tag);
-    const st_tensor *gid = st_find(&gold, name);
-    CHECK(pid && gid, "%s: goldens prompt_ids / %s", gpath, name);
+    const st_tensor *gid = gold_tensor(&gold, gpath, name);
     if (!pid || !gid) goto out_ck;
     int T = (int)pid->numel, N = (int)gid->numel;
     const int32_t *ids = (const int32_t *)pid->data, *gids = (const int32_t *)gid->data;
@@ -83,82 +119,103 @@ static void variant(const char *fix, const char *sub, const char *tag, const cha
     gpu_opts o = {.max_seqs = 10, .max_len = T + N + 8, .max_tokens = T * 2 + 16, .kv_dtype = kv};
     pf_serve_opts po = {0};
     if (gpu_init(&g, &m, &o, planes, &po, &e)) { CHECK(0, "gpu_init %s: %s", dir, e.msg); goto out_ck; }
-    float *hid[MOET_MAX_LAYERS + 1], *rw[MOET_MAX_LAYERS];
+    float *hid[MOET_MAX_LAYERS + 1], *rw[MOET_MAX_LAYERS], *rhid[MOET_MAX_LAYERS + 1];
     int32_t *rid[MOET_MAX_LAYERS];
-    for (int i = 0; i <= L; i++) hid[i] = malloc(sizeof(float) * (size_t)T * H);
+    for (int i = 0; i <= L; i++) hid[i] = malloc(sizeof(float) * (size_t)T * H), rhid[i] = malloc(sizeof(float) * (size_t)T * H);
     for (int i = 0; i < L; i++) rid[i] = malloc(sizeof(int32_t) * (size_t)T * Kt), rw[i] = malloc(sizeof(float) * (size_t)T * Kt);
-    float *logits = malloc(sizeof(float) * (size_t)T * V);
+    float *logits = malloc(sizeof(float) * (size_t)T * V), *dlog = malloc(sizeof(float) * (size_t)N * V);
+    float *rlog = malloc(sizeof(float) * (size_t)T * V), *rdlog = malloc(sizeof(float) * (size_t)N * V);
     int slot = 0, off[2] = {0, T}, nr = 0;
     CHECK(gpu_seq_start(&g, slot, T + N) == 0, "pages");
     CHECK(gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_ALL, hid, rid, rw, &nr, &e) == 0, "%s", e.msg);
     memcpy(logits, gpu_step_logits(&g, nr), sizeof(float) * (size_t)T * V);
-    double tol = kv_tol(kv), worst_h = 0, rerr = INFINITY;
-    {   // the CPU reference, its KV cache rounded as this one's
-        ck_model m2;
-        pf_attached pa = {0};
-        pf_serve_opts po2 = {0};
-        ref_engine r;
-        if (ck_open(&m2, dir, &e) == 0) {
-            if (!planes || pf_attach_planes(&m2, planes, &po2, &pa, &e) == 0) {
-                float *cl = malloc(sizeof(float) * (size_t)T * V);
-                int s0 = 0;
-                if (ref_init(&r, &m2, 1, T, T, 8, &e) == 0) {
-                    r.kv_round = kv;
-                    CHECK(ref_forward(&r, 1, &s0, ids, off, NULL, cl, 1, NULL, &e) == 0, "%s", e.msg);
-                    rerr = check_nerr(logits, cl, (size_t)T * V);
-                    ref_free(&r);
-                }
-                free(cl);
-                pf_detach(&pa);
-            }
-            ck_close(&m2);
-        }
-        CHECK(rerr < (kv == GPU_KV_F32 ? GPU_TOL_F32 : GPU_TOL_ROUNDED), "%s%s kv %s: GPU vs the reference (same KV rounding): normalised error %.3g", dir,
-              planes ? " + planes" : "", kv_name(kv), rerr);
-    }
-    for (int i = 0; i <= L; i++) {
-        snprintf(name, sizeof name, "%s.hidden.%d", tag, i);
-        const st_tensor *h = st_find(&gold, name);
-        if (!h) continue;
-        double err = check_nerr(hid[i], (const float *)h->data, h->numel);
-        if (err > worst_h) worst_h = err;
-        CHECK(err < tol, "%s %s kv %s: normalised error %.3g", dir, name, kv_name(kv), err);
-    }
-    snprintf(name, sizeof name, "%s.prefill_logits", tag);
-    const st_tensor *pl = st_find(&gold, name);
-    double perr = pl ? check_nerr(logits, (const float *)pl->data, pl->numel) : INFINITY;
-    CHECK(perr < tol, "%s %s kv %s: normalised error %.3g", dir, name, kv_name(kv), perr);
-    if (!strcmp(tag, "bf16") && kv == GPU_KV_F32) {
-        int bad = 0;
-        for (int l = 0; l < L; l++) {
-            snprintf(name, sizeof name, "%s.router_ids.%d", tag, l);
-            const st_tensor *ri = st_find(&gold, name);
-            if (ri) for (size_t i = 0; i < ri->numel; i++) bad += rid[l][i] != ((const int32_t *)ri->data)[i];
-        }
-        CHECK(bad == 0, "%s: %d router choices differ from transformers'", dir, bad);
-    }
     // greedy decode from the cache: the golden token fed each step (one divergence cannot cascade)
-    snprintf(name, sizeof name, "%s.decode_logits", tag);
-    const st_tensor *dl = st_find(&gold, name);
-    int next = argmax_row(logits + (size_t)(T - 1) * V, V), same = 1;
-    double derr = 0;
+    int next = argmax_row(logits + (size_t)(T - 1) * V, V), same = 1, step_ok = 1;
     for (int s = 0; s < N; s++) {
         same &= next == gids[s];
         int o1[2] = {0, 1};
         int32_t feed = gids[s];
-        CHECK(gpu_step(&g, 1, &slot, &feed, o1, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
-        const float *row = gpu_step_logits(&g, 1);
-        if (dl) {
-            double de = check_nerr(row, (const float *)dl->data + (size_t)s * V, V);
-            if (de > derr) derr = de;
+        step_ok &= gpu_step(&g, 1, &slot, &feed, o1, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+        memcpy(dlog + (size_t)s * V, gpu_step_logits(&g, 1), sizeof(float) * V);
+        next = argmax_row(dlog + (size_t)s * V, V);
+    }
+    CHECK(step_ok, "%s kv %s: a decode step failed: %s", dir, kv_name(kv), e.msg);
+
+    // the CPU reference, its KV cache rounded as this one's, over the same prompt and tokens
+    double rh = INFINITY, rh2 = INFINITY, rp = INFINITY, rp2 = INFINITY, rd = INFINITY, rd2 = INFINITY;
+    {
+        ck_model m2;
+        pf_attached pa = {0};
+        pf_serve_opts po2 = {0};
+        ref_engine r;
+        int ran = 0;
+        if (ck_open(&m2, dir, &e) == 0) {
+            if (!planes || pf_attach_planes(&m2, planes, &po2, &pa, &e) == 0) {
+                int s0 = 0;
+                if (ref_init(&r, &m2, 1, T + N, T, 8, &e) == 0) {
+                    r.kv_round = kv;
+                    ran = ref_forward(&r, 1, &s0, ids, off, NULL, rlog, 1, rhid, &e) == 0;
+                    for (int s = 0; s < N && ran; s++) {
+                        int o1[2] = {0, 1};
+                        ran = ref_forward(&r, 1, &s0, &gids[s], o1, NULL, rdlog + (size_t)s * V, 1, NULL, &e) == 0;
+                    }
+                    ref_free(&r);
+                }
+                pf_detach(&pa);
+            }
+            ck_close(&m2);
         }
-        next = argmax_row(row, V);
+        CHECK(ran, "%s: the CPU reference: %s", dir, e.msg);
+        if (ran) {
+            rh = rh2 = 0;
+            for (int i = 0; i <= L; i++) {
+                double w2, w = nerr_rows(hid[i], rhid[i], T, H, &w2);
+                rh = fmax(rh, w), rh2 = fmax(rh2, w2);
+            }
+            rp = nerr_rows(logits, rlog, T, V, &rp2);
+            rd = nerr_rows(dlog, rdlog, N, V, &rd2);
+        }
+        double tr = kv_ref_tol(kv);
+        CHECK(rh < tr && rp < tr && rd < tr,
+              "%s%s kv %s: GPU vs the reference (same KV rounding): hidden %.3g, prefill %.3g, decode %.3g (bound %.2g)", dir,
+              planes ? " + planes" : "", kv_name(kv), rh, rp, rd, tr);
+    }
+    // against transformers: every hidden state, the prefill and decode logits with an f32 cache
+    // (with a rounded one they are printed); the greedy tokens with every cache
+    double worst_h = 0, perr = INFINITY, derr = INFINITY;
+    for (int i = 0; i <= L; i++) {
+        snprintf(name, sizeof name, "%s.hidden.%d", tag, i);
+        const st_tensor *h = gold_tensor(&gold, gpath, name);
+        worst_h = fmax(worst_h, h ? check_nerr(hid[i], (const float *)h->data, h->numel) : INFINITY);
+    }
+    snprintf(name, sizeof name, "%s.prefill_logits", tag);
+    const st_tensor *pl = gold_tensor(&gold, gpath, name);
+    if (pl) perr = check_nerr(logits, (const float *)pl->data, pl->numel);
+    snprintf(name, sizeof name, "%s.decode_logits", tag);
+    const st_tensor *dl = gold_tensor(&gold, gpath, name);
+    if (dl) derr = check_nerr(dlog, (const float *)dl->data, (size_t)N * V);
+    const double gtol = gpu_gold_tol(fix);
+    if (kv == GPU_KV_F32)
+        CHECK(worst_h < gtol && perr < gtol && derr < gtol, "%s%s kv f32 vs transformers: hidden %.3g, prefill %.3g, decode %.3g (bound %.2g)",
+              dir, planes ? " + planes" : "", worst_h, perr, derr, gtol);
+    if (!strcmp(tag, "bf16") && kv == GPU_KV_F32) {
+        int bad = 0, have = 0;
+        for (int l = 0; l < L; l++) {
+            snprintf(name, sizeof name, "%s.router_ids.%d", tag, l);
+            const st_tensor *ri = gold_tensor(&gold, gpath, name);
+            if (!ri) continue;
+            have++;
+            for (size_t i = 0; i < ri->numel; i++) bad += rid[l][i] != ((const int32_t *)ri->data)[i];
+        }
+        CHECK(have == L && bad == 0, "%s: %d router choices differ from transformers' (%d of %d layers)", dir, bad, have, L);
     }
     CHECK(same, "%s %s kv %s: greedy tokens differ from transformers'", dir, tag, kv_name(kv));
-    CHECK(derr < (kv == GPU_KV_FP8 ? GPU_TOL_FP8_DECODE : tol), "%s %s kv %s decode logits: normalised error %.3g", dir, tag,
-          kv_name(kv), derr);
-    printf("%s/%s%s kv %s: vs reference %.2g; vs transformers: hidden %.2g, prefill %.2g, decode %.2g (normalised max error), "
-           "greedy %s\n", fix, sub, planes ? " + planes" : "", kv_name(kv), rerr, worst_h, perr, derr, same ? "equal" : "DIFFERENT");
+    printf("%s/%s%s kv %s: vs reference (same rounding): hidden %.2g (next row %.2g), prefill %.2g (%.2g), decode %.2g (%.2g), "
+           "bound %.2g; vs transformers: hidden %.2g, prefill %.2g, decode %.2g (%s); greedy %s\n",
+           fix, sub, planes ? " + planes" : "", kv_name(kv), rh, rh2, rp, rp2, rd, rd2, kv_ref_tol(kv), worst_h, perr, derr,
+           kv == GPU_KV_F32 ? (gtol > GPU_TOL_F32_TINY ? "bound 4e-5" : "bound 2e-5") : "not bounded", same ? "equal" : "DIFFERENT");
+    free(dlog), free(rlog), free(rdlog);
+    for (int i = 0; i <= L; i++) free(rhid[i]);
 
     // batch and chunk invariance: slot 1 runs the prompt alone in one chunk; slot 2 runs it in
     // chunks of 7 (64 with the chunked GDN form) beside eight other sequences (their own prompts, chunked differently, then
@@ -236,7 +293,8 @@ out_ck:
 }
 
 // The GPU against the CPU reference on the same prompt (the demo model has no goldens of hidden
-// states; its greedy goldens are checked through moet serve).
+// states; its greedy goldens are checked through moet serve). f32 KV: measured 6.4e-6 with the
+// checkpoint's experts, 3.6e-6 with planes → 2e-5.
 static void versus_reference(const char *dir, const char *planes, int T) {
     ck_model m;
     moet_err e = {{0}};
@@ -263,7 +321,7 @@ static void versus_reference(const char *dir, const char *planes, int T) {
     double err = check_nerr(b, a, (size_t)T * V);
     int agree = 0;
     for (int t = 0; t < T; t++) agree += argmax_row(a + (size_t)t * V, V) == argmax_row(b + (size_t)t * V, V);
-    CHECK(err < GPU_TOL_F32, "%s%s: GPU vs reference normalised error %.3g", dir, planes ? " + planes" : "", err);
+    CHECK(err < 2e-5, "%s%s: GPU vs reference normalised error %.3g", dir, planes ? " + planes" : "", err);
     CHECK(agree == T, "%s: argmax agrees at %d of %d positions", dir, agree, T);
     printf("%s%s vs the CPU reference, %d tokens: normalised max error %.2g, argmax equal at %d/%d\n", dir, planes ? " + planes" : "",
            T, err, agree, T);
@@ -289,7 +347,9 @@ out:
 // one). Random values of each format (every code and nibble, scales over a range of exponents).
 // Tolerance: both sides sum the same exact products in f32 in different orders (8 lanes + f64
 // vs a warp butterfly of per-lane block sums); over K ≤ 4096 terms that moves a sum by a few
-// ulps of its largest partial sums: measured below 1e-6 of the outputs' spread; 1e-5 bounds it.
+// ulps of its largest partial sums: measured ≤ 2.1e-6 of the outputs' spread (every matrix and
+// T) → GPU_TOL_LINEAR 6e-6.
+#define GPU_TOL_LINEAR 6e-6
 static void kernel_linear(gpu_engine *g) {
     struct { const char *what; int kind, rows, cols; } mats[] = {
         {"GDN in_proj_qkv", CK_W_FP8, 8192, 2048},   {"attention o_proj", CK_W_FP8, 2048, 4096},
@@ -323,7 +383,7 @@ static void kernel_linear(gpu_engine *g) {
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(yb, yd, sizeof(float) * (size_t)T * N));
             double err = check_nerr(yb, ya, (size_t)T * N);
-            CHECK(err < 1e-5, "k_linear %s [%d, %d] T %d: normalised error %.3g", mats[mi].what, N, K, T, err);
+            CHECK(err < GPU_TOL_LINEAR, "k_linear %s [%d, %d] T %d: normalised error %.3g", mats[mi].what, N, K, T, err);
             printf("k_linear %-20s %-6s [%5d, %4d] T %2d: normalised error vs ref_linear %.2g\n", mats[mi].what,
                    kind == CK_W_PLANES ? "planes" : kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_FP8 ? "fp8" : "bf16", N, K, T, err);
             arena_release(&d);
@@ -391,8 +451,9 @@ static void kernel_linear_set(gpu_engine *g) {
 // The router, the residual add + RMSNorm and the GDN gated norm against their CPU twins
 // (ref_route, ref_rmsnorm1p, ref_gated_rmsnorm) on Qwen3.6's shapes: E 256 top-8, H 2048,
 // 32 value heads of 128; 37 tokens. Tolerances: f32 against f32 with f64 sums on the CPU side:
-// a normalisation over ≤ 2048 terms moves by a few ulps (1e-6 relative), so 1e-5 on the outputs;
-// the router's choices must be the same experts in the same order (random logits: no near ties).
+// a normalisation over ≤ 2048 terms moves by a few ulps (1e-6 relative). Measured: the router's
+// weights 6e-8 (absolute) → 3e-7; k_add_rmsnorm 6.9e-7 → 2e-6; k_gated_norm 2.4e-6 → 7e-6.
+// The router's choices must be the same experts in the same order (random logits: no near ties).
 static void kernel_misc(gpu_engine *g) {
     enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
     moet_err e = {{0}};
@@ -422,7 +483,7 @@ static void kernel_misc(gpu_engine *g) {
             }
         }
         CHECK(same, "k_router: the chosen experts differ from ref_route");
-        CHECK(werr < 1e-5, "k_router: weight error %.3g", werr);
+        CHECK(werr < 3e-7, "k_router: weight error %.3g", werr);
         printf("k_router [%d tokens, E %d, top-%d]: same experts, weights within %.2g of ref_route\n", T, E, KT, werr);
         free(lg), free(p);
     }
@@ -442,7 +503,7 @@ static void kernel_misc(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyDtoH(got, nd, sizeof(float) * T * H));
         double err = check_nerr(got, ref, (size_t)T * H);
         CU_CHECK(cu.cuMemcpyDtoH(got, xd, sizeof(float) * T * H));   // the residual stream after the add: exact
-        CHECK(err < 1e-5, "k_add_rmsnorm: normalised error %.3g", err);
+        CHECK(err < 2e-6, "k_add_rmsnorm: normalised error %.3g", err);
         CHECK(!memcmp(got, xs, sizeof(float) * T * H), "k_add_rmsnorm: x + y differs from the host's sum");
         printf("k_add_rmsnorm [%d, %d]: normalised error vs ref_rmsnorm1p %.2g, residual add exact\n", T, H, err);
         free(x), free(y), free(ref), free(got), free(xs);
@@ -461,7 +522,7 @@ static void kernel_misc(gpu_engine *g) {
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(o, od, sizeof(float) * T * NV * DV));
         double err = check_nerr(o, ref, (size_t)T * NV * DV);
-        CHECK(err < 1e-5, "k_gated_norm: normalised error %.3g", err);
+        CHECK(err < 7e-6, "k_gated_norm: normalised error %.3g", err);
         printf("k_gated_norm [%d, %d heads of %d]: normalised error vs ref_gated_rmsnorm %.2g\n", T, NV, DV, err);
         free(o), free(z), free(ref);
     }
@@ -478,7 +539,7 @@ static void kernel_misc(gpu_engine *g) {
 // Checks: k_gdn_chunk vs ref_gdn_chunk and k_gdn_rule vs ref_gdn_rule, within GPU_TOL_GDN; the
 // CPU chunked form vs the CPU recurrence (the reformulation itself: both sum in f64, but the
 // state is an f32 array rounded after every token on one side and every piece on the other, a
-// few ulps: 1e-5); single-token
+// few ulps: measured 1.5e-6 → 5e-6); single-token
 // pieces of k_gdn_chunk give k_gdn_rule's bits; a row in one launch gives the same bits as the
 // same row cut at multiples of 64 into three launches.
 // Tolerance GPU_TOL_GDN (tests/kernel_data.h).
@@ -512,7 +573,7 @@ static void kernel_gdn(gpu_engine *g) {
                        orr + (size_t)t * nv * dv, nk, nv, dk, dv, rows[i].pos, rows[i].len, 1);
         }
         double cpu_o = check_nerr(oc, orr, nO), cpu_s = check_nerr(Sc, Sr, nS);
-        CHECK(cpu_o < 1e-5 && cpu_s < 1e-5, "ref_gdn_chunk vs the recurrence: outputs %.3g, states %.3g", cpu_o, cpu_s);
+        CHECK(cpu_o < 5e-6 && cpu_s < 5e-6, "ref_gdn_chunk vs the recurrence: outputs %.3g, states %.3g", cpu_o, cpu_s);
         // GPU
         moet_err e = {{0}};
         arena plan = arena_measure("gdn test"), d;
@@ -642,13 +703,13 @@ static void real_shapes(void) {
         for (int i = 0; i <= L; i++) {
             double err = check_nerr(hb[i], ha[i], (size_t)T * H);
             printf(" hidden.%d %.2g", i, err);
-            CHECK(err < GPU_TOL_F32, "real shapes%s: hidden.%d normalised error %.3g", pl ? " + planes" : "", i, err);
+            CHECK(err < GPU_TOL_REF_F32, "real shapes%s: hidden.%d normalised error %.3g", pl ? " + planes" : "", i, err);
         }
         double err = check_nerr(b, a, (size_t)T * V);
         int agree = 0;
         for (int t = 0; t < T; t++) agree += argmax_row(a + (size_t)t * V, V) == argmax_row(b + (size_t)t * V, V);
         printf(", logits %.2g, argmax %d/%d\n", err, agree, T);
-        CHECK(err < GPU_TOL_F32, "real shapes: logits normalised error %.3g", err);
+        CHECK(err < GPU_TOL_REF_F32, "real shapes: logits normalised error %.3g", err);
         CHECK(agree == T, "real shapes: argmax agrees at %d of %d", agree, T);
         gpu_free(&g);
         for (int i = 0; i <= L; i++) free(ha[i]), free(hb[i]);
@@ -668,7 +729,11 @@ static void real_shapes(void) {
 // the output). Two steps: a 40-token prompt (the chunked GDN form) beside a one-token row (the
 // recurrent one), then that prompt's next token at depth 40 (attention over the cache written
 // by the first step, the recurrence continuing the chunked state).
-// Tolerance GPU_TOL_F32 (f32 KV cache: the same operations in another summation order).
+// Tolerances (f32 KV cache: the same operations in another summation order), measured with
+// NVFP4 and with planes experts: the attention and GDN cores (before their output projection)
+// 1.5e-5 .. 2e-5 → 5e-5; the blocks' outputs 2.6e-6 .. 5.7e-6 → 2e-5.
+#define GPU_TOL_BLOCK_CORE 5e-5
+#define GPU_TOL_BLOCK_OUT 2e-5
 static double blk_err(CUdeviceptr d, const float *ref, size_t n, float *tmp) {
     CU_CHECK(cu.cuMemcpyDtoH(tmp, d, sizeof(float) * n));
     return check_nerr(tmp, ref, n);
@@ -746,10 +811,10 @@ static void blocks_real(const char *dir, const char *planes) {
         for (int i = 0; i < n; i++) r.seqs[slots[i]].pos += off[i + 1] - off[i], g.pos[slots[i]] += off[i + 1] - off[i];
     }
     const char *what = planes ? "planes" : "NVFP4";
-    CHECK(worst[0] < GPU_TOL_F32 && worst[1] < GPU_TOL_F32, "attention block (real shapes): core %.3g, output %.3g", worst[0], worst[1]);
-    CHECK(worst[2] < GPU_TOL_F32 && worst[3] < GPU_TOL_F32, "GDN block (real shapes): core %.3g, output %.3g", worst[2], worst[3]);
+    CHECK(worst[0] < GPU_TOL_BLOCK_CORE && worst[1] < GPU_TOL_BLOCK_OUT, "attention block (real shapes): core %.3g, output %.3g", worst[0], worst[1]);
+    CHECK(worst[2] < GPU_TOL_BLOCK_CORE && worst[3] < GPU_TOL_BLOCK_OUT, "GDN block (real shapes): core %.3g, output %.3g", worst[2], worst[3]);
     CHECK(same_sel, "MoE block (real shapes, %s experts): the chosen experts differ from the reference's", what);
-    CHECK(worst[4] < GPU_TOL_F32, "MoE block (real shapes, %s experts): output %.3g", what, worst[4]);
+    CHECK(worst[4] < GPU_TOL_BLOCK_OUT, "MoE block (real shapes, %s experts): output %.3g", what, worst[4]);
     printf("blocks on real shapes (%s experts), GPU vs reference, 40 + 1 tokens then 1 at depth 40: attention core %.2g, "
            "output %.2g; GDN core %.2g, output %.2g; MoE experts %s, output %.2g\n", what, worst[0], worst[1], worst[2], worst[3],
            same_sel ? "the same" : "DIFFERENT", worst[4]);
@@ -799,7 +864,8 @@ static void long_context(void) {
         CHECK(argmax_row(a, V) == argmax_row(b, V), "long context: argmax differs after %d tokens", t0 + n);
         if (t0 + n == TL) memcpy(chunk_last, b, sizeof(float) * V);
     }
-    CHECK(worst < GPU_TOL_F32, "long context: normalised error %.3g", worst);
+    // measured 1.6e-6 (33,000 tokens, 2,063 KV pages) → 5e-6
+    CHECK(worst < 5e-6, "long context: normalised error %.3g", worst);
     int s1 = 1;   // other cuts at multiples of 64 (the GDN chunk length): 46 · 64
     for (int t0 = 0; t0 < TL; t0 += 2944) {
         int n = TL - t0 < 2944 ? TL - t0 : 2944, off[2] = {0, n};
@@ -920,6 +986,70 @@ static void largest_steps(void) {
     }
 }
 
+// `moet eval` on the GPU against the CPU reference, on the bundled model (its 2-bit planes) and
+// the eval fixture text (320 scored tokens): the reference's whole distributions are saved
+// (--top-k 4096 = V: the KL is exact), then each KV type on the GPU is scored against them.
+// This is the user-facing bound of a rounded cache: the next-token distributions barely move.
+// Measured on an H200, and the bounds (KL mean in nats; perplexity relative to the reference's;
+// top-1 agreement with the reference):
+//   f32:  KL -2.2e-10 (the float32 rounding of the stored log-probabilities: p99 1.5e-7)
+//         → 1e-8; perplexity 6e-8 → 1e-6; top-1 320/320 → at least 99 %
+//   bf16: KL 2.0e-5 → 6e-5; perplexity 1.5e-4 → 5e-4; top-1 320/320 → at least 99 %
+//   fp8:  KL 1.4e-3 → 4e-3; perplexity 3.6e-3 → 1e-2; top-1 97.8 % → at least 95 %
+static const double eval_kl_max[3] = {1e-8, 6e-5, 4e-3}, eval_ppl_rel[3] = {1e-6, 5e-4, 1e-2}, eval_top1[3] = {0.99, 0.99, 0.95};
+static int kl_eval_line(const char *cmd, js_doc *d, char *buf, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(buf, 1, cap - 1, p) : 0;
+    int rc = p ? pclose(p) : -1;
+    buf[got] = 0;
+    moet_err e = {{0}};
+    char *line = strstr(buf, "{\"object\":\"eval\"");
+    if (rc != 0 || !line) {
+        CHECK(0, "%s: exit %d, output %s", cmd, rc, buf);
+        return -1;
+    }
+    line[strcspn(line, "\n")] = 0;
+    if (js_load_doc(d, line, strlen(line), "moet eval's line", &e)) {
+        CHECK(0, "%s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+static double kl_eval_num(const js_doc *d, const char *a, const char *b) {
+    const js_node *n = js_get(d, js_root(d), a);
+    if (b) n = js_get(d, n, b);
+    double x = NAN;
+    if (js_num(n, &x)) x = NAN;
+    return x;
+}
+static void eval_kl(void) {
+    static char buf[1 << 16];
+    const char *data = "tests/fixtures/eval/text.jsonl", *ref = "build/gpu_eval_cpu.ref";
+    char cmd[1024];
+    js_doc d;
+    snprintf(cmd, sizeof cmd, "./moet eval --model tests/fixtures/demo --planes build/demo.planes --data %s --backend cpu "
+             "--threads 8 --top-k 4096 --save-ref %s -q 2>/dev/null", data, ref);
+    if (kl_eval_line(cmd, &d, buf, sizeof buf)) return;
+    double ppl_ref = kl_eval_num(&d, "ppl", NULL);
+    js_free_doc(&d);
+    for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) {
+        snprintf(cmd, sizeof cmd, "./moet eval --model tests/fixtures/demo --planes build/demo.planes --data %s --backend gpu "
+                 "--kv-dtype %s --ref %s -q 2>&1", data, kv_name(kv), ref);
+        if (kl_eval_line(cmd, &d, buf, sizeof buf)) continue;
+        double kl = kl_eval_num(&d, "ref", "kl_mean"), p99 = kl_eval_num(&d, "ref", "kl_p99"), top1 = kl_eval_num(&d, "ref", "top1_agreement");
+        double ppl = kl_eval_num(&d, "ppl", NULL);
+        js_free_doc(&d);
+        CHECK(strstr(buf, "moet eval: backend gpu (") != NULL, "moet eval --backend gpu: stderr does not name the GPU backend");
+        CHECK(kl < eval_kl_max[kv] && fabs(ppl / ppl_ref - 1) < eval_ppl_rel[kv] && top1 >= eval_top1[kv],
+              "moet eval kv %s against the CPU reference: KL %.3g (bound %.2g), perplexity %.8g vs %.8g (bound %.2g relative), "
+              "top-1 %.4f (bound %.2f)", kv_name(kv), kl, eval_kl_max[kv], ppl, ppl_ref, eval_ppl_rel[kv], top1, eval_top1[kv]);
+        printf("moet eval on the GPU, kv %s, against the CPU reference (demo + planes, %s): KL mean %.3g, p99 %.3g (bound on the "
+               "mean %.2g), top-1 agreement %.4f, perplexity %.6f vs %.6f\n", kv_name(kv), data, kl, p99, eval_kl_max[kv], top1, ppl,
+               ppl_ref);
+    }
+    unlink(ref);
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
@@ -927,8 +1057,8 @@ int main(void) {
     plan_grids();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
-        printf("test_gpu: the GPU tests did not run here: %s\n", e.msg);
-        if (req && *req == '1') CHECK(0, "a GPU is required (MOET_REQUIRE_GPU=1)");
+        if (req && *req == '1') CHECK(0, "the GPU tests: a GPU is required (MOET_REQUIRE_GPU=1): %s", e.msg);
+        else CHECK_SKIP("the GPU tests (kernels, blocks, fixtures, moet eval on the GPU)", "no GPU here: %s", e.msg);
         return check_report("test_gpu");
     }
     gpu_describe(&d, stdout);
@@ -955,6 +1085,7 @@ int main(void) {
         const char *dir = real4(pl, sizeof pl);
         if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
         variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, GPU_KV_F32);
+        CHECK_SKIP("the other fixtures, KV types, real shapes, long context, demo, moet eval", "MOET_GPU_TESTS=kernels");
         return check_report("test_gpu");
     }
     char tp[512], cp[512];
@@ -991,5 +1122,6 @@ int main(void) {
     largest_steps();
     versus_reference("tests/fixtures/demo", NULL, 200);
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
+    eval_kl();
     return check_report("test_gpu");
 }

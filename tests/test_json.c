@@ -16,7 +16,9 @@
 #include <sys/wait.h>
 
 // Two-pass parse into static memory. Returns 0 on success, -1 on a parse error (jt_doc.err),
-// -2 when the measured size exceeds the test's buffers.
+// -2 when the measured size exceeds the test's buffers. Every parse of the file is a case of one
+// property: js_measure and js_parse agree (what one accepts the other does, with the sizes measured).
+static check_prop jt_measure_parse = {"js_measure and js_parse agree on every document of this file", 0, 0};
 #define JT_NODES (1u << 16)
 static js_node jt_nodes[JT_NODES];
 static char jt_strs[1 << 20];
@@ -34,9 +36,9 @@ static int jt_parse_into(js_doc *d, js_node *nodes, uint32_t cap_nodes, char *st
     d->strs = strs;
     d->cap_strs = s;
     int rc = js_parse(d, text, len);
-    CHECK(rc == 0, "measure accepted what parse refused: %s", d->err);
-    CHECK(rc || (d->n_nodes == n && d->n_strs == s), "parse used %u nodes / %zu bytes, measured %u / %zu",
-          d->n_nodes, d->n_strs, n, s);
+    CHECK_PROP(&jt_measure_parse, rc == 0, "measure accepted what parse refused: %s", d->err);
+    CHECK_PROP(&jt_measure_parse, rc || (d->n_nodes == n && d->n_strs == s), "parse used %u nodes / %zu bytes, measured %u / %zu",
+               d->n_nodes, d->n_strs, n, s);
     return rc;
 }
 static int jt_parse(const char *text, size_t len) {
@@ -341,6 +343,8 @@ static void test_numbers(void) {
         CHECK(jt(n) == -1 && strstr(jt_doc.err, "too long") && jt_doc.err_off == 0);
     }
     // libc strtod is the oracle for random literals of every shape the grammar allows
+    check_prop lit = {"20,000 random number literals read as strtod reads them", 0, 0},
+               lint = {"random integer literals are exact int64 exactly when they fit", 0, 0};
     for (int i = 0; i < 20000; i++) {
         char s[64];
         int k = 0;
@@ -362,28 +366,32 @@ static void test_numbers(void) {
         s[k] = 0;
         double want = strtod(s, NULL);
         int rc = jt(s);
-        if (isinf(want)) { CHECK(rc == -1, "'%s' overflows but was accepted", s); continue; }
+        if (isinf(want)) { CHECK_PROP(&lit, rc == -1, "'%s' overflows but was accepted", s); continue; }
         r = jt_root();
-        CHECK(rc == 0 && r->num == want && !signbit(r->num) == !signbit(want), "'%s': %.17g, strtod %.17g", s, r ? r->num : 0, want);
+        CHECK_PROP(&lit, rc == 0 && r->num == want && !signbit(r->num) == !signbit(want), "'%s': %.17g, strtod %.17g", s,
+                   r ? r->num : 0, want);
         if (rc == 0 && !has_frac && !has_exp) {
             errno = 0;
             long long ll = strtoll(s, NULL, 10);
             int fits = errno != ERANGE;
-            CHECK(r->is_int == fits && (!fits || r->i64 == ll), "'%s': is_int %d i64 %" PRId64, s, r->is_int, r->i64);
-        } else if (rc == 0) CHECK(!r->is_int, "'%s' is not an integer literal", s);
+            CHECK_PROP(&lint, r->is_int == fits && (!fits || r->i64 == ll), "'%s': is_int %d i64 %" PRId64, s, r->is_int, r->i64);
+        } else if (rc == 0) CHECK_PROP(&lint, !r->is_int, "'%s' is not an integer literal", s);
     }
+    check_prop_end(&lit);
+    check_prop_end(&lint);
 }
 
 // ---- writer -----------------------------------------------------------------------------
 
 static char jt_out[1 << 20];
+static check_prop jt_fits = {"the writer never overflows a 1 MiB buffer with one value", 0, 0};
 
 // The text of one string value written by js_w_strn.
 static const char *jt_wstr(const char *s, size_t n) {
     js_writer w;
     js_w_init(&w, jt_out, sizeof jt_out);
     js_w_strn(&w, s, n);
-    CHECK(!w.overflow);
+    CHECK_PROP(&jt_fits, !w.overflow);
     return jt_out;
 }
 
@@ -437,13 +445,15 @@ static void test_writer_strings(void) {
         CHECK(jt(got) == 0, "invalid UTF-8 #%zu: output is not valid JSON", i);
     }
     // any 3 bytes at all: the output is valid JSON with no raw control character
+    check_prop any3 = {"20,000 random 3-byte strings are written as valid JSON without raw control characters", 0, 0};
     for (int i = 0; i < 20000; i++) {
         uint8_t in[3] = {(uint8_t)jt_rand(), (uint8_t)jt_rand(), (uint8_t)jt_rand()};
         const char *got = jt_wstr((const char *)in, 3);
         int raw_ctl = 0;
         for (const char *c = got; *c; c++) raw_ctl |= (uint8_t)*c < 0x20;
-        CHECK(jt(got) == 0 && !raw_ctl, "bytes %02x %02x %02x written as invalid JSON", in[0], in[1], in[2]);
+        CHECK_PROP(&any3, jt(got) == 0 && !raw_ctl, "bytes %02x %02x %02x written as invalid JSON", in[0], in[1], in[2]);
     }
+    check_prop_end(&any3);
     // keys are escaped like strings, and a key may hold a NUL
     {
         js_writer w;
@@ -464,7 +474,7 @@ static const char *jt_wnum(double v) {
     js_writer w;
     js_w_init(&w, jt_out, sizeof jt_out);
     js_w_num(&w, v);
-    CHECK(!w.overflow);
+    CHECK_PROP(&jt_fits, !w.overflow);
     return jt_out;
 }
 
@@ -490,6 +500,10 @@ static void test_writer_numbers(void) {
     // Random doubles (every bit pattern but NaN/Inf): the text reads back bit-exactly through
     // the reader, is valid JSON, and one significant digit less would not read back.
     int n_checked = 0;
+    check_prop readback = {"random doubles: the text reads back bit-exactly", 0, 0},
+               sig = {"random doubles: at most 17 significant digits, at most 24 characters", 0, 0},
+               exact = {"random doubles: a text read back as an int64 is the double exactly", 0, 0},
+               shortest = {"random doubles: one significant digit less does not read back", 0, 0};
     for (int i = 0; i < 100000; i++) {
         uint64_t bits = jt_rand();
         if (i % 4 == 0) bits = (bits & 0x800FFFFFFFFFFFFFull) | (uint64_t)(1023 - 30 + jt_below(60)) << 52;  // near 1
@@ -500,7 +514,7 @@ static void test_writer_numbers(void) {
         int rc = jt(got);
         uint64_t back = 0;
         if (rc == 0) memcpy(&back, &jt_root()->num, sizeof back);
-        CHECK(rc == 0 && back == bits, "%a written as '%s' reads back as %a", v, got, rc ? 0 : jt_root()->num);
+        CHECK_PROP(&readback, rc == 0 && back == bits, "%a written as '%s' reads back as %a", v, got, rc ? 0 : jt_root()->num);
         // significant digits of the mantissa: without leading zeros and, when it has no decimal
         // point, without trailing ones ("100" holds one: "1e2" would be no shorter)
         char mant[40];
@@ -512,18 +526,22 @@ static void test_writer_numbers(void) {
         for (const char *c = mant; *c == '-' || *c == '0' || *c == '.'; c++) digits -= *c == '0';
         if (!strchr(mant, '.'))
             for (size_t j = ml; j > 0 && mant[j - 1] == '0'; j--) digits--;
-        CHECK(digits >= 1 && digits <= 17 && strlen(got) <= 24, "'%s' has %d significant digits", got, digits);
+        CHECK_PROP(&sig, digits >= 1 && digits <= 17 && strlen(got) <= 24, "'%s' has %d significant digits", got, digits);
         // text without '.' or 'e' reads back as an exact int64: it must be the double exactly
         if (rc == 0 && jt_root()->is_int)
-            CHECK((double)jt_root()->i64 == v && fabs(v) < 0x1p63, "'%s' reads back as int64 %" PRId64 ", not %a", got,
-                  jt_root()->i64, v);
+            CHECK_PROP(&exact, (double)jt_root()->i64 == v && fabs(v) < 0x1p63, "'%s' reads back as int64 %" PRId64 ", not %a",
+                       got, jt_root()->i64, v);
         if (digits > 1) {
             char shorter[320];   // %g may print up to 309 digits as far as the compiler knows
             snprintf(shorter, sizeof shorter, "%.*g", digits - 1, v);
-            CHECK(strtod(shorter, NULL) != v, "'%s' is not the shortest: '%s' reads back too", got, shorter);
+            CHECK_PROP(&shortest, strtod(shorter, NULL) != v, "'%s' is not the shortest: '%s' reads back too", got, shorter);
         }
         n_checked++;
     }
+    check_prop_end(&readback);
+    check_prop_end(&sig);
+    check_prop_end(&exact);
+    check_prop_end(&shortest);
     CHECK(n_checked > 90000, "only %d finite random doubles", n_checked);
     // integers: exact, and they read back as exact integers
     int64_t ints[] = {0, -1, 1, INT64_MAX, INT64_MIN, 9007199254740993ll, -1000000000000ll};
@@ -679,27 +697,30 @@ static void test_round_trip(void) {
     static char strs2[1 << 20], text2[1 << 20];
     js_doc d2;
     int docs = 0;
+    check_prop rt = {"3,000 random documents: read, written, read again: the same tree, and written again: the same text", 0, 0};
     for (int i = 0; i < 3000; i++) {
         jg_len = 0;
         jg_value(0);
         if (jg_len >= sizeof jg_buf) continue;
         int rc = jt_parse(jg_buf, jg_len);
-        CHECK(rc == 0, "generated document refused: %s\n%.*s", jt_doc.err, (int)jg_len, jg_buf);
+        CHECK_PROP(&rt, rc == 0, "generated document refused: %s\n%.*s", jt_doc.err, (int)jg_len, jg_buf);
         if (rc) continue;
         js_writer w;
         js_w_init(&w, jt_out, sizeof jt_out);
         jt_write_tree(&w, &jt_doc, jt_root());
-        CHECK(!w.overflow && w.depth == 0);
+        CHECK_PROP(&rt, !w.overflow && w.depth == 0);
         rc = jt_parse_into(&d2, nodes2, JT_NODES, strs2, sizeof strs2, jt_out, w.len);
-        CHECK(rc == 0, "written document refused: %s\n%s", d2.err, jt_out);
+        CHECK_PROP(&rt, rc == 0, "written document refused: %s\n%s", d2.err, jt_out);
         if (rc) continue;
-        CHECK(jt_same_tree(&jt_doc, jt_root(), &d2, js_root(&d2)), "round trip differs:\n%.*s\n%s", (int)jg_len, jg_buf, jt_out);
+        CHECK_PROP(&rt, jt_same_tree(&jt_doc, jt_root(), &d2, js_root(&d2)), "round trip differs:\n%.*s\n%s", (int)jg_len, jg_buf,
+                   jt_out);
         // writing the re-read tree gives the same text again (the writer is a fixed point)
         js_w_init(&w, text2, sizeof text2);
         jt_write_tree(&w, &d2, js_root(&d2));
-        CHECK(!w.overflow && !strcmp(text2, jt_out), "second write differs:\n%s\n%s", jt_out, text2);
+        CHECK_PROP(&rt, !w.overflow && !strcmp(text2, jt_out), "second write differs:\n%s\n%s", jt_out, text2);
         docs++;
     }
+    check_prop_end(&rt);
     CHECK(docs > 2900, "only %d random documents round-tripped", docs);
 }
 
@@ -729,5 +750,7 @@ int main(void) {
     test_writer_overflow();
     test_round_trip();
     test_load_doc();
+    check_prop_end(&jt_measure_parse);
+    check_prop_end(&jt_fits);
     return check_report("test_json");
 }

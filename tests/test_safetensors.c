@@ -320,6 +320,8 @@ static void test_corrupt_entries(void) {
     SF_FAILS(d, "model.safetensors", "'a'", "F32 [2, 3]", "needs 24 bytes", "hold 20");
     sf_one(d, sizeof d, "wrong_size_dtype", "{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4);
     SF_FAILS(d, "model.safetensors", "'a'", "BF16 [4]", "needs 8 bytes", "hold 4");
+    sf_one(d, sizeof d, "span_too_long", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12);
+    SF_FAILS(d, "model.safetensors", "'a'", "F32 [2]", "needs 8 bytes", "hold 12");
     sf_one(d, sizeof d, "scalar_size", "{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,0]}}", 0);
     SF_FAILS(d, "model.safetensors", "'a'", "needs 4 bytes", "hold 0");
     // element count and byte size overflow (2^32 × 2^32; 2^62 elements × 4 bytes)
@@ -556,15 +558,18 @@ static const st_tensor *sf_has(int line, const st_set *s, const char *name, cons
     char nm[512];
     snprintf(nm, sizeof nm, "%s%s", strncmp(name, "lm_head", 7) ? SF_LM : "", name);
     const st_tensor *t = st_find(s, nm);
-    CHECK(t != NULL, "line %d: '%s' missing", line, nm);
-    if (!t) return NULL;
+    if (!t) {
+        CHECK(0, "line %d: '%s' missing", line, nm);
+        return NULL;
+    }
     int64_t want[3] = {d0, d1, d2};
     int same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == want[i];
     char got[96];
-    CHECK(same, "line %d: '%s' shape %s, want rank %d [%" PRId64 ", %" PRId64 ", %" PRId64 "]", line, nm,
-          st_shape_str(t->shape, t->ndim, got, sizeof got), ndim, d0, d1, d2);
-    if (dtype) CHECK(!strcmp(st_dtype_name(t->dtype), dtype), "line %d: '%s' dtype %s, want %s", line, nm, st_dtype_name(t->dtype), dtype);
+    // one check per tensor: its shape and dtype
+    CHECK(same && (!dtype || !strcmp(st_dtype_name(t->dtype), dtype)), "line %d: '%s' %s %s, want %s rank %d [%" PRId64 ", %" PRId64
+          ", %" PRId64 "]", line, nm, st_dtype_name(t->dtype), st_shape_str(t->shape, t->ndim, got, sizeof got), dtype ? dtype : "any",
+          ndim, d0, d1, d2);
     return t;
 }
 #define SF_HAS(s, name, dtype, ndim, d0, d1, d2) sf_has(__LINE__, s, name, dtype, ndim, d0, d1, d2)
@@ -660,13 +665,14 @@ static void test_fixture(const char *dir) {
         for (int sh = 0; sh < s->n_shards; sh++) {
             uint64_t fsize, hlen = sf_file_header_len(s->shard_path[sh], &fsize);
             size_t sum = 0;
+            const char *outside = NULL;
             for (uint32_t i = 0; i < s->n_tensors; i++)
                 if (s->tensors[i].shard == sh) {
                     const st_tensor *t = &s->tensors[i];
                     sum += t->bytes;
-                    CHECK(t->data >= s->maps[sh].data + 8 + hlen && t->data + t->bytes <= s->maps[sh].data + fsize,
-                          "'%s' points outside its data buffer", t->name);
+                    if (!(t->data >= s->maps[sh].data + 8 + hlen && t->data + t->bytes <= s->maps[sh].data + fsize)) outside = t->name;
                 }
+            CHECK(!outside, "'%s' points outside its data buffer", outside);
             CHECK(fsize > 8 + hlen && sum == fsize - 8 - hlen, "%s: tensors hold %zu of %" PRIu64 " data bytes",
                   s->shard_path[sh], sum, fsize - 8 - hlen);
         }

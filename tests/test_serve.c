@@ -12,6 +12,7 @@
 // model and tokenizer are in test_serve_e2e.c.
 #include "../moet.c"
 #include "check.h"
+#include "chat_tools.h"
 
 // ---- the stand-in backend ------------------------------------------------------------------
 
@@ -315,7 +316,7 @@ static void test_mixed_lines(void) {
     };
     for (size_t k = 0; k < sizeof errs / sizeof errs[0]; k++) {
         int i = find_answer(errs[k].id, NULL);
-        CHECK(i >= 0 && js_str_is(path(i, "error", "code", 0, 0), errs[k].code), "id %s: expected error %s: %s", errs[k].id,
+        CHECK(i >= 0 && error_is(i, errs[k].code), "id %s: expected error %s: %s", errs[k].id,
               errs[k].code, i >= 0 ? ans_line[i] : "(no answer)");
         CHECK(count_answers(errs[k].id) == 1, "id %s answered %d times", errs[k].id, count_answers(errs[k].id));
     }
@@ -324,8 +325,7 @@ static void test_mixed_lines(void) {
     for (int i = 0; i < n_ans; i++) {
         const js_node *id = path(i, "id", 0, 0, 0);
         if (id && id->type == JS_NULL) nulls++;
-        const js_node *code = path(i, "error", "code", 0, 0);
-        if (js_str_is(code, "invalid_json")) json_errs++;
+        if (error_is(i, "invalid_json")) json_errs++;
     }
     CHECK(nulls == 6, "6 answers with id null (not json, array, empty, id 7, unknown op, bad UTF-8), got %d", nulls);
     CHECK(json_errs == 2, "2 invalid_json answers (not json, empty line), got %d", json_errs);
@@ -348,7 +348,8 @@ static void test_mixed_lines(void) {
           js_str_is(path(o, "response", "body", "object", 0), "chat.completion"), "batch chat line answered");
     CHECK(p >= 0 && js_str_is(path(p, "response", "body", "object", 0), "text_completion"), "batch completion line answered");
     CHECK(h >= 0 && path(h, "response", "status_code", 0, 0)->i64 == 400 &&
-          js_str_is(path(h, "response", "body", "error", "code"), "unsupported_url"), "batch line with a bad url: %s",
+          js_str_is(path(h, "response", "body", "error", "code"), "unsupported_url") &&
+          js_str_is(path(h, "response", "body", "error", "type"), "invalid_request_error"), "batch line with a bad url: %s",
           h >= 0 ? ans_line[h] : "(none)");
     CHECK(find_answer("req-24", "chat.completion") >= 0, "a request without id is named after its line (req-24)");
     CHECK(find_answer("crlf", "text_completion") >= 0, "a \\r\\n line is accepted");
@@ -526,7 +527,7 @@ static void test_lifetime(void) {
     CHECK(count_answers("long") == 3, "long: the answer, the duplicate error, the cancel ack (%d)", count_answers("long"));
     int dup = -1;
     for (int i = 0; i < n_ans; i++)
-        if (js_str_is(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
+        if (error_is(i, "duplicate_id")) dup = i;
     CHECK(dup >= 0, "duplicate id refused");
     for (int k = 0; k < 50; k++) {
         char id[16];
@@ -558,7 +559,7 @@ static void test_long_line(void) {
     CHECK(n_ans == 4, "ready + 3 answers, got %d", n_ans);
     int e = -1;
     for (int i = 0; i < n_ans; i++)
-        if (js_str_is(path(i, "error", "code", 0, 0), "line_too_long")) e = i;
+        if (error_is(i, "line_too_long")) e = i;
     CHECK(e >= 0 && path(e, "id", 0, 0, 0)->type == JS_NULL, "line_too_long with id null");
     CHECK(find_answer("before", "text_completion") >= 0 && find_answer("after", "text_completion") >= 0, "neighbours answered");
     // the same at the very end of the input, without a newline
@@ -617,7 +618,7 @@ static void test_backend_failure(void) {
     CHECK(rc == 0, "exit %d", rc);
     parse_answers();
     int b = find_answer("boom", NULL);
-    CHECK(b >= 0 && js_str_is(path(b, "error", "code", 0, 0), "server_error") && count_answers("boom") == 1, "boom: server_error");
+    CHECK(b >= 0 && error_is(b, "server_error") && count_answers("boom") == 1, "boom: server_error");
     CHECK(find_answer("ok", "text_completion") >= 0 && find_answer("later", "text_completion") >= 0, "the others answered");
     // a stream that ends at once still names the role in its (only) chunk
     snprintf(input, sizeof input, "{\"id\":\"z\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,"
@@ -658,7 +659,7 @@ static void test_admission_room(void) {
         if (a >= 0) CHECK(path(a, "usage", "completion_tokens", 0, 0)->i64 == (i < 2 ? 88 : 6), "%s ran to max_tokens: %s", ok[i], ans_line[a]);
     }
     int nv = find_answer("never", NULL);
-    CHECK(nv >= 0 && js_str_is(path(nv, "error", "code", 0, 0), "server_error") && strstr(ans_line[nv], "no room"),
+    CHECK(nv >= 0 && error_is(nv, "server_error") && strstr(ans_line[nv], "no room"),
           "a request that never fits: %s", nv >= 0 ? ans_line[nv] : "(none)");
     CHECK(tb.max_reserved <= 100, "reserves stayed within the pool (%ld)", tb.max_reserved);
     CHECK(tb.n_admitted == 5, "five admissions (%d)", tb.n_admitted);
@@ -737,7 +738,7 @@ static void test_auto_ids(void) {
     CHECK(count_answers("req-2.1") == 2, "req-2.1: the answer and one duplicate_id error (%d lines)", count_answers("req-2.1"));
     int dup = -1;
     for (int i = 0; i < n_ans; i++)
-        if (js_str_is(path(i, "error", "code", 0, 0), "duplicate_id")) dup = i;
+        if (error_is(i, "duplicate_id")) dup = i;
     CHECK(dup >= 0 && js_str_is(path(dup, "id", 0, 0, 0), "req-2.1"), "an explicit id equal to a running automatic one is a duplicate");
     CHECK(find_answer("req-5", "text_completion") >= 0, "without a clash the automatic id is req-<line>");
 }
@@ -761,7 +762,7 @@ static void test_line_forms(void) {
     CHECK(find_answer("bom", "text_completion") >= 0, "a line starting with a BOM is read");
     int bad_json = 0;
     for (int i = 0; i < n_ans; i++)
-        if (js_str_is(path(i, "error", "code", 0, 0), "invalid_json")) bad_json++;
+        if (error_is(i, "invalid_json")) bad_json++;
     CHECK(bad_json == 1, "a BOM before text that is not JSON is still invalid_json (%d)", bad_json);
     struct { const char *id, *code, *text; } errs[] = {
         {"frac", "invalid_value", "token id [1] is 1.5, not an integer"},
@@ -773,7 +774,7 @@ static void test_line_forms(void) {
     for (size_t k = 0; k < sizeof errs / sizeof errs[0]; k++) {
         int i = find_answer(errs[k].id, NULL);
         const js_node *msg = i >= 0 ? path(i, "error", "message", 0, 0) : NULL;
-        CHECK(i >= 0 && js_str_is(path(i, "error", "code", 0, 0), errs[k].code) && msg && msg->type == JS_STR &&
+        CHECK(i >= 0 && error_is(i, errs[k].code) && msg && msg->type == JS_STR &&
               strstr(msg->str, errs[k].text), "%s: %s with \"%s\": %s", errs[k].id, errs[k].code, errs[k].text,
               i >= 0 ? ans_line[i] : "(none)");
     }
@@ -807,7 +808,33 @@ static void test_read_error(void) {
     CHECK(n_ans == 1 && js_str_is(path(0, "object", 0, 0, 0), "ready"), "only the ready line: %d lines", n_ans);
 }
 
+// A chat request with three tools and two tool calls: the prompt the server feeds the backend is
+// the template's, byte for byte (this codec's ids are the bytes, the added tokens their own ids).
+static void test_tools(void) {
+    snprintf(input, sizeof input, "{\"id\":\"t\"," TOOLS3_MEMBERS ",\"max_tokens\":2,\"return_token_ids\":true}\n");
+    CHECK(run_server(input, 2, 64, 2, 4096, NULL) == 0, "serve_run");
+    parse_answers();
+    int a = find_answer("t", "chat.completion");
+    const js_node *ids = a >= 0 ? path(a, "prompt_token_ids", 0, 0, 0) : NULL;
+    static char text[16384];
+    size_t n = 0;
+    int ok = ids && ids->type == JS_ARR;
+    for (const js_node *x = ok ? js_first(ids) : NULL; x && ok; x = js_after(&ans_doc[a], ids, x)) {
+        const char *piece;
+        size_t len;
+        ok = x->type == JS_NUM && x->is_int && x->i64 >= 0 && x->i64 < TB_V && n + 16 < sizeof text;
+        if (!ok) break;
+        tb_piece(NULL, (int32_t)x->i64, 0, &piece, &len);
+        memcpy(text + n, piece, len);
+        n += len;
+    }
+    text[n] = 0;
+    CHECK(ok && !strcmp(text, TOOLS3_PROMPT), "the prompt of a request with three tools and two tool calls:\n  got  [%s]\n  want [%s]",
+          text, TOOLS3_PROMPT);
+}
+
 int main(void) {
+    test_tools();
     test_admission_room();
     test_auto_ids();
     test_line_forms();

@@ -5,6 +5,7 @@
 // ids and the greedy answers), never from this program.
 #include "../moet.c"
 #include "check.h"
+#include "chat_tools.h"
 #include <sys/wait.h>
 
 static char out_text[64 << 20];
@@ -20,18 +21,38 @@ static int e2e_on_gpu(void) {
 // on the CPU; the GPU backend cuts prompts only at multiples of 64 tokens and needs seqs + 63.
 static const char *small_budget(const char *cpu, const char *gpu) { return e2e_on_gpu() ? gpu : cpu; }
 
+// The backend every moet serve here runs on: cpu, or MOET_E2E_BACKEND (gpu under ./build.sh
+// test-gpu). Each run's stderr must say that this backend ran (e2e_backend_ran): never "auto"
+// and a silent fallback.
+static const char *e2e_backend(void) {
+    const char *backend = getenv("MOET_E2E_BACKEND");
+    return backend ? backend : "cpu";
+}
+static check_prop e2e_ran = {"every moet serve says on stderr that it ran on the backend asked for", 0, 0};
+
+// Reads the stderr a run left in file fe, (with MOET_E2E_LOG) copies it to ours, and checks the
+// backend line: "moet serve: backend gpu (" or "moet serve: backend cpu (--backend cpu)".
+static void e2e_backend_ran(int fe) {
+    static char log[1 << 20];
+    lseek(fe, 0, SEEK_SET);
+    ssize_t got = read(fe, log, sizeof log - 1);
+    log[got > 0 ? got : 0] = 0;
+    if (getenv("MOET_E2E_LOG")) fputs(log, stderr);
+    char want[64];
+    snprintf(want, sizeof want, "moet serve: backend %s (", e2e_backend());
+    CHECK_PROP(&e2e_ran, strstr(log, want) != NULL, "stderr lacks \"%s\": %.2000s", want, log);
+}
+
 // Runs ./moet serve ARGS with `in` on stdin; stdout into out_text. Returns the exit status.
 static int run_moet(const char *in, const char *const *args) {
-    char in_path[] = "/tmp/moet_e2e_in_XXXXXX", out_path[] = "/tmp/moet_e2e_out_XXXXXX";
-    int fi = mkstemp(in_path), fo = mkstemp(out_path);
-    MOET_ASSERT(fi >= 0 && fo >= 0, "temp files");
+    char in_path[] = "/tmp/moet_e2e_in_XXXXXX", out_path[] = "/tmp/moet_e2e_out_XXXXXX", err_path[] = "/tmp/moet_e2e_err_XXXXXX";
+    int fi = mkstemp(in_path), fo = mkstemp(out_path), fe = mkstemp(err_path);
+    MOET_ASSERT(fi >= 0 && fo >= 0 && fe >= 0, "temp files");
     size_t len = strlen(in);
     MOET_ASSERT(write(fi, in, len) == (ssize_t)len, "write input");
     lseek(fi, 0, SEEK_SET);
-    const char *argv[32] = {"./moet", "serve"};
-    int n = 2;
-    const char *backend = getenv("MOET_E2E_BACKEND");   // ./build.sh test-gpu: every run on the GPU
-    if (backend) argv[n++] = "--backend", argv[n++] = backend;
+    const char *argv[32] = {"./moet", "serve", "--backend", e2e_backend()};
+    int n = 4;
     for (int i = 0; args && args[i]; i++) argv[n++] = args[i];
     argv[n] = NULL;
     pid_t pid = fork();
@@ -39,13 +60,15 @@ static int run_moet(const char *in, const char *const *args) {
     if (pid == 0) {
         dup2(fi, 0);
         dup2(fo, 1);
-        int null = open("/dev/null", O_WRONLY);
-        if (!getenv("MOET_E2E_LOG")) dup2(null, 2);
+        dup2(fe, 2);
         execv("./moet", (char *const *)argv);
         _exit(127);
     }
     int st = 0;
     waitpid(pid, &st, 0);
+    e2e_backend_ran(fe);
+    close(fe);
+    unlink(err_path);
     lseek(fo, 0, SEEK_SET);
     ssize_t got = read(fo, out_text, sizeof out_text - 1);
     out_text[got > 0 ? got : 0] = 0;
@@ -184,8 +207,8 @@ static void test_protocol(void) {
     parse_answers();
     CHECK(n_ans >= 1 && js_str_is(path(0, "object", 0, 0, 0), "ready"), "ready line first");
     CHECK(find_answer("ok1", "chat.completion") >= 0 && find_answer("ok2", "text_completion") >= 0, "good requests answered");
-    CHECK(find_answer("bad1", NULL) >= 0 && path(find_answer("bad1", NULL), "error", 0, 0, 0), "bad role: error");
-    CHECK(find_answer("bad2", NULL) >= 0 && path(find_answer("bad2", NULL), "error", 0, 0, 0), "bad top_p: error");
+    CHECK(find_answer("bad1", NULL) >= 0 && error_is(find_answer("bad1", NULL), "invalid_request"), "bad role: invalid_request");
+    CHECK(find_answer("bad2", NULL) >= 0 && error_is(find_answer("bad2", NULL), "invalid_value"), "bad top_p: invalid_value");
     int batch = -1, stats = -1, nulls = 0, chunks = 0, final = -1;
     for (int i = 0; i < n_ans; i++) {
         if (js_str_is(path(i, "custom_id", 0, 0, 0), "ok3")) batch = i;
@@ -200,6 +223,10 @@ static void test_protocol(void) {
     }
     CHECK(batch >= 0 && path(batch, "response", "status_code", 0, 0)->i64 == 200, "batch line answered");
     CHECK(stats >= 0, "stats answered");
+    // the stats line agrees: device memory on the GPU, none on the CPU
+    CHECK(stats >= 0 && path(stats, "device_bytes", 0, 0, 0) &&
+          (e2e_on_gpu() ? path(stats, "device_bytes", 0, 0, 0)->i64 > 0 : path(stats, "device_bytes", 0, 0, 0)->i64 == 0),
+          "stats: device_bytes on the %s backend: %s", e2e_backend(), stats >= 0 ? ans_line[stats] : "(none)");
     CHECK(nulls == 1, "one answer with id null (the broken JSON), got %d", nulls);
     CHECK(final >= 0 && chunks >= 2, "streamed request: chunks and a final chunk");
     CHECK(n_ans == 1 + (n - 1) + chunks, "one answer per line (streams aside): %d answers", n_ans);
@@ -237,11 +264,56 @@ static void test_stream_reassembly(void) {
     }
 }
 
+// A chat request with three tools and two tool calls through the real binary: the prompt ids it
+// reports are the demo tokenizer's ids (`moet tokenize`, itself checked against Hugging Face's)
+// of the prompt the template renders, written out by hand in chat_tools.h.
+static void test_tools(void) {
+    snprintf(input, sizeof input, "{\"id\":\"t\"," TOOLS3_MEMBERS ",\"max_tokens\":4,\"return_token_ids\":true}\n");
+    const char *args[] = {"--model", "tests/fixtures/demo", NULL};
+    CHECK(run_moet(input, args) == 0, "tools: exit status");
+    parse_answers();
+    int a = find_answer("t", "chat.completion");
+    CHECK(a >= 0, "tools: answered: %s", n_ans > 1 ? ans_line[1] : "(nothing)");
+    if (a < 0) return;
+    // the expected prompt as a JSON string line for moet tokenize
+    static char line[16384], ids_text[65536];
+    js_writer w;
+    js_w_init(&w, line, sizeof line - 1);
+    js_w_str(&w, TOOLS3_PROMPT);
+    MOET_ASSERT(!w.overflow, "tools prompt line");
+    char tmp[] = "/tmp/moet_e2e_tok_XXXXXX", cmd[256];
+    int fd = mkstemp(tmp);
+    MOET_ASSERT(fd >= 0, "temp file");
+    size_t n = strlen(line);
+    line[n++] = '\n';
+    MOET_ASSERT(write(fd, line, n) == (ssize_t)n, "write");
+    close(fd);
+    snprintf(cmd, sizeof cmd, "./moet tokenize --tokenizer tests/fixtures/demo < %s", tmp);
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(ids_text, 1, sizeof ids_text - 1, p) : 0;
+    ids_text[got] = 0;
+    CHECK(p && pclose(p) == 0, "%s", cmd);
+    unlink(tmp);
+    js_doc d;
+    moet_err e = {{0}};
+    if (js_load_doc(&d, ids_text, strlen(ids_text), "moet tokenize's output", &e)) { CHECK(0, "%s", e.msg); return; }
+    const js_node *want = js_root(&d), *have = path(a, "prompt_token_ids", 0, 0, 0);
+    int same = want && have && want->type == JS_ARR && have->type == JS_ARR && want->len == have->len;
+    for (const js_node *x = same ? js_first(want) : NULL, *y = same ? js_first(have) : NULL; x && y && same;
+         x = js_after(&d, want, x), y = js_after(&ans_doc[a], have, y))
+        same = x->i64 == y->i64;
+    CHECK(same, "tools: the prompt ids differ from the tokenized template prompt (%u ids, want %u)", have ? have->len : 0,
+          want ? want->len : 0);
+    js_free_doc(&d);
+}
+
 // The first SIGTERM stops reading and lets the running request finish; the second cancels.
 static void test_signals(void) {
     for (int twice = 0; twice < 2; twice++) {
         int pin[2], pout[2];
-        MOET_ASSERT(pipe(pin) == 0 && pipe(pout) == 0, "pipe");
+        char err_path[] = "/tmp/moet_e2e_err_XXXXXX";
+        int fe = mkstemp(err_path);
+        MOET_ASSERT(pipe(pin) == 0 && pipe(pout) == 0 && fe >= 0, "pipe");
         pid_t pid = fork();
         MOET_ASSERT(pid >= 0, "fork");
         if (pid == 0) {
@@ -249,9 +321,8 @@ static void test_signals(void) {
             dup2(pout[1], 1);
             close(pin[1]);
             close(pout[0]);
-            int null = open("/dev/null", O_WRONLY);
-            dup2(null, 2);
-            execl("./moet", "./moet", "serve", (char *)NULL);
+            dup2(fe, 2);
+            execl("./moet", "./moet", "serve", "--backend", e2e_backend(), (char *)NULL);
             _exit(127);
         }
         close(pin[0]);
@@ -279,6 +350,9 @@ static void test_signals(void) {
         waitpid(pid, &st, 0);
         close(pin[1]);
         close(pout[0]);
+        e2e_backend_ran(fe);
+        close(fe);
+        unlink(err_path);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "signal x%d: exit 0 (status %d)", twice + 1, st);
         parse_answers();
         const char *want = twice ? "cancelled" : "length";
@@ -411,14 +485,22 @@ static void test_soak(void) {
             const js_node *fr = cid ? path(i, "response", "body", "choices", 0) : path(i, "choices", "0", "finish_reason", 0);
             if (cid) fr = fr ? js_get(&ans_doc[i], js_at(&ans_doc[i], fr, 0), "finish_reason") : NULL;
             if (!strcmp(want, "answer") ? fr && fr->type == JS_STR && !js_str_is(fr, "cancelled")
-                                        : js_str_is(fr, want) || js_str_is(path(i, "error", "code", 0, 0), want))
+                                        : js_str_is(fr, want) || error_is(i, want))
                 got++;
         }
         CHECK(got == 1, "soak: %s: %d lines with %s", id, got, want);
     }
-    int errors = 0;
-    for (int i = 0; i < n_ans; i++) errors += path(i, "error", 0, 0, 0) && path(i, "id", 0, 0, 0)->type == JS_NULL;
-    CHECK(errors == 4, "soak: 4 errors with id null (broken JSON, bad UTF-8, too deep, too long), got %d", errors);
+    int errors = 0, json = 0, utf8 = 0, long_ = 0;
+    for (int i = 0; i < n_ans; i++) {
+        if (!path(i, "error", 0, 0, 0) || path(i, "id", 0, 0, 0)->type != JS_NULL) continue;
+        errors++;
+        json += error_is(i, "invalid_json");   // the broken line and the one nested too deep
+        utf8 += error_is(i, "invalid_utf8");
+        long_ += error_is(i, "line_too_long");
+    }
+    CHECK(errors == 4 && json == 2 && utf8 == 1 && long_ == 1,
+          "soak: 4 errors with id null (broken JSON, bad UTF-8, too deep: invalid_json x2, invalid_utf8, line_too_long), got %d "
+          "(%d, %d, %d)", errors, json, utf8, long_);
 
     int s0 = find_answer("st_ready", "stats"), s1 = find_answer("st_end", "stats");
     CHECK(s0 >= 0 && s1 >= 0, "soak: stats lines");
@@ -471,7 +553,9 @@ int main(void) {
     TIMED(test_determinism);
     TIMED(test_protocol);
     TIMED(test_stream_reassembly);
+    TIMED(test_tools);
     TIMED(test_signals);
     TIMED(test_soak);
+    check_prop_end(&e2e_ran);
     return check_report("test_serve_e2e");
 }
