@@ -192,39 +192,39 @@ static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
 
 // ---- the plan -------------------------------------------------------------------------------
 
+// count floats of device memory carved from a, 256-byte aligned: the device address (0 while
+// measuring), never dereferenced on the host.
+static CUdeviceptr gpu_take_f32(arena *a, size_t count, const char *what) {
+    return (CUdeviceptr)(uintptr_t)arena_take(a, sizeof(float) * count, 256, what);
+}
+
 static void gpu_carve_act(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
     size_t Tm = (size_t)g->o.max_tokens, H = (size_t)c->hidden, K = (size_t)c->topk;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t projw = 2 * qd > (size_t)c->conv_dim ? 2 * qd : (size_t)c->conv_dim;
     size_t corew = qd > (size_t)c->value_dim ? qd : (size_t)c->value_dim;
-#define GPU_TAKE(field, count, what)                                                       \
-    do {                                                                                   \
-        uint8_t *p_ = arena_take(a, sizeof(float) * (size_t)(count), 256, what);          \
-        if (a->base) g->field = (uintptr_t)p_;                                             \
-    } while (0)
-    GPU_TAKE(x, Tm * H, "residual");
-    GPU_TAKE(xn, Tm * H, "normed input");
-    GPU_TAKE(y, Tm * H, "sublayer output");
-    GPU_TAKE(proj, Tm * projw, "projections");
-    GPU_TAKE(kk, Tm * kvd, "keys");
-    GPU_TAKE(vv, Tm * kvd, "values");
-    GPU_TAKE(core, Tm * corew, "mixer output");
-    GPU_TAKE(zz, Tm * c->value_dim, "GDN gate");
-    GPU_TAKE(bb, Tm * c->lv_heads, "GDN beta");
-    GPU_TAKE(aa, Tm * c->lv_heads, "GDN decay");
-    GPU_TAKE(rl, Tm * c->n_experts, "router logits");
-    GPU_TAKE(sel, Tm * K, "routing");
-    GPU_TAKE(selw, Tm * K, "routing weights");
-    GPU_TAKE(eh, Tm * K * c->inter, "expert activations");
-    GPU_TAKE(ye, Tm * K * H, "expert outputs");
-    GPU_TAKE(sg, Tm * c->shared_inter, "shared gate");
-    GPU_TAKE(su, Tm * c->shared_inter, "shared up");
-    GPU_TAKE(sh, Tm * H, "shared output");
-    GPU_TAKE(sgate, Tm, "shared expert gate");
-    GPU_TAKE(logits, Tm * c->vocab, "logits");
-    GPU_TAKE(meta, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
-#undef GPU_TAKE
+    g->x = gpu_take_f32(a, Tm * H, "residual");
+    g->xn = gpu_take_f32(a, Tm * H, "normed input");
+    g->y = gpu_take_f32(a, Tm * H, "sublayer output");
+    g->proj = gpu_take_f32(a, Tm * projw, "projections");
+    g->kk = gpu_take_f32(a, Tm * kvd, "keys");
+    g->vv = gpu_take_f32(a, Tm * kvd, "values");
+    g->core = gpu_take_f32(a, Tm * corew, "mixer output");
+    g->zz = gpu_take_f32(a, Tm * c->value_dim, "GDN gate");
+    g->bb = gpu_take_f32(a, Tm * c->lv_heads, "GDN beta");
+    g->aa = gpu_take_f32(a, Tm * c->lv_heads, "GDN decay");
+    g->rl = gpu_take_f32(a, Tm * c->n_experts, "router logits");
+    g->sel = gpu_take_f32(a, Tm * K, "routing");
+    g->selw = gpu_take_f32(a, Tm * K, "routing weights");
+    g->eh = gpu_take_f32(a, Tm * K * c->inter, "expert activations");
+    g->ye = gpu_take_f32(a, Tm * K * H, "expert outputs");
+    g->sg = gpu_take_f32(a, Tm * c->shared_inter, "shared gate");
+    g->su = gpu_take_f32(a, Tm * c->shared_inter, "shared up");
+    g->sh = gpu_take_f32(a, Tm * H, "shared output");
+    g->sgate = gpu_take_f32(a, Tm, "shared expert gate");
+    g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
+    g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
 }
 
 static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype);
