@@ -86,6 +86,11 @@ static int bench_step(engine_backend *be, int n, const int *slots, const int32_t
     return be->collect(be->self, &res, e);
 }
 
+static int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static int cmd_bench(int argc, char **argv) {
     bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192,
                     .batch = {2, {1, 16}}};
@@ -115,6 +120,7 @@ static int cmd_bench(int argc, char **argv) {
     int32_t *ids = arena_sys_alloc(sizeof(int32_t) * (size_t)Tm, "bench ids");
     int *slots = arena_sys_alloc(sizeof(int) * (size_t)maxB, "bench slots"), *off = arena_sys_alloc(sizeof(int) * (size_t)(maxB + 1), "bench offsets");
     uint8_t *want = arena_sys_alloc((size_t)maxB, "bench wants");
+    double *step_t = arena_sys_alloc(sizeof(double) * (size_t)o.gen, "bench step times");   // [gen] seconds of each timed step
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     // the result line, written to stdout whole at the end (never a partial line on a failure)
     static char line[8192 + 8 * MOET_MAX_PATH];   // 16 results + the model path escaped (≤ 6 bytes a byte)
@@ -184,9 +190,12 @@ static int cmd_bench(int argc, char **argv) {
         }
         double prefill_s = t0;
         // decode: B tokens per step
-        double t1 = 0;
+        double t1 = 0, ts = 0;
+        int n_st = 0;
         for (int step = 0; step < o.gen + 2; step++) {
             if (step == 2) t1 = moet_now();   // two warm-up steps
+            if (step > 2) step_t[n_st++] = moet_now() - ts;   // the step before this one, with its sampling
+            ts = moet_now();
             for (int s = 0; s < B; s++) {
                 slots[s] = s;
                 off[s] = s;
@@ -200,6 +209,9 @@ static int cmd_bench(int argc, char **argv) {
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
+        // time per output token over the timed steps: median and 99th percentile (nearest rank)
+        qsort(step_t, (size_t)n_st, sizeof(double), bench_cmp_double);
+        double p50 = n_st ? step_t[(n_st - 1) / 2] : dec_s, p99 = n_st ? step_t[(int)ceil(0.99 * n_st) - 1] : dec_s;
         if (use_gpu && o.profile) {   // a few more decode steps, each kernel timed
             gpu_prof_start(&gp->k);
             int steps = 4;
@@ -228,15 +240,22 @@ static int cmd_bench(int argc, char **argv) {
         js_w_key(&w, "prefill_tok_s"), js_w_num(&w, round((double)B * o.prompt / prefill_s * 10) / 10);
         js_w_key(&w, "decode_tok_s"), js_w_num(&w, round(B / step_s * 10) / 10);
         js_w_key(&w, "step_ms"), js_w_num(&w, round(step_s * 1e6) / 1e3);
+        js_w_key(&w, "step_ms_p50"), js_w_num(&w, round(p50 * 1e6) / 1e3);
+        js_w_key(&w, "step_ms_p99"), js_w_num(&w, round(p99 * 1e6) / 1e3);
         if (use_gpu) {
+            // what the same bytes would give at the copy bandwidth measured in this run
+            js_w_key(&w, "roofline_tok_s"), js_w_num(&w, round(B / (step_b / (copy_gbs * 1e9)) * 10) / 10);
             js_w_key(&w, "bytes_per_step"), js_w_num(&w, round(step_b));
             js_w_key(&w, "bytes_per_token"), js_w_num(&w, round(step_b / B));
             js_w_key(&w, "achieved_gbs"), js_w_num(&w, round(step_b / step_s / 1e8) / 10);
         }
         js_w_end_obj(&w);
-        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step)", B,
-                (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3);
-        if (use_gpu) fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy", step_b / 1e6, step_b / step_s / 1e9, copy_gbs);
+        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, "
+                        "p50 %.2f, p99 %.2f)", B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3,
+                p50 * 1e3, p99 * 1e3);
+        if (use_gpu)
+            fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy (roofline %.0f tok/s)", step_b / 1e6, step_b / step_s / 1e9, copy_gbs,
+                    B / (step_b / (copy_gbs * 1e9)));
         fputc('\n', stderr);
         for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);

@@ -328,6 +328,30 @@ static void test_model_name(void) {
     rm_rf(cmd);
 }
 
+// moet bench's line: each batch's time per output token as a median and a 99th percentile of
+// the timed steps (nearest rank), p50 <= mean-consistent <= p99, on the CPU backend.
+static void test_bench_line(void) {
+    char *bench[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "4", "--gen", "12", NULL};
+    int st = moet(bench, NULL, OUT_CAPTURE);
+    js_doc d;
+    moet_err e = {{0}};
+    char *line = strstr(r_out, "{\"object\":\"bench\"");
+    if (!exited(st, 0) || !line || js_load_doc(&d, line, strcspn(line, "\n"), "bench line", &e)) {
+        CHECK(0, "moet bench: exit %d, %s%s %s", st, r_out, r_err, e.msg);
+        return;
+    }
+    const js_node *res = js_get(&d, js_root(&d), "results");
+    int n = 0, ok = res && res->type == JS_ARR;
+    for (const js_node *r = ok ? js_first(res) : NULL; ok && n < (int)res->len; r = js_next(&d, r), n++) {
+        double mean = NAN, p50 = NAN, p99 = NAN;
+        ok &= js_num(js_get(&d, r, "step_ms"), &mean) == 0 && js_num(js_get(&d, r, "step_ms_p50"), &p50) == 0 &&
+              js_num(js_get(&d, r, "step_ms_p99"), &p99) == 0;
+        ok &= p50 > 0 && p50 <= p99 && mean <= p99 * (1 + 1e-9) && p50 <= mean * 10;
+    }
+    CHECK(ok && n == 2, "moet bench: step_ms_p50 and step_ms_p99 for each batch: %s", line);
+    js_free_doc(&d);
+}
+
 // 5. A UTF-8 byte order mark at the start of a line is skipped by every line reader.
 static void test_bom(void) {
     char *tkz[] = {"moet", "tokenize", "--tokenizer", DEMO, NULL};
@@ -861,6 +885,7 @@ int main(void) {
     test_empty_out();
     test_stdout_fails();
     test_model_name();
+    test_bench_line();
     test_bom();
     test_numbers();
     test_tool_arguments();
