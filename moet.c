@@ -3276,6 +3276,8 @@ static const char serve_usage[] =
     "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
     "                          and head) or f32\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
+    "  --host-margin-gb G      on a GPU that shares the host's memory (GB10): GiB of MemAvailable\n"
+    "                          the memory plan leaves the host (default 4)\n"
     "  --prefix-block N        prefix cache: the model state is kept after every N prompt tokens\n"
     "                          (default 256; on the GPU a multiple of 64), and a request whose\n"
     "                          prompt starts with kept blocks computes only the rest\n"
@@ -3291,6 +3293,7 @@ static const char serve_usage[] =
 typedef struct {
     const char *model, *planes, *name, *backend, *kv_dtype, *thinking;
     int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
+    double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
     int prefix_block;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
     double prefix_gb;          // < 0: room for MOET_PREFIX_BLOCKS blocks
     uint64_t seed;
@@ -3309,6 +3312,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_CHOICE("--backend", serve_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", serve_flags, kv_dtype, "bf16|fp8|f32"),
     FLAG_INT("--threads", serve_flags, threads, 1, MOET_MAX_THREADS),
+    FLAG_NUM("--host-margin-gb", serve_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--prefix-block", serve_flags, prefix_block, 1, 1 << 20),
     FLAG_NUM("--prefix-cache-gb", serve_flags, prefix_gb, 0, 1 << 20),
     FLAG_STR("--served-model-name", serve_flags, name, MOET_MAX_ID),
@@ -3318,7 +3322,7 @@ static const moet_flag serve_flag_table[] = {
 
 static int cmd_serve(int argc, char **argv) {
     serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
-                      .threads = 1, .prefix_gb = -1};
+                      .threads = 1, .prefix_gb = -1, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("serve", serve_usage, serve_flag_table, (int)(sizeof serve_flag_table / sizeof serve_flag_table[0]), argc,
                         argv, &fl);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
@@ -3399,7 +3403,7 @@ static int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     int pblock = prefix_block ? prefix_block : MOET_PREFIX_BLOCK < max_len ? MOET_PREFIX_BLOCK : 0;
-    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt};
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb};
     if (engine_open_prefix(&E, backend, &m, &eo, pblock, prefix_gb, "moet serve", &e)) goto fail;
     have_r = 1;
     if (E.be.prefix_blocks) {
@@ -3511,6 +3515,8 @@ static const char run_usage[] =
     "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
     "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
     "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
+    "  --host-margin-gb G   on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
+    "                       memory plan leaves the host (default 4)\n"
     "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
     "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
     "  -h, --help           this text\n";
@@ -3518,6 +3524,7 @@ static const char run_usage[] =
 typedef struct {
     const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes;
     int greedy, dump_hidden, threads, chunk, no_verify, strict_revision;
+    double host_margin_gb;
 } run_flags;
 
 static const moet_flag run_flag_table[] = {
@@ -3530,6 +3537,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_CHOICE("--backend", run_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", run_flags, kv_dtype, "bf16|fp8|f32"),
     FLAG_INT("--threads", run_flags, threads, 1, MOET_MAX_THREADS),
+    FLAG_NUM("--host-margin-gb", run_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
     FLAG_FILE("--planes", run_flags, planes),
     FLAG_SWITCH("--no-verify", run_flags, no_verify),
@@ -3537,7 +3545,7 @@ static const moet_flag run_flag_table[] = {
 };
 
 static int cmd_run(int argc, char **argv) {
-    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .threads = 1, .chunk = 512};
+    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .threads = 1, .chunk = 512, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("run", run_usage, run_flag_table, (int)(sizeof run_flag_table / sizeof run_flag_table[0]), argc, argv, &fl);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!fl.model || (!fl.ids == !fl.ids_file))
@@ -3592,7 +3600,7 @@ static int cmd_run(int argc, char **argv) {
             goto fail;
         }
     if (chunk > T) chunk = T;
-    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt};
+    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt, fl.host_margin_gb};
     if (engine_open(&E, backend, &m, &eo, "moet run", &e)) goto fail;
     have_e = 1;
     // a cut inside the prompt must lie at a multiple of the backend's chunk_align for the

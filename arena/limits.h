@@ -58,6 +58,7 @@
 #define MOET_MAX_EOS_IDS       8        // eos_token_id entries of generation_config.json
 #define MOET_MAX_LOGPROBS      20       // top_logprobs per position (OpenAI's limit)
 #define MOET_MAX_SEQS          4096     // --max-num-seqs
+#define MOET_HOST_MARGIN_GB    4.0      // --host-margin-gb: on a GPU that shares the host's memory (GB10), what the plan leaves the host
 #define MOET_MAX_QUEUE         65536    // --max-queue (requests read and waiting for a slot)
 #define MOET_TEXT_PER_TOKEN    8        // planned output text bytes per token (past it: "length")
 #define MOET_OUT_BUFFER        (64u << 10) // stdout buffer; a line longer than it is written in pieces

@@ -62,6 +62,7 @@ typedef struct {
     int top_k;                    // log-probabilities it keeps per token
     const char *ref;              // compare with this reference file
     int progress;                 // progress lines on stderr
+    double host_margin_gb;        // GPU sharing the host's memory: GiB of MemAvailable left to the host
 } eval_opts;
 
 typedef struct {
@@ -955,7 +956,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     if (o->save_ref && eval_out_open(&E, e)) goto out;
     // the engine: a slot per window run at once, each as long as the longest window
     engine_opts eo = {E.max_seqs, E.longest, E.mbt, o->threads, o->kv_dtype, o->planes,
-                      {o->no_verify, o->strict_revision, 0, o->progress}};
+                      {o->no_verify, o->strict_revision, 0, o->progress}, o->host_margin_gb};
     if (engine_open(&EA, o->backend ? o->backend : "auto", &m, &eo, "moet eval", e)) goto out;
     have_r = 1;
     engine_backend be = EA.be;
@@ -1080,6 +1081,8 @@ static const char eval_usage[] =
     "                          gpu or cpu\n"
     "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
+    "  --host-margin-gb G      on a GPU that shares the host's memory (GB10): GiB of MemAvailable\n"
+    "                          the memory plan leaves the host (default 4)\n"
     "  -q, --quiet             no progress lines on stderr\n"
     "  -h, --help              this text\n";
 
@@ -1109,11 +1112,12 @@ static const moet_flag eval_flag_table[] = {
     FLAG_CHOICE("--backend", eval_flags, o.backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", eval_flags, kv_dtype, "bf16|fp8|f32"),
     FLAG_INT("--threads", eval_flags, o.threads, 1, MOET_MAX_THREADS),
+    FLAG_NUM("--host-margin-gb", eval_flags, o.host_margin_gb, 0, 1 << 20),
     {.name = "--quiet", .alias = "-q", .kind = ARG_SWITCH, .at = offsetof(eval_flags, quiet)},
 };
 
 static int cmd_eval(int argc, char **argv) {
-    eval_flags fl = {.kv_dtype = "bf16"};
+    eval_flags fl = {.kv_dtype = "bf16", .o.host_margin_gb = MOET_HOST_MARGIN_GB};
     eval_opts *op = &fl.o;
     op->max_seqs = 8;
     op->max_batch_tokens = 512;

@@ -14,6 +14,7 @@ typedef struct {
     moet_list batch;
     int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify;
     pf_serve_opts popt;
+    double host_margin_gb;
 } bench_opts;
 
 static const char bench_usage[] =
@@ -33,6 +34,8 @@ static const char bench_usage[] =
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
+    "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
+    "                        memory plan leaves the host (default 4)\n"
     "  -h, --help            this text\n";
 
 static const moet_flag bench_flag_table[] = {
@@ -48,6 +51,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_CHOICE("--backend", bench_opts, backend, "auto|gpu|cpu"),
     FLAG_SWITCH("--profile", bench_opts, profile),
     FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
+    FLAG_NUM("--host-margin-gb", bench_opts, host_margin_gb, 0, 1 << 20),
 };
 
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
@@ -92,7 +96,7 @@ static int bench_cmp_double(const void *a, const void *b) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192,
+    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
                     .batch = {2, {1, 16}}};
     int arc = moet_args("bench", bench_usage, bench_flag_table, (int)(sizeof bench_flag_table / sizeof bench_flag_table[0]), argc,
                         argv, &o);
@@ -111,7 +115,7 @@ static int cmd_bench(int argc, char **argv) {
     int max_len = o.depth + o.gen + (o.profile ? 4 : 0), rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
     double copy_gbs = 0;
-    engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt};
+    engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb};
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;

@@ -22,6 +22,7 @@ typedef struct {
 typedef struct {
     int max_seqs, max_len, max_tokens;   // slots, tokens per sequence, tokens per step
     int kv_dtype;                        // GPU_KV_*
+    size_t host_margin;                  // bytes of the host's MemAvailable a GPU sharing it leaves alone
 } gpu_opts;
 
 typedef struct {
@@ -338,6 +339,56 @@ static size_t gpu_mem_available(void) {
     return p && sscanf(p + 13, "%llu", &kb) == 1 ? (size_t)kb * 1024 : 0;
 }
 
+// ---- the plan against the memory there is ----------------------------------------------------
+//
+// What gpu_init must fit: the fixed arenas (weights, expert pool, state, activations on the
+// device; pinned staging and the engine's host arena in host memory) and then as many KV pages as
+// every sequence at full length needs, or what is left. On a discrete GPU the device arenas fit
+// in the device's free memory. On a GPU that shares the host's memory (GB10: integrated) every
+// arena is the same memory, so all of them, pinned staging and the host arena included, must fit
+// in the smaller of the device's free memory and the host's MemAvailable less host_margin (what
+// the plan leaves the host and its other work); the boot then refuses with what did not fit,
+// before anything is allocated. Managed memory is never used.
+typedef struct {
+    size_t weights, pool, state, act, pinned, host;   // bytes of the fixed arenas
+    size_t page_bytes;          // one KV page of every attention layer, keys and values (0: none)
+    size_t want_pages;          // every sequence at full length (+ the prefix blocks' pages)
+    size_t min_pages;           // one sequence at full length
+    size_t device_free;         // cuMemGetInfo's free bytes
+    int integrated;             // the device's memory is the host's
+    size_t mem_available;       // the host's MemAvailable (0: unknown)
+    size_t host_margin;         // bytes left to the host on an integrated device
+} gpu_fit_in;
+
+#define GPU_ARENA_SLACK ((size_t)(64u << 20) * 6)   // alignment slack over the six device arenas
+#define GPU_DRIVER_HEADROOM ((size_t)1 << 30)       // the driver's own needs (module, streams, events)
+
+// The KV pages that fit (*pages, at most want_pages), or -1 with e saying what did not fit.
+static int gpu_plan_fit(const gpu_fit_in *in, const char *device, int max_len, size_t *pages, moet_err *e) {
+    const double G = 1073741824.0;
+    size_t budget = in->device_free, fixed = in->weights + in->pool + in->state + in->act + GPU_ARENA_SLACK;
+    const char *what = "free on the device";
+    if (in->integrated) {
+        fixed += in->pinned + in->host;
+        if (in->mem_available) {
+            size_t host = in->mem_available > in->host_margin ? in->mem_available - in->host_margin : 0;
+            if (host < budget) budget = host, what = "the host's MemAvailable less --host-margin-gb";
+        }
+    }
+    if (fixed + GPU_DRIVER_HEADROOM > budget)
+        return err_set(e, "the model does not fit on %s: weights %.2f GiB + expert pool %.2f GiB + state %.2f GiB + activations %.2f GiB%s "
+                          "+ %.2f GiB for the driver > %.2f GiB %s (less --max-num-seqs or --max-batch-tokens%s?)",
+                       device, in->weights / G, in->pool / G, in->state / G, in->act / G,
+                       in->integrated ? " + pinned staging and host arenas" : "", GPU_DRIVER_HEADROOM / G, budget / G, what,
+                       in->integrated ? ", or a smaller --host-margin-gb" : "");
+    size_t room = budget - fixed - GPU_DRIVER_HEADROOM, fit = in->page_bytes ? room / in->page_bytes : in->want_pages;
+    if (fit < in->min_pages)
+        return err_set(e, "the KV cache does not fit: one sequence of %d tokens needs %.2f GiB, %.2f GiB are left after the weights "
+                          "(lower --max-model-len)", max_len, (double)in->min_pages * in->page_bytes / G, room / G);
+    *pages = fit < in->want_pages ? fit : in->want_pages;
+    return 0;
+}
+
 // Opens the GPU, plans and allocates every arena, uploads the weights and (planes != NULL) loads
 // the routed experts from the plane file into the slot pool. Returns -1 with e set when there is
 // no GPU, the geometry is not supported, or the plan does not fit. With pfx_blocks > 0 it also
@@ -423,25 +474,17 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
-    if (g->dev.integrated) {   // GB10: device memory is the host's; leave the host what it has not yet given out
-        size_t avail = gpu_mem_available();
-        if (avail && avail < free_b) free_b = avail;
-    }
-    size_t fixed = pw.used + pool_bytes + ps.used + pa.used + (64u << 20) * 6;   // + alignment slack per arena
-    size_t headroom = (size_t)1 << 30;   // the driver's own needs (module, graphs, streams)
-    if (fixed + headroom > free_b)
-        return err_set(e, "the model does not fit on %s: weights %.2f GiB + expert pool %.2f GiB + state %.2f GiB + activations %.2f GiB "
-                          "> %.2f GiB free (less --max-num-seqs or --max-batch-tokens?)",
-                       g->dev.name, pw.used / 1073741824.0, pool_bytes / 1073741824.0, ps.used / 1073741824.0,
-                       pa.used / 1073741824.0, free_b / 1073741824.0), gpu_free(g), -1;
-    size_t room = free_b - fixed - headroom, fit = g->page_bytes_all ? room / g->page_bytes_all : want_pages;
+    arena ph0 = arena_measure("engine host");
+    g->n_pages = want_pages;   // the host arena with its page lists at their longest
+    gpu_carve_host(g, &ph0);
+    gpu_fit_in fit_in = {pw.used, pool_bytes, ps.used, pa.used, pp.used, ph0.used, g->page_bytes_all, want_pages,
+                         c->n_full ? (size_t)g->bt_stride : want_pages, free_b, g->dev.integrated,
+                         g->dev.integrated ? gpu_mem_available() : 0, o->host_margin};
+    size_t fit = 0;
+    if (gpu_plan_fit(&fit_in, g->dev.name, o->max_len, &fit, e)) return gpu_free(g), -1;
     if (fit < want_pages) {
-        size_t one = (size_t)g->bt_stride;
-        if (fit < one)
-            return err_set(e, "the KV cache does not fit: one sequence of %d tokens needs %.2f GiB, %.2f GiB are left after the weights "
-                              "(lower --max-model-len)", o->max_len, (double)one * g->page_bytes_all / 1073741824.0,
-                           room / 1073741824.0), gpu_free(g), -1;
-        fprintf(stderr, "moet: KV cache limited by GPU memory: %zu of %zu pages (requests wait for room)\n", fit, want_pages);
+        fprintf(stderr, "moet: KV cache limited by %s memory: %zu of %zu pages (requests wait for room)\n",
+                g->dev.integrated ? "the host's" : "GPU", fit, want_pages);
         want_pages = fit;
     }
     g->n_pages = want_pages;

@@ -938,6 +938,32 @@ static void plan_grids(void) {
     CHECK(gpu_plan_grids(&c, 16, 70000, &e) == -1 && strstr(e.msg, "rows of a step"), "70,000 rows per step are refused: %s", e.msg);
 }
 
+// gpu_plan_fit on a simulated device: a discrete GPU fits its device arenas in its free memory;
+// a GPU that shares the host's memory (integrated, GB10) must also fit pinned staging and the
+// host arena, in the smaller of its free memory and MemAvailable less the host margin. A plan
+// that does not fit is refused with what did not fit (gpu_init checks it before it allocates
+// anything); a KV cache too small for every sequence is cut to what fits. Runs without a GPU.
+static void plan_fit(void) {
+    const size_t G = (size_t)1 << 30;
+    moet_err e = {{0}};
+    size_t pages = 0;
+    // 10 GiB of weights and pool, 2 of state and activations, 2 GiB pinned, 1 MiB host; KV pages of 1 MiB;
+    // the arenas' alignment slack is 384 MiB, the driver's headroom 1 GiB
+    gpu_fit_in in = {8 * G, 2 * G, G, G, 2 * G, 1 << 20, 1 << 20, 50000, 1000, 80 * G, 0, 0, 4 * G};
+    CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == 0 && pages == 50000, "80 GiB free: every page (%zu): %s", pages, e.msg);
+    in.device_free = 20 * G;   // 20 GiB − 12 GiB − 384 MiB − 1 GiB = 6,784 MiB: 6,784 pages
+    CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == 0 && pages == 6784, "20 GiB free: the KV cache cut to %zu pages", pages);
+    in.device_free = 14 * G;   // 640 MiB left: less than one sequence's 1,000 pages
+    CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == -1 && strstr(e.msg, "KV cache does not fit"), "%s", e.msg);
+    in.device_free = 100 * G, in.integrated = 1, in.mem_available = 18 * G;   // 18 − 4 = 14 GiB for 14 GiB + 385 MiB + 1 GiB
+    CHECK(gpu_plan_fit(&in, "an integrated GPU", 16000, &pages, &e) == -1 && strstr(e.msg, "MemAvailable less --host-margin-gb") &&
+              strstr(e.msg, "pinned staging"), "integrated, MemAvailable 18 GiB, margin 4: refused with what did not fit: %s", e.msg);
+    in.host_margin = 0;   // 18 GiB − 15 GiB − 385 MiB = 2,687 MiB of pages
+    CHECK(gpu_plan_fit(&in, "an integrated GPU", 16000, &pages, &e) == 0 && pages == 2687, "integrated, margin 0: %zu pages: %s", pages, e.msg);
+    in.integrated = 0;   // the same memory on a discrete GPU: pinned and host are not device memory, MemAvailable not its limit
+    CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == 0 && pages == 50000, "discrete, 100 GiB: every page (%zu)", pages);
+}
+
 // Steps of 8,192 and 16,384 tokens of a top-8 model (token × choice pairs past grid.y's 65,535)
 // and the plan's largest step (65,535 · GPU_LIN_TT tokens, a model of GDN layers only) launch,
 // and give the bits of the same prompt in chunks of 4,096 or 65,536 (chunk invariance).
@@ -1055,6 +1081,7 @@ int main(void) {
     moet_err e = {{0}};
     launch_limits();
     plan_grids();
+    plan_fit();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
         if (req && *req == '1') CHECK(0, "the GPU tests: a GPU is required (MOET_REQUIRE_GPU=1): %s", e.msg);
