@@ -25,7 +25,9 @@
 //   after mtp.norm:                                  measured 4.5e-6 → bound 1e-5
 //   logits:                                          measured 4.9e-6 → bound 1e-5
 // (the same for both layouts: the same values in the same order). Wrong equations give far more
-// (MUTATIONS below, measured by planting each in ref_mtp).
+// (tests/mutations.txt, "mtp:"): the embedding normed with the hidden state's weight 1.2 – 2.8,
+// the fc input's halves swapped 6 – 14, the MoE left out 4.7 – 14 (fc and the norms stay exact
+// there); rows placed from position 0 on every call fail the row-by-row check.
 #define MTP_TOL_NORM 2e-6
 #define MTP_TOL_FC 5e-6
 #define MTP_TOL_LAYER 3e-5
