@@ -12,7 +12,8 @@
 //      input_scale is ignored (weight-only); unlisted modules are BF16.
 // Names may be prefixed `model.language_model.` (the VL checkpoints) or `model.`; `model.visual.*`
 // is not read. The multi-token-prediction head `mtp.*` (sass/MODEL.md §6), when the shards
-// hold it or ck_mtp_open names its own file, is read into ck_model.mtp in either expert layout. Weights stay in the mapping in their stored precision: a ck_mat
+// hold it or ck_mtp_open names its own file, is read into ck_model.mtp in either expert layout
+// (a malformed one in the shards is not loaded; ck_mtp_need reports why). Weights stay in the mapping in their stored precision: a ck_mat
 // describes one matrix and ck_row_f32 / ck_row_f64 decode one row of it exactly.
 
 // ---- element decoders --------------------------------------------------------------------
@@ -353,6 +354,7 @@ typedef struct {
     ck_mat norm;                     // [1, H] zero-centred, before the shared lm_head
     char expert_layout[8];           // "fused" (gate_up_proj [E, 2I, H], down_proj [E, H, I]) or "split"
     st_set *file;                    // the head's own safetensors file (ck_mtp_open with a path), else NULL
+    moet_err refused;                // why the mtp.* tensors the shards hold are not a head (present = 0)
 } ck_mtp;
 
 typedef struct {
@@ -682,13 +684,15 @@ static int ck_mtp_load(ck_model *m, const ck_quant *q, moet_err *e) {
         return err_set(e, "%s: mtp_num_hidden_layers = %d: only a one-layer multi-token-prediction head is supported", m->dir,
                        c->mtp_layers);
     ck_mat *xm = (ck_mat *)(m->mem + (size_t)c->n_layers * sizeof(ck_layer)) + (size_t)3 * c->n_layers * E;
+    st_set *file = h->file;
     memset(h, 0, sizeof *h);
+    h->file = file;
     h->layer.gate = xm;
     h->layer.up = xm + E;
     h->layer.down = xm + 2 * E;
     int64_t fs[2] = {H, 2 * H};
     const st_tensor *fc = ck_tensor(m, "mtp.fc.weight", CK_DT_FLOAT, 2, fs, "input cat(normed embedding, normed hidden)", e);
-    if (!fc) return err_wrap(e, "the multi-token-prediction head");
+    if (!fc) return err_wrap(e, "the multi-token-prediction head");   // (h->present is 0)
     ck_float_mat(&h->fc, fc, H, 2 * H);
     char keep[sizeof m->expert_format];   // the main layers' expert format stays what it was
     memcpy(keep, m->expert_format, sizeof keep);
@@ -697,7 +701,7 @@ static int ck_mtp_load(ck_model *m, const ck_quant *q, moet_err *e) {
              ck_vector(m, "mtp.norm.weight", H, &h->norm, e) || ck_layer_at(m, q, "mtp.layers.0.", 1, &h->layer, e);
     memcpy(m->expert_format, keep, sizeof keep);
     if (rc) {
-        memset(h, 0, sizeof *h);
+        h->present = 0;
         return err_wrap(e, "the multi-token-prediction head");
     }
     snprintf(h->expert_layout, sizeof h->expert_layout, "%s", ck_find(m, "mtp.layers.0.mlp.experts.gate_up_proj") ? "fused" : "split");
@@ -769,7 +773,9 @@ static int ck_open(ck_model *m, const char *dir, moet_err *e) {
         L->down = xm + (size_t)(3 * l + 2) * c->n_experts;
         if (ck_layer_load(m, &q, l, e)) goto out;
     }
-    if (ck_mtp_in(&m->st) && ck_mtp_load(m, &q, e)) goto out;   // a head in the shards: loaded, or refused
+    // mtp.* tensors in the shards: the head, or the reason they are not one (kept for ck_mtp_need;
+    // the main model does not depend on them)
+    if (ck_mtp_in(&m->st) && ck_mtp_load(m, &q, &m->mtp.refused)) m->mtp.present = 0;
     rc = 0;
 out:
     ck_quant_free(&q);
@@ -812,6 +818,14 @@ static int ck_mtp_open(ck_model *m, const char *path, moet_err *e) {
     }
     m->mtp.file = s;
     return 0;
+}
+
+// For a caller that needs the head: 0 when the model has one, else -1 with why (the shards'
+// mtp.* tensors refused, with the tensor named, or none at all).
+static int ck_mtp_need(const ck_model *m, moet_err *e) {
+    if (m->mtp.present) return 0;
+    if (m->mtp.refused.msg[0]) return err_set(e, "%s", m->mtp.refused.msg);
+    return err_set(e, "%s: no multi-token-prediction head (no mtp.* tensor in the checkpoint)", m->dir);
 }
 
 // Makes the weight bytes of one matrix resident (arena_resident). Plane matrices point into an

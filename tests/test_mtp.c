@@ -248,7 +248,8 @@ int main(void) {
     CHECK(rc && !m.mtp.present && strstr(e.msg, gone) && strstr(e.msg, "missing"), "per-expert, expert 7's up_proj missing: %s", e.msg);
     CHECK(ck_mtp_open(&m, MTP_DIR "/golden_mtp.safetensors", &e) && strstr(e.msg, "no mtp.* tensor"), "not a head: %s", e.msg);
 
-    // a head in the checkpoint's own shards: ck_open loads it; a malformed one refuses the model
+    // a head in the checkpoint's own shards: ck_open loads it; a malformed one leaves the model
+    // without a head, the reason kept for whoever needs it (ck_mtp_need)
     char cwd[512], dir[700], cmd[4096];
     MOET_ASSERT(getcwd(cwd, sizeof cwd), "getcwd");
     snprintf(dir, sizeof dir, "%s/ck", tmp);
@@ -278,9 +279,24 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm '%s/model-mtp.safetensors' && mv '%s/bad.safetensors' '%s/model-mtp.safetensors'", dir, tmp, dir);
     MOET_ASSERT(system(cmd) == 0, "%s", cmd);
     rc = ck_open(&m2, dir, &e);
-    CHECK(rc && strstr(e.msg, "multi-token-prediction head") && strstr(e.msg, "mtp.layers.0.mlp.gate.weight"),
-          "a malformed head in the shards: ck_open gave %d: %s", rc, e.msg);
-    if (!rc) ck_close(&m2);
+    CHECK(rc == 0 && !m2.mtp.present, "a malformed head in the shards: ck_open gave %d (%s), head present %d", rc, e.msg,
+          m2.mtp.present);
+    rc = ck_mtp_need(&m2, &e);
+    CHECK(rc && strstr(e.msg, "multi-token-prediction head") && strstr(e.msg, "missing tensor 'mtp.layers.0.mlp.gate.weight'"),
+          "a malformed head in the shards: ck_mtp_need gave %d: %s", rc, e.msg);
+    if (m2.mem) ck_close(&m2);
+    // the tiny fixture holds three stray mtp.* tensors, not a head; the demo none at all
+    if (ck_open(&m2, "tests/fixtures/tiny/nvfp4", &e) == 0) {
+        rc = ck_mtp_need(&m2, &e);
+        CHECK(!m2.mtp.present && rc && strstr(e.msg, "missing tensor 'mtp.pre_fc_norm_embedding.weight'"), "tiny: %s", e.msg);
+        ck_close(&m2);
+    } else CHECK(0, "%s", e.msg);
+    CHECK(ck_mtp_open(&m, MTP_DIR "/mtp.safetensors", &e) == 0 && ck_mtp_need(&m, &e) == 0, "the demo with the head of its own file: %s",
+          e.msg);
+    if (ck_open(&m2, DEMO_DIR, &e) == 0) {
+        CHECK(ck_mtp_need(&m2, &e) && strstr(e.msg, "no multi-token-prediction head"), "demo alone: %s", e.msg);
+        ck_close(&m2);
+    } else CHECK(0, "%s", e.msg);
 
     printf("mtp: normalised max error over 3 prompts x 2 layouts: pre-fc norms %.2g (bound %.2g), fc %.2g (%.2g), layer %.2g (%.2g), "
            "mtp.norm %.2g (%.2g), logits %.2g (%.2g)\n",
