@@ -580,7 +580,8 @@ static int ck_vector(const ck_model *m, const char *name, int n, ck_mat *out, mo
 
 // Routed experts of the layer named p ("model.layers.3.", "mtp.layers.0."): fused 3-D tensors,
 // or one module per expert.
-static int ck_experts(ck_model *m, const ck_quant *q, const char *p, ck_layer *L, moet_err *e) {
+// `label` names the layer in messages ("layer 3").
+static int ck_experts(ck_model *m, const ck_quant *q, const char *p, const char *label, ck_layer *L, moet_err *e) {
     const ck_config *c = &m->cfg;
     int E = c->n_experts, I = c->inter, H = c->hidden;
     char name[MOET_MAX_NAME + 64];
@@ -608,8 +609,7 @@ static int ck_experts(ck_model *m, const ck_quant *q, const char *p, ck_layer *L
     }
     snprintf(name, sizeof name, "%smlp.experts.0.gate_proj.weight", p);
     if (!ck_find(m, name))
-        return err_set(e, "%s: layer %.*s has no routed experts: neither %smlp.experts.gate_up_proj nor %s", m->dir,
-                       (int)strlen(p) - 1, p, p, name);
+        return err_set(e, "%s: %s has no routed experts: neither %smlp.experts.gate_up_proj nor %s", m->dir, label, p, name);
     for (int x = 0; x < E; x++) {
         snprintf(name, sizeof name, "%smlp.experts.%d.gate_proj", p, x);
         if (ck_linear(m, q, name, I, H, &L->gate[x], e)) return -1;
@@ -625,7 +625,7 @@ static int ck_experts(ck_model *m, const ck_quant *q, const char *p, ck_layer *L
 
 // The decoder layer named p ("model.layers.3.", "mtp.layers.0."): gated full attention when
 // full, else Gated DeltaNet; then the MoE.
-static int ck_layer_at(ck_model *m, const ck_quant *q, const char *p, int full, ck_layer *L, moet_err *e) {
+static int ck_layer_at(ck_model *m, const ck_quant *q, const char *p, const char *label, int full, ck_layer *L, moet_err *e) {
     const ck_config *c = &m->cfg;
     int H = c->hidden;
     char n[MOET_MAX_NAME + 64];
@@ -664,13 +664,14 @@ static int ck_layer_at(ck_model *m, const ck_quant *q, const char *p, int full, 
         ck_linear(m, q, CK_NAME("mlp.shared_expert_gate"), 1, H, &L->sh_gate_w, e))
         return -1;
 #undef CK_NAME
-    return ck_experts(m, q, p, L, e);
+    return ck_experts(m, q, p, label, L, e);
 }
 
 static int ck_layer_load(ck_model *m, const ck_quant *q, int l, moet_err *e) {
-    char p[MOET_MAX_NAME];
+    char p[MOET_MAX_NAME], label[32];
     snprintf(p, sizeof p, "%slayers.%d.", m->prefix, l);
-    return ck_layer_at(m, q, p, m->cfg.full_attn[l], &m->layers[l], e);
+    snprintf(label, sizeof label, "layer %d", l);
+    return ck_layer_at(m, q, p, label, m->cfg.full_attn[l], &m->layers[l], e);
 }
 
 // The mtp.* head from the set ck_find reads (sass/MODEL.md §6): every tensor checked by name,
@@ -698,7 +699,7 @@ static int ck_mtp_load(ck_model *m, const ck_quant *q, moet_err *e) {
     memcpy(keep, m->expert_format, sizeof keep);
     int rc = ck_vector(m, "mtp.pre_fc_norm_embedding.weight", H, &h->norm_emb, e) ||
              ck_vector(m, "mtp.pre_fc_norm_hidden.weight", H, &h->norm_hid, e) ||
-             ck_vector(m, "mtp.norm.weight", H, &h->norm, e) || ck_layer_at(m, q, "mtp.layers.0.", 1, &h->layer, e);
+             ck_vector(m, "mtp.norm.weight", H, &h->norm, e) || ck_layer_at(m, q, "mtp.layers.0.", "the MTP layer", 1, &h->layer, e);
     memcpy(m->expert_format, keep, sizeof keep);
     if (rc) {
         h->present = 0;
