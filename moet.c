@@ -877,6 +877,8 @@ typedef struct {
     float *k, *v;   // [n_full, max_len, kvh·hd] keys (after k_norm and RoPE) and values
     float *conv;    // [n_gdn, conv_k − 1, conv_dim] the last conv_k − 1 pre-conv inputs, oldest first
     float *ssm;     // [n_gdn, lv_heads, lk_dim, lv_dim] Gated DeltaNet state S (fp32)
+    int mtp_pos;    // rows already in the MTP head's own cache (the next row's RoPE position)
+    float *mtp_k, *mtp_v;  // [max_len, kvh·hd] the MTP head's keys and values (models with a head)
 } ref_seq;
 
 typedef struct ref_engine_s {
@@ -906,6 +908,7 @@ typedef struct ref_engine_s {
     float *scores;   // [max_len] attention scores of one query
     float *tmp;      // [max(conv_dim, 2·lv_dim, ...)] per-token temporaries
     float *inv_freq; // [rot_dim / 2]
+    float *mtp_in;   // [Tm, 2H] the MTP head's fc input (models with a head)
     // workers for the matrix products: threads − 1 pthreads started at init on stacks carved
     // from the engine's arena; a step hands them row ranges and waits (no allocation per call)
     struct ref_linear_job *jobs;   // [threads]
@@ -964,7 +967,12 @@ static void ref_carve(ref_engine *r, arena *a) {
         ARENA_TAKE(a, q->v, (size_t)c->n_full * r->max_len * kvd, "KV cache values");
         ARENA_TAKE(a, q->conv, (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim, "conv windows");
         ARENA_TAKE(a, q->ssm, (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim, "GDN states");
+        if (r->m->mtp.present) {
+            ARENA_TAKE(a, q->mtp_k, (size_t)r->max_len * kvd, "MTP head keys");
+            ARENA_TAKE(a, q->mtp_v, (size_t)r->max_len * kvd, "MTP head values");
+        }
     }
+    if (r->m->mtp.present) ARENA_TAKE(a, r->mtp_in, Tm * 2 * H, "MTP head input");
     ARENA_TAKE(a, r->x, Tm * H, "residual");
     ARENA_TAKE(a, r->xn, Tm * H, "normed input");
     ARENA_TAKE(a, r->y, Tm * H, "sublayer output");
@@ -1001,6 +1009,7 @@ static void ref_reset(ref_engine *r, int slot) {
     const ck_config *c = &r->m->cfg;
     ref_seq *q = &r->seqs[slot];
     q->pos = 0;
+    q->mtp_pos = 0;
     memset(q->conv, 0, sizeof(float) * (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim);
     memset(q->ssm, 0, sizeof(float) * (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
 }
@@ -1662,6 +1671,69 @@ static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *id
     if (hidden) memcpy(hidden[c->n_layers], r->xn, sizeof(float) * (size_t)nrows * H);
     if (nrows) ref_linear(r, &m->lm_head, r->xn, H, nrows, logits, V);
     return 0;
+}
+
+// The multi-token-prediction head (sass/MODEL.md §6) over n rows appended to slot `slot`'s own
+// MTP cache: row i reads h[i] (the main model's hidden state after its final norm at position
+// p_i, e.g. ref_forward's hidden[L]) and next[i] (the token at p_i + 1) and is computed at RoPE
+// position mtp_pos + i, so rows fed in order from a fresh slot sit at p_i. The head's layer runs
+// the main model's ops on the step scratch (it overwrites what ref_forward left there).
+// logits: NULL, or [n, V], the head's prediction of the token at p_i + 2. stages: NULL, or 5
+// buffers [n, H]: the normed embedding, the normed hidden state, the fc output u, the layer's
+// output z (residual stream), z after the head's norm.
+static void ref_mtp(ref_engine *r, int slot, int n, const float *h, const int32_t *next, float *logits, float **stages) {
+    const ck_model *m = r->m;
+    const ck_config *c = &m->cfg;
+    const ck_mtp *M = &m->mtp;
+    const ck_layer *L = &M->layer;
+    int H = c->hidden, V = c->vocab, hd = c->head_dim, nh = c->n_heads, qd = nh * hd, kvd = c->n_kv_heads * hd;
+    MOET_ASSERT(M->present, "the model has no MTP head");
+    MOET_ASSERT(slot >= 0 && slot < r->max_seqs && n >= 1 && n <= r->max_tokens, "MTP step of %d rows in slot %d", n, slot);
+    ref_seq *q = &r->seqs[slot];
+    MOET_ASSERT(q->mtp_pos + n <= r->max_len, "MTP cache of slot %d: %d + %d rows past %d", slot, q->mtp_pos, n, r->max_len);
+    // u = fc(cat(RMSNorm(embed(next); pre_fc_norm_embedding), RMSNorm(h; pre_fc_norm_hidden)))
+    for (int t = 0; t < n; t++) {
+        float *in = r->mtp_in + (size_t)t * 2 * H;
+        MOET_ASSERT(next[t] >= 0 && next[t] < V, "token id %d", next[t]);
+        ck_row_f32(&m->embed, next[t], in);
+        ref_rmsnorm1p(in, &M->norm_emb, H, c->eps, in);
+        ref_rmsnorm1p(h + (size_t)t * H, &M->norm_hid, H, c->eps, in + H);
+        if (stages) {
+            memcpy(stages[0] + (size_t)t * H, in, sizeof(float) * H);
+            memcpy(stages[1] + (size_t)t * H, in + H, sizeof(float) * H);
+        }
+    }
+    ref_linear(r, &M->fc, r->mtp_in, 2 * H, n, r->x, H);
+    if (stages) memcpy(stages[2], r->x, sizeof(float) * (size_t)n * H);
+    // one decoder layer as a main full-attention layer, its keys and values in the head's cache
+    for (int t = 0; t < n; t++) ref_rmsnorm1p(r->x + (size_t)t * H, &L->in_norm, H, c->eps, r->xn + (size_t)t * H);
+    ref_linear(r, &L->q, r->xn, H, n, r->proj, 2 * qd);
+    ref_linear(r, &L->k, r->xn, H, n, r->kk, kvd);
+    ref_linear(r, &L->v, r->xn, H, n, r->vv, kvd);
+    for (int t = 0; t < n; t++) {
+        int p = q->mtp_pos + t;
+        ref_attn_prep(r, &L->q_norm, &L->k_norm, r->proj + (size_t)t * 2 * qd, r->kk + (size_t)t * kvd, r->vv + (size_t)t * kvd,
+                      q->mtp_k + (size_t)p * kvd, q->mtp_v + (size_t)p * kvd, p);
+    }
+    for (int t = 0; t < n; t++)
+        ref_attn_core(r, r->proj + (size_t)t * 2 * qd, q->mtp_k, q->mtp_v, q->mtp_pos + t, r->scores, r->core + (size_t)t * qd);
+    ref_linear(r, &L->o, r->core, qd, n, r->y, H);
+    for (size_t i = 0; i < (size_t)n * H; i++) r->x[i] += r->y[i];
+    for (int t = 0; t < n; t++) ref_rmsnorm1p(r->x + (size_t)t * H, &L->post_norm, H, c->eps, r->xn + (size_t)t * H);
+    int32_t **tid = r->trace_ids;   // the router traces are the main layers'
+    float **tw = r->trace_w;
+    r->trace_ids = NULL;
+    r->trace_w = NULL;
+    ref_moe(r, L, 0, n);
+    r->trace_ids = tid;
+    r->trace_w = tw;
+    for (size_t i = 0; i < (size_t)n * H; i++) r->x[i] += r->y[i];
+    if (stages) memcpy(stages[3], r->x, sizeof(float) * (size_t)n * H);
+    q->mtp_pos += n;
+    // the head's norm, then the shared lm_head
+    for (int t = 0; t < n; t++) ref_rmsnorm1p(r->x + (size_t)t * H, &M->norm, H, c->eps, r->xn + (size_t)t * H);
+    if (stages) memcpy(stages[4], r->xn, sizeof(float) * (size_t)n * H);
+    if (logits) ref_linear(r, &m->lm_head, r->xn, H, n, logits, V);
 }
 
 // ---- the CPU backend: engine_backend over the reference forward ----------------------------

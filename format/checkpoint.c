@@ -10,8 +10,10 @@
 //        W4A16_NVFP4  weight U8 [N, K/2] (two e2m1 per byte, low nibble = even k)
 //                     × weight_scale F8_E4M3 [N, K/16] × weight_scale_2 F32 scalar
 //      input_scale is ignored (weight-only); unlisted modules are BF16.
-// Names may be prefixed `model.language_model.` (the VL checkpoints) or `model.`; `mtp.*` and
-// `model.visual.*` are not read. Weights stay in the mapping in their stored precision: a ck_mat
+// Names may be prefixed `model.language_model.` (the VL checkpoints) or `model.`; `model.visual.*`
+// is not read. The multi-token-prediction head `mtp.*` (sass/MODEL.md §6), when the shards
+// hold it or ck_mtp_open names its own file, is read into ck_model.mtp in either expert layout
+// (a malformed one in the shards is not loaded; ck_mtp_need reports why). Weights stay in the mapping in their stored precision: a ck_mat
 // describes one matrix and ck_row_f32 / ck_row_f64 decode one row of it exactly.
 
 // ---- element decoders --------------------------------------------------------------------
@@ -73,6 +75,7 @@ typedef struct {
     int max_pos;                // max_position_embeddings
     uint8_t full_attn[MOET_MAX_LAYERS];  // 1 = gated full attention, 0 = Gated DeltaNet
     int n_full, n_gdn;
+    int mtp_layers;             // mtp_num_hidden_layers: decoder layers of the mtp.* head (0 or 1 read)
     // derived
     int key_dim, value_dim, conv_dim;    // GDN: lk_heads·lk_dim, lv_heads·lv_dim, 2·key_dim + value_dim
 } ck_config;
@@ -130,7 +133,8 @@ static int ck_config_parse(ck_config *c, const js_doc *d, const char *path, moet
         ck_int_field(d, t, "num_experts_per_tok", 8, 1, MOET_MAX_TOPK, &c->topk, path, e) ||
         ck_int_field(d, t, "moe_intermediate_size", 512, 1, BIG, &c->inter, path, e) ||
         ck_int_field(d, t, "shared_expert_intermediate_size", 512, 1, BIG, &c->shared_inter, path, e) ||
-        ck_int_field(d, t, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_pos, path, e))
+        ck_int_field(d, t, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_pos, path, e) ||
+        ck_int_field(d, t, "mtp_num_hidden_layers", 0, 0, MOET_MAX_LAYERS, &c->mtp_layers, path, e))
         return -1;
     if (ck_int_field(d, t, "head_dim", c->hidden / c->n_heads, 2, MOET_MAX_HEAD_DIM, &c->head_dim, path, e)) return -1;
     if (ck_num_field(d, t, "rms_norm_eps", 1e-6, &c->eps, path, e)) return -1;
@@ -339,9 +343,24 @@ typedef struct {
     ck_mat sh_gate_w;                // [1, H] sigmoid gate of the shared expert
 } ck_layer;
 
+// The multi-token-prediction head (sass/MODEL.md §6): row t reads h_t (the main model's hidden
+// state after its final norm) and x_{t+1}; u = fc(cat(norm_emb(embed(x_{t+1})), norm_hid(h_t)));
+// one decoder layer with its own KV; norm; the main lm_head predicts x_{t+2}. BF16 as released.
+typedef struct {
+    int present;                     // 0: the checkpoint has no head (nothing below is set)
+    ck_mat norm_emb, norm_hid;       // [1, H] zero-centred pre-fc norms of embed(x_{t+1}) and of h_t
+    ck_mat fc;                       // [H, 2H]: input cat(normed embedding, normed hidden), embedding first
+    ck_layer layer;                  // gated full attention + MoE, as the main model's full-attention layers
+    ck_mat norm;                     // [1, H] zero-centred, before the shared lm_head
+    char expert_layout[8];           // "fused" (gate_up_proj [E, 2I, H], down_proj [E, H, I]) or "split"
+    st_set *file;                    // the head's own safetensors file (ck_mtp_open with a path), else NULL
+    moet_err refused;                // why the mtp.* tensors the shards hold are not a head (present = 0)
+} ck_mtp;
+
 typedef struct {
     ck_config cfg;
     st_set st;
+    const st_set *src;               // where the loaders look: NULL = st; the head's own file while it loads
     char dir[MOET_MAX_PATH];
     char prefix[32];                 // "model.language_model." or "model."
     char expert_format[16];          // how the routed experts are stored: "nvfp4", "fp8" or "bf16"
@@ -349,9 +368,13 @@ typedef struct {
     ck_mat final_norm;               // [1, H] zero-centred
     ck_mat lm_head;                  // [V, H]
     ck_layer *layers;                // [L]
-    uint8_t *mem;                    // layers + expert matrices, one allocation
+    ck_mtp mtp;                      // the multi-token-prediction head, when present
+    uint8_t *mem;                    // layers + expert matrices (and the head's), one allocation
     size_t mem_bytes;
 } ck_model;
+
+// A tensor of the set the loaders read (ck_model.src).
+static const st_tensor *ck_find(const ck_model *m, const char *name) { return st_find(m->src ? m->src : &m->st, name); }
 
 enum { CK_Q_NONE, CK_Q_FP8, CK_Q_NVFP4 };
 
@@ -457,7 +480,7 @@ static const char *ck_algo_name(int algo) { return algo == CK_Q_FP8 ? "FP8" : al
 // The tensor `name` with one of the allowed dtypes (a bit mask of 1 << ST_*) and exactly `shape`.
 static const st_tensor *ck_tensor(const ck_model *m, const char *name, unsigned dtypes, int ndim, const int64_t *shape,
                                   const char *why, moet_err *e) {
-    const st_tensor *t = st_find(&m->st, name);
+    const st_tensor *t = ck_find(m, name);
     char want[160], got[160], dts[96] = "";
     st_shape_str(shape, ndim, want, sizeof want);
     for (int d = 0; d < ST_N_DTYPES; d++)
@@ -489,7 +512,7 @@ static void ck_float_mat(ck_mat *out, const st_tensor *t, int rows, int cols) {
 
 // A scalar F32 scale tensor (shape [] or [1]).
 static int ck_scalar(const ck_model *m, const char *name, float *out, moet_err *e) {
-    const st_tensor *t = st_find(&m->st, name);
+    const st_tensor *t = ck_find(m, name);
     if (!t) return err_set(e, "%s: missing tensor '%s' (expected an F32 scalar)", m->dir, name);
     if (t->dtype != ST_F32 || t->numel != 1) {
         char got[160];
@@ -555,17 +578,19 @@ static int ck_vector(const ck_model *m, const char *name, int n, ck_mat *out, mo
     return 0;
 }
 
-// Routed experts of layer l: fused 3-D tensors, or one module per expert.
-static int ck_experts(ck_model *m, const ck_quant *q, int l, ck_layer *L, moet_err *e) {
+// Routed experts of the layer named p ("model.layers.3.", "mtp.layers.0."): fused 3-D tensors,
+// or one module per expert.
+// `label` names the layer in messages ("layer 3").
+static int ck_experts(ck_model *m, const ck_quant *q, const char *p, const char *label, ck_layer *L, moet_err *e) {
     const ck_config *c = &m->cfg;
     int E = c->n_experts, I = c->inter, H = c->hidden;
     char name[MOET_MAX_NAME + 64];
-    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
-    if (st_find(&m->st, name)) {
+    snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", p);
+    if (ck_find(m, name)) {
         int64_t gs[3] = {E, 2 * I, H}, ds[3] = {E, H, I};
         const st_tensor *gu = ck_tensor(m, name, CK_DT_FLOAT, 3, gs, "fused routed experts", e);
         if (!gu) return -1;
-        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, l);
+        snprintf(name, sizeof name, "%smlp.experts.down_proj", p);
         const st_tensor *dn = ck_tensor(m, name, CK_DT_FLOAT, 3, ds, "fused routed experts", e);
         if (!dn) return -1;
         size_t esz = (size_t)st_dtypes[gu->dtype].bytes, dsz = (size_t)st_dtypes[dn->dtype].bytes;
@@ -582,16 +607,15 @@ static int ck_experts(ck_model *m, const ck_quant *q, int l, ck_layer *L, moet_e
         snprintf(m->expert_format, sizeof m->expert_format, "bf16");
         return 0;
     }
-    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.0.gate_proj.weight", m->prefix, l);
-    if (!st_find(&m->st, name))
-        return err_set(e, "%s: layer %d has no routed experts: neither %slayers.%d.mlp.experts.gate_up_proj nor %s", m->dir, l,
-                       m->prefix, l, name);
+    snprintf(name, sizeof name, "%smlp.experts.0.gate_proj.weight", p);
+    if (!ck_find(m, name))
+        return err_set(e, "%s: %s has no routed experts: neither %smlp.experts.gate_up_proj nor %s", m->dir, label, p, name);
     for (int x = 0; x < E; x++) {
-        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.gate_proj", m->prefix, l, x);
+        snprintf(name, sizeof name, "%smlp.experts.%d.gate_proj", p, x);
         if (ck_linear(m, q, name, I, H, &L->gate[x], e)) return -1;
-        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.up_proj", m->prefix, l, x);
+        snprintf(name, sizeof name, "%smlp.experts.%d.up_proj", p, x);
         if (ck_linear(m, q, name, I, H, &L->up[x], e)) return -1;
-        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.down_proj", m->prefix, l, x);
+        snprintf(name, sizeof name, "%smlp.experts.%d.down_proj", p, x);
         if (ck_linear(m, q, name, H, I, &L->down[x], e)) return -1;
     }
     int kind = L->gate[0].kind;
@@ -599,17 +623,17 @@ static int ck_experts(ck_model *m, const ck_quant *q, int l, ck_layer *L, moet_e
     return 0;
 }
 
-static int ck_layer_load(ck_model *m, const ck_quant *q, int l, moet_err *e) {
+// The decoder layer named p ("model.layers.3.", "mtp.layers.0."): gated full attention when
+// full, else Gated DeltaNet; then the MoE.
+static int ck_layer_at(ck_model *m, const ck_quant *q, const char *p, const char *label, int full, ck_layer *L, moet_err *e) {
     const ck_config *c = &m->cfg;
-    ck_layer *L = &m->layers[l];
     int H = c->hidden;
-    char p[MOET_MAX_NAME], n[MOET_MAX_NAME + 64];
-    snprintf(p, sizeof p, "%slayers.%d.", m->prefix, l);
+    char n[MOET_MAX_NAME + 64];
 #define CK_NAME(s) (snprintf(n, sizeof n, "%s%s", p, s), n)
     if (ck_vector(m, CK_NAME("input_layernorm.weight"), H, &L->in_norm, e) ||
         ck_vector(m, CK_NAME("post_attention_layernorm.weight"), H, &L->post_norm, e))
         return -1;
-    if (c->full_attn[l]) {
+    if (full) {
         int qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
         if (ck_linear(m, q, CK_NAME("self_attn.q_proj"), 2 * qd, H, &L->q, e) ||
             ck_linear(m, q, CK_NAME("self_attn.k_proj"), kd, H, &L->k, e) ||
@@ -640,10 +664,65 @@ static int ck_layer_load(ck_model *m, const ck_quant *q, int l, moet_err *e) {
         ck_linear(m, q, CK_NAME("mlp.shared_expert_gate"), 1, H, &L->sh_gate_w, e))
         return -1;
 #undef CK_NAME
-    return ck_experts(m, q, l, L, e);
+    return ck_experts(m, q, p, label, L, e);
+}
+
+static int ck_layer_load(ck_model *m, const ck_quant *q, int l, moet_err *e) {
+    char p[MOET_MAX_NAME], label[32];
+    snprintf(p, sizeof p, "%slayers.%d.", m->prefix, l);
+    snprintf(label, sizeof label, "layer %d", l);
+    return ck_layer_at(m, q, p, label, m->cfg.full_attn[l], &m->layers[l], e);
+}
+
+// The mtp.* head from the set ck_find reads (sass/MODEL.md §6): every tensor checked by name,
+// dtype and shape; the experts fused or per expert, whichever the file holds. Its expert
+// matrices are the last 3·E of the model's table. On error the head stays absent.
+static int ck_mtp_load(ck_model *m, const ck_quant *q, moet_err *e) {
+    const ck_config *c = &m->cfg;
+    ck_mtp *h = &m->mtp;
+    int H = c->hidden, E = c->n_experts;
+    if (c->mtp_layers > 1)
+        return err_set(e, "%s: mtp_num_hidden_layers = %d: only a one-layer multi-token-prediction head is supported", m->dir,
+                       c->mtp_layers);
+    ck_mat *xm = (ck_mat *)(m->mem + (size_t)c->n_layers * sizeof(ck_layer)) + (size_t)3 * c->n_layers * E;
+    st_set *file = h->file;
+    memset(h, 0, sizeof *h);
+    h->file = file;
+    h->layer.gate = xm;
+    h->layer.up = xm + E;
+    h->layer.down = xm + 2 * E;
+    int64_t fs[2] = {H, 2 * H};
+    const st_tensor *fc = ck_tensor(m, "mtp.fc.weight", CK_DT_FLOAT, 2, fs, "input cat(normed embedding, normed hidden)", e);
+    if (!fc) return err_wrap(e, "the multi-token-prediction head");   // (h->present is 0)
+    ck_float_mat(&h->fc, fc, H, 2 * H);
+    char keep[sizeof m->expert_format];   // the main layers' expert format stays what it was
+    memcpy(keep, m->expert_format, sizeof keep);
+    int rc = ck_vector(m, "mtp.pre_fc_norm_embedding.weight", H, &h->norm_emb, e) ||
+             ck_vector(m, "mtp.pre_fc_norm_hidden.weight", H, &h->norm_hid, e) ||
+             ck_vector(m, "mtp.norm.weight", H, &h->norm, e) || ck_layer_at(m, q, "mtp.layers.0.", "the MTP layer", 1, &h->layer, e);
+    memcpy(m->expert_format, keep, sizeof keep);
+    if (rc) {
+        h->present = 0;
+        return err_wrap(e, "the multi-token-prediction head");
+    }
+    snprintf(h->expert_layout, sizeof h->expert_layout, "%s", ck_find(m, "mtp.layers.0.mlp.experts.gate_up_proj") ? "fused" : "split");
+    h->present = 1;
+    return 0;
+}
+
+// Whether a set holds any mtp.* tensor (then the whole head must be there and well formed).
+static int ck_mtp_in(const st_set *s) {
+    for (uint32_t i = 0; i < s->n_tensors; i++)
+        if (!strncmp(s->tensors[i].name, "mtp.", 4)) return 1;
+    return 0;
 }
 
 static void ck_close(ck_model *m) {
+    if (m->mtp.file) {
+        st_close(m->mtp.file);
+        arena_sys_free(m->mtp.file, sizeof *m->mtp.file);
+    }
+    memset(&m->mtp, 0, sizeof m->mtp);
     st_close(&m->st);
     if (m->mem) arena_sys_free(m->mem, m->mem_bytes);
     m->mem = NULL;
@@ -671,8 +750,8 @@ static int ck_open(ck_model *m, const char *dir, moet_err *e) {
         err_set(e, "%s: no embedding: neither model.language_model.embed_tokens.weight nor model.embed_tokens.weight", dir);
         goto out;
     }
-    // one allocation: layers [L] | expert matrices [L][3][E]
-    size_t lb = (size_t)c->n_layers * sizeof(ck_layer), xb = (size_t)c->n_layers * 3 * c->n_experts * sizeof(ck_mat);
+    // one allocation: layers [L] | expert matrices [L + 1][3][E] (the last for the MTP head)
+    size_t lb = (size_t)c->n_layers * sizeof(ck_layer), xb = (size_t)(c->n_layers + 1) * 3 * c->n_experts * sizeof(ck_mat);
     m->mem_bytes = lb + xb;
     m->mem = arena_sys_alloc(m->mem_bytes, "checkpoint tables");
     if (!m->mem) { err_set(e, "%s: out of memory for the weight tables", dir); goto out; }
@@ -695,11 +774,59 @@ static int ck_open(ck_model *m, const char *dir, moet_err *e) {
         L->down = xm + (size_t)(3 * l + 2) * c->n_experts;
         if (ck_layer_load(m, &q, l, e)) goto out;
     }
+    // mtp.* tensors in the shards: the head, or the reason they are not one (kept for ck_mtp_need;
+    // the main model does not depend on them)
+    if (ck_mtp_in(&m->st) && ck_mtp_load(m, &q, &m->mtp.refused)) m->mtp.present = 0;
     rc = 0;
 out:
     ck_quant_free(&q);
     if (rc) ck_close(m);
     return rc;
+}
+
+// The multi-token-prediction head of an open model from its own safetensors file `path` (a
+// release may ship it apart; tests/fixtures/demo_mtp), BF16 (the head is never quantized), in
+// place of any head the shards held. Errors name the file, the tensor, expected and found.
+static int ck_mtp_open(ck_model *m, const char *path, moet_err *e) {
+    if (m->mtp.file) {
+        st_close(m->mtp.file);
+        arena_sys_free(m->mtp.file, sizeof *m->mtp.file);
+    }
+    memset(&m->mtp, 0, sizeof m->mtp);
+    st_set *s = arena_sys_alloc(sizeof *s, "MTP head tensor table");
+    if (!s) return err_set(e, "%s: out of memory for the tensor table", path);
+    if (st_open(s, path, e)) {
+        arena_sys_free(s, sizeof *s);
+        return -1;
+    }
+    if (!ck_mtp_in(s)) {
+        st_close(s);
+        arena_sys_free(s, sizeof *s);
+        return err_set(e, "%s: no mtp.* tensor (not a multi-token-prediction head)", path);
+    }
+    ck_quant none = {0};
+    char dir[sizeof m->dir];   // messages name the head's file
+    memcpy(dir, m->dir, sizeof dir);
+    snprintf(m->dir, sizeof m->dir, "%s", path);
+    m->src = s;
+    int rc = ck_mtp_load(m, &none, e);
+    m->src = NULL;
+    memcpy(m->dir, dir, sizeof dir);
+    if (rc) {
+        st_close(s);
+        arena_sys_free(s, sizeof *s);
+        return -1;
+    }
+    m->mtp.file = s;
+    return 0;
+}
+
+// For a caller that needs the head: 0 when the model has one, else -1 with why (the shards'
+// mtp.* tensors refused, with the tensor named, or none at all).
+static int ck_mtp_need(const ck_model *m, moet_err *e) {
+    if (m->mtp.present) return 0;
+    if (m->mtp.refused.msg[0]) return err_set(e, "%s", m->mtp.refused.msg);
+    return err_set(e, "%s: no multi-token-prediction head (no mtp.* tensor in the checkpoint)", m->dir);
 }
 
 // Makes the weight bytes of one matrix resident (arena_resident). Plane matrices point into an

@@ -1,0 +1,310 @@
+// tests/test_mtp.c — the multi-token-prediction head (sass/MODEL.md §6): loading, refusals, and
+// ref_mtp stage by stage against transformers' float32 goldens.
+//
+// Fixtures (tests/fixtures/demo_mtp/README.txt): mtp.safetensors, the demo model's trained head
+// (BF16, experts fused as the NVFP4 release stores them); golden_mtp.safetensors, for three
+// prompts: the main model's post-norm hidden states h_t, the head's fc output, layer output,
+// normed output, logits and greedy drafts. The per-expert layout is written here from the fused
+// file (gate = gate_up_proj[e, :I], up = gate_up_proj[e, I:]): the same values, the other names.
+#ifndef MOET_TEST
+#define MOET_TEST
+#endif
+#include "../moet.c"
+#include "check.h"
+
+#define MTP_DIR "tests/fixtures/demo_mtp"
+#define DEMO_DIR "tests/fixtures/demo"
+
+// Bounds, normalised max error (check_nerr: max |a − b| / std(golden)), a few times the worst
+// error measured over the three prompts and both expert layouts. Both sides compute in float32
+// from the same BF16 values and differ only in summation order; the golden's own independent
+// re-implementation differs from it by 8e-7 .. 1e-6 (of max |golden|, README.txt).
+//   pre-fc norms (against the formula in f64 here):  measured 9.2e-7 → bound 2e-6
+//   fc output u:                                     measured 2.5e-6 → bound 5e-6
+//   layer output z:                                  measured 1.3e-5 → bound 3e-5
+//   after mtp.norm:                                  measured 4.5e-6 → bound 1e-5
+//   logits:                                          measured 4.9e-6 → bound 1e-5
+// (the same for both layouts: the same values in the same order). Wrong equations give far more
+// (tests/mutations.txt, "mtp:"): the embedding normed with the hidden state's weight 1.2 – 2.8,
+// the fc input's halves swapped 6 – 14, the MoE left out 4.7 – 14 (fc and the norms stay exact
+// there); rows placed from position 0 on every call fail the row-by-row check.
+#define MTP_TOL_NORM 2e-6
+#define MTP_TOL_FC 5e-6
+#define MTP_TOL_LAYER 3e-5
+#define MTP_TOL_HIDDEN 1e-5
+#define MTP_TOL_LOGITS 1e-5
+
+static double worst[5];   // the measured errors over every prompt and layout, printed at the end
+
+static const st_tensor *gold(const st_set *g, const char *name, int i) {
+    char n[64];
+    snprintf(n, sizeof n, "%s%d", name, i);
+    const st_tensor *t = st_find(g, n);
+    CHECK(t != NULL, "golden tensor %s missing", n);
+    return t;
+}
+
+// The zero-centred RMSNorm in float64 from its formula (sass/MODEL.md §3.2), as an oracle.
+static void norm64(const float *x, const ck_mat *w, int n, double eps, double *y) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * (1.0 + ck_at(w, 0, i));
+}
+
+// check_nerr against float64 values.
+static double nerr64(const float *a, const double *b, size_t n) {
+    double d = 0, mean = 0, var = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    for (size_t i = 0; i < n; i++) d = isnan(a[i]) ? INFINITY : fmax(d, fabs((double)a[i] - b[i]));
+    return d / sqrt(var / (double)n);
+}
+
+static void note(int k, double err) { if (err > worst[k]) worst[k] = err; }
+
+// Every prompt of the goldens through ref_mtp on a model whose head is loaded (layout: its name).
+static void run_prompts(const ck_model *m, const st_set *g, const char *layout) {
+    const ck_config *c = &m->cfg;
+    int H = c->hidden, V = c->vocab;
+    moet_err e = {{0}};
+    ref_engine r;
+    if (ref_init(&r, m, 2, 64, 64, 2, &e)) { CHECK(0, "%s", e.msg); return; }
+    for (int i = 0; i < 3; i++) {
+        const st_tensor *ids = gold(g, "ids", i), *hid = gold(g, "hidden", i), *fc = gold(g, "mtp_fc_out", i),
+                        *lo = gold(g, "mtp_layer_out", i), *mh = gold(g, "mtp_hidden", i), *lg = gold(g, "mtp_logits", i),
+                        *dr = gold(g, "mtp_draft_ids", i), *pid;
+        char pn[32];
+        snprintf(pn, sizeof pn, "prompt%d.ids", i);
+        pid = st_find(g, pn);
+        if (!ids || !hid || !fc || !lo || !mh || !lg || !dr || !pid) continue;
+        int n = (int)ids->numel, rows = n - 1, P = (int)pid->numel;
+        const int32_t *x = (const int32_t *)ids->data, *drafts = (const int32_t *)dr->data;
+        const float *h = (const float *)hid->data;
+        float *st[5], *logits = malloc(sizeof(float) * (size_t)rows * V), *one = malloc(sizeof(float) * V);
+        for (int k = 0; k < 5; k++) st[k] = malloc(sizeof(float) * (size_t)rows * H);
+        ref_reset(&r, 0);
+        ref_mtp(&r, 0, rows, h, x + 1, logits, st);
+        // the pre-fc norms against the formula
+        double *want = malloc(sizeof(double) * (size_t)rows * H);
+        float *row = malloc(sizeof(float) * H);
+        for (int t = 0; t < rows; t++) {
+            ck_row_f32(&m->embed, x[t + 1], row);
+            norm64(row, &m->mtp.norm_emb, H, c->eps, want + (size_t)t * H);
+        }
+        double en = nerr64(st[0], want, (size_t)rows * H);
+        for (int t = 0; t < rows; t++) norm64(h + (size_t)t * H, &m->mtp.norm_hid, H, c->eps, want + (size_t)t * H);
+        double hn = nerr64(st[1], want, (size_t)rows * H);
+        note(0, fmax(en, hn));
+        CHECK(en < MTP_TOL_NORM, "%s prompt %d: normed embedding: error %.3g", layout, i, en);
+        CHECK(hn < MTP_TOL_NORM, "%s prompt %d: normed hidden state: error %.3g", layout, i, hn);
+        double ef = check_nerr(st[2], (const float *)fc->data, fc->numel), el = check_nerr(st[3], (const float *)lo->data, lo->numel),
+               eh = check_nerr(st[4], (const float *)mh->data, mh->numel), eg = check_nerr(logits, (const float *)lg->data, lg->numel);
+        note(1, ef), note(2, el), note(3, eh), note(4, eg);
+        CHECK(ef < MTP_TOL_FC, "%s prompt %d: fc output: error %.3g", layout, i, ef);
+        CHECK(el < MTP_TOL_LAYER, "%s prompt %d: layer output: error %.3g", layout, i, el);
+        CHECK(eh < MTP_TOL_HIDDEN, "%s prompt %d: after mtp.norm: error %.3g", layout, i, eh);
+        CHECK(eg < MTP_TOL_LOGITS, "%s prompt %d: logits: error %.3g", layout, i, eg);
+        int same = 0, hits = 0, gold_hits = 0;
+        for (int t = 0; t < rows; t++) {
+            int d = moet_argmax(logits + (size_t)t * V, V);
+            same += d == drafts[t];
+            if (t + 2 >= P && t + 2 < n) hits += d == x[t + 2], gold_hits += drafts[t] == x[t + 2];
+        }
+        CHECK(same == rows, "%s prompt %d: %d of %d greedy drafts as the goldens", layout, i, same, rows);
+        CHECK(hits == gold_hits, "%s prompt %d: %d drafts hit the continuation, the goldens %d", layout, i, hits, gold_hits);
+        // speculative decoding's order: the prompt's rows as one chunk (they only fill the cache),
+        // then one row per step; each step's logits are the one-pass logits bit for bit (every op
+        // per row in the same order), so a new row's query and the cached keys share positions
+        ref_reset(&r, 1);
+        ref_mtp(&r, 1, P - 1, h, x + 1, NULL, NULL);
+        int exact = 1;
+        for (int t = P - 1; t < rows; t++) {
+            ref_mtp(&r, 1, 1, h + (size_t)t * H, x + t + 1, one, NULL);
+            exact &= !memcmp(one, logits + (size_t)t * V, sizeof(float) * V);
+        }
+        CHECK(exact && r.seqs[1].mtp_pos == rows, "%s prompt %d: row-by-row logits differ from the one-pass logits", layout, i);
+        free(want), free(row), free(logits), free(one);
+        for (int k = 0; k < 5; k++) free(st[k]);
+    }
+    ref_free(&r);
+}
+
+// The fused head file's tensors as st_out entries (pointers into its mapping), in file order.
+static int head_tensors(const st_set *s, st_out *out) {
+    int n = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const st_tensor *t = &s->tensors[i];
+        out[n] = (st_out){t->name, t->dtype, t->ndim, {0}, t->data};
+        memcpy(out[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    return n;
+}
+
+static int find_out(st_out *o, int n, const char *name) {
+    for (int i = 0; i < n; i++) if (!strcmp(o[i].name, name)) return i;
+    MOET_ASSERT(0, "no %s", name);
+    return -1;
+}
+
+// The per-expert layout of the fused file: mtp.layers.0.mlp.experts.{e}.{gate,up,down}_proj.weight.
+static int write_split(const st_set *s, const ck_config *c, const char *path, const char *drop, moet_err *e) {
+    int E = c->n_experts, I = c->inter, H = c->hidden;
+    static st_out o[64 + 3 * MOET_MAX_EXPERTS];
+    static char names[3 * MOET_MAX_EXPERTS][96];
+    int n = head_tensors(s, o);
+    const st_tensor *gu = st_find(s, "mtp.layers.0.mlp.experts.gate_up_proj"), *dn = st_find(s, "mtp.layers.0.mlp.experts.down_proj");
+    MOET_ASSERT(gu && dn && gu->dtype == ST_BF16, "fused experts");
+    int k = 0;
+    for (int i = 0; i < n; i++)   // drop the fused pair
+        if (strcmp(o[i].name, gu->name) && strcmp(o[i].name, dn->name)) o[k++] = o[i];
+    for (int x = 0; x < E; x++) {
+        const char *part[3] = {"gate_proj", "up_proj", "down_proj"};
+        const uint8_t *data[3] = {gu->data + (size_t)x * 2 * I * H * 2, gu->data + ((size_t)x * 2 * I + I) * H * 2,
+                                  dn->data + (size_t)x * H * I * 2};
+        for (int j = 0; j < 3; j++) {
+            char *nm = names[3 * x + j];
+            snprintf(nm, 96, "mtp.layers.0.mlp.experts.%d.%s.weight", x, part[j]);
+            if (drop && !strcmp(nm, drop)) continue;
+            o[k++] = (st_out){nm, ST_BF16, 2, {j < 2 ? I : H, j < 2 ? H : I}, data[j]};
+        }
+    }
+    return st_save(path, o, k, e);
+}
+
+// A malformed copy of the fused head: tensor `name` removed (shape NULL) or given another shape
+// and dtype (the data: zeros of the new size). Opening it must fail naming the tensor.
+static void refuse(ck_model *m, const st_set *s, const char *dir, const char *what, const char *name, const int64_t *shape,
+                   int ndim, int dtype, const char *expect) {
+    st_out o[64];
+    int n = head_tensors(s, o), i = find_out(o, n, name);
+    void *zeros = NULL;
+    if (!shape) o[i] = o[--n];
+    else {
+        size_t numel = 1;
+        for (int d = 0; d < ndim; d++) numel *= (size_t)shape[d];
+        zeros = calloc(numel, (size_t)st_dtypes[dtype].bytes);
+        o[i].ndim = ndim;
+        o[i].dtype = dtype;
+        memcpy(o[i].shape, shape, sizeof(int64_t) * ndim);
+        o[i].data = zeros;
+    }
+    char path[600];
+    moet_err e = {{0}};
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    MOET_ASSERT(st_save(path, o, n, &e) == 0, "%s", e.msg);
+    int rc = ck_mtp_open(m, path, &e);
+    CHECK(rc != 0 && !m->mtp.present && strstr(e.msg, name) && strstr(e.msg, expect) && strstr(e.msg, path),
+          "%s: ck_mtp_open gave %d: %s", what, rc, e.msg);
+    printf("refused (%s): %s\n", what, e.msg);
+    free(zeros);
+}
+
+int main(void) {
+    moet_err e = {{0}};
+    ck_model m;
+    st_set g, head;
+    if (ck_open(&m, DEMO_DIR, &e)) { CHECK(0, "%s", e.msg); return check_report("test_mtp"); }
+    const ck_config *c = &m.cfg;
+    int H = c->hidden, E = c->n_experts, I = c->inter;
+    CHECK(!m.mtp.present, "the demo's shards hold no head, but one was loaded");
+    if (st_open(&g, MTP_DIR "/golden_mtp.safetensors", &e) || st_open(&head, MTP_DIR "/mtp.safetensors", &e)) {
+        CHECK(0, "%s", e.msg);
+        return check_report("test_mtp");
+    }
+    char tmpl[] = "/tmp/moet_mtpXXXXXX", path[600];
+    char *tmp = mkdtemp(tmpl);
+    MOET_ASSERT(tmp, "mkdtemp");
+
+    // the fused layout
+    CHECK(ck_mtp_open(&m, MTP_DIR "/mtp.safetensors", &e) == 0, "%s", e.msg);
+    CHECK(m.mtp.present && !strcmp(m.mtp.expert_layout, "fused") && m.mtp.fc.rows == H && m.mtp.fc.cols == 2 * H &&
+              m.mtp.layer.gate[E - 1].rows == I && !strcmp(m.expert_format, "nvfp4"),
+          "fused head: present %d, layout %s, main experts %s", m.mtp.present, m.mtp.expert_layout, m.expert_format);
+    if (m.mtp.present) run_prompts(&m, &g, "fused");
+
+    // the per-expert layout, the same values
+    snprintf(path, sizeof path, "%s/mtp_per_expert.safetensors", tmp);
+    CHECK(write_split(&head, c, path, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ck_mtp_open(&m, path, &e) == 0, "%s", e.msg);
+    CHECK(m.mtp.present && !strcmp(m.mtp.expert_layout, "split"), "per-expert head: layout %s", m.mtp.expert_layout);
+    if (m.mtp.present) run_prompts(&m, &g, "split");
+
+    // refused, with the tensor, what was expected and what was found
+    int64_t s_fc[2] = {H, H}, s_norm[1] = {H}, s_gu[3] = {E, I, H}, s_q[2] = {c->n_heads * c->head_dim, H};
+    refuse(&m, &head, tmp, "fc of the wrong shape", "mtp.fc.weight", s_fc, 2, ST_BF16, "expected F16/BF16/F32 [256, 512], found BF16 [256, 256]");
+    refuse(&m, &head, tmp, "a norm of the wrong dtype", "mtp.pre_fc_norm_hidden.weight", s_norm, 1, ST_I16, "found I16 [256]");
+    refuse(&m, &head, tmp, "the final norm missing", "mtp.norm.weight", NULL, 0, 0, "missing tensor");
+    refuse(&m, &head, tmp, "q_proj without its gate rows", "mtp.layers.0.self_attn.q_proj.weight", s_q, 2, ST_BF16, "[512, 256]");
+    refuse(&m, &head, tmp, "fused experts of half width", "mtp.layers.0.mlp.experts.gate_up_proj", s_gu, 3, ST_BF16,
+           "expected F16/BF16/F32 [16, 256, 256], found BF16 [16, 128, 256]");
+    refuse(&m, &head, tmp, "the router missing", "mtp.layers.0.mlp.gate.weight", NULL, 0, 0, "missing tensor");
+    snprintf(path, sizeof path, "%s/split_bad.safetensors", tmp);
+    const char *gone = "mtp.layers.0.mlp.experts.7.up_proj.weight";
+    CHECK(write_split(&head, c, path, gone, &e) == 0, "%s", e.msg);
+    int rc = ck_mtp_open(&m, path, &e);
+    CHECK(rc && !m.mtp.present && strstr(e.msg, gone) && strstr(e.msg, "missing"), "per-expert, expert 7's up_proj missing: %s", e.msg);
+    CHECK(ck_mtp_open(&m, MTP_DIR "/golden_mtp.safetensors", &e) && strstr(e.msg, "no mtp.* tensor"), "not a head: %s", e.msg);
+
+    // a head in the checkpoint's own shards: ck_open loads it; a malformed one leaves the model
+    // without a head, the reason kept for whoever needs it (ck_mtp_need)
+    char cwd[512], dir[700], cmd[4096];
+    MOET_ASSERT(getcwd(cwd, sizeof cwd), "getcwd");
+    snprintf(dir, sizeof dir, "%s/ck", tmp);
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s' && for f in config.json hf_quant_config.json tokenizer.json tokenizer_config.json "
+             "model-00001-of-00002.safetensors model-00002-of-00002.safetensors; do ln -s '%s/" DEMO_DIR "/'$f '%s'/$f; done "
+             "&& ln -s '%s/" MTP_DIR "/mtp.safetensors' '%s/model-mtp.safetensors'",
+             dir, cwd, dir, cwd, dir);
+    MOET_ASSERT(system(cmd) == 0, "%s", cmd);
+    ck_model m2;
+    CHECK(ck_open(&m2, dir, &e) == 0, "%s", e.msg);
+    CHECK(m2.mtp.present && !strcmp(m2.mtp.expert_layout, "fused") && !m2.mtp.file, "a head in the shards was not loaded");
+    if (m2.mtp.present) {   // the same bytes as the separate file: the same logits
+        ref_engine r;
+        const st_tensor *hid = gold(&g, "hidden", 0), *ids = gold(&g, "ids", 0), *lg = gold(&g, "mtp_logits", 0);
+        if (hid && ids && lg && ref_init(&r, &m2, 1, 64, 64, 1, &e) == 0) {
+            int rows = (int)ids->numel - 1;
+            float *lo = malloc(sizeof(float) * (size_t)rows * c->vocab);
+            ref_mtp(&r, 0, rows, (const float *)hid->data, (const int32_t *)ids->data + 1, lo, NULL);
+            double err = check_nerr(lo, (const float *)lg->data, lg->numel);
+            CHECK(err < MTP_TOL_LOGITS, "head from the shards: logits error %.3g", err);
+            free(lo);
+            ref_free(&r);
+        }
+    }
+    if (m2.mem) ck_close(&m2);
+    snprintf(cmd, sizeof cmd, "rm '%s/model-mtp.safetensors' && mv '%s/bad.safetensors' '%s/model-mtp.safetensors'", dir, tmp, dir);
+    MOET_ASSERT(system(cmd) == 0, "%s", cmd);
+    rc = ck_open(&m2, dir, &e);
+    CHECK(rc == 0 && !m2.mtp.present, "a malformed head in the shards: ck_open gave %d (%s), head present %d", rc, e.msg,
+          m2.mtp.present);
+    rc = ck_mtp_need(&m2, &e);
+    CHECK(rc && strstr(e.msg, "multi-token-prediction head") && strstr(e.msg, "missing tensor 'mtp.layers.0.mlp.gate.weight'"),
+          "a malformed head in the shards: ck_mtp_need gave %d: %s", rc, e.msg);
+    if (m2.mem) ck_close(&m2);
+    // the tiny fixture holds three stray mtp.* tensors, not a head; the demo none at all
+    if (ck_open(&m2, "tests/fixtures/tiny/nvfp4", &e) == 0) {
+        rc = ck_mtp_need(&m2, &e);
+        CHECK(!m2.mtp.present && rc && strstr(e.msg, "missing tensor 'mtp.pre_fc_norm_embedding.weight'"), "tiny: %s", e.msg);
+        ck_close(&m2);
+    } else CHECK(0, "%s", e.msg);
+    CHECK(ck_mtp_open(&m, MTP_DIR "/mtp.safetensors", &e) == 0 && ck_mtp_need(&m, &e) == 0, "the demo with the head of its own file: %s",
+          e.msg);
+    if (ck_open(&m2, DEMO_DIR, &e) == 0) {
+        CHECK(ck_mtp_need(&m2, &e) && strstr(e.msg, "no multi-token-prediction head"), "demo alone: %s", e.msg);
+        ck_close(&m2);
+    } else CHECK(0, "%s", e.msg);
+
+    printf("mtp: normalised max error over 3 prompts x 2 layouts: pre-fc norms %.2g (bound %.2g), fc %.2g (%.2g), layer %.2g (%.2g), "
+           "mtp.norm %.2g (%.2g), logits %.2g (%.2g)\n",
+           worst[0], MTP_TOL_NORM, worst[1], MTP_TOL_FC, worst[2], MTP_TOL_LAYER, worst[3], MTP_TOL_HIDDEN, worst[4], MTP_TOL_LOGITS);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd)) fprintf(stderr, "cannot remove %s\n", tmp);
+    st_close(&head);
+    st_close(&g);
+    ck_close(&m);
+    return check_report("test_mtp");
+}
