@@ -17,26 +17,8 @@
 
 // ---- numbers and lists from text ------------------------------------------------------------
 
-// An integer written as decimal digits with an optional '-', nothing else: 0 with *out; -1 when
-// the text is not such an integer; -2 when it is one beyond int64.
-static int moet_text_i64(const char *s, size_t n, int64_t *out) {
-    int neg = n && s[0] == '-';
-    size_t i = (size_t)neg;
-    if (i == n) return -1;
-    uint64_t v = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-    int big = 0;
-    for (; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') return -1;
-        unsigned d = (unsigned)(s[i] - '0');
-        if (v > (lim - d) / 10) big = 1;
-        else v = v * 10 + d;
-    }
-    if (big) return -2;
-    *out = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
-    return 0;
-}
-
-// The same for an unsigned integer: digits only, up to 2^64 - 1.
+// An unsigned integer written as decimal digits only: 0 with *out; -1 when the text is not such
+// an integer; -2 when it is one beyond 2^64 - 1.
 static int moet_text_u64(const char *s, size_t n, uint64_t *out) {
     if (!n) return -1;
     uint64_t v = 0;
@@ -49,6 +31,17 @@ static int moet_text_u64(const char *s, size_t n, uint64_t *out) {
     }
     if (big) return -2;
     *out = v;
+    return 0;
+}
+
+// The same with an optional '-': -2 when the integer is beyond int64.
+static int moet_text_i64(const char *s, size_t n, int64_t *out) {
+    int neg = n && s[0] == '-';
+    uint64_t v;
+    int rc = moet_text_u64(s + neg, n - (size_t)neg, &v);
+    if (rc) return rc;
+    if (v > (uint64_t)INT64_MAX + (uint64_t)neg) return -2;
+    *out = !neg ? (int64_t)v : v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
     return 0;
 }
 

@@ -143,37 +143,27 @@ static int of_check_parent(const char *path, moet_err *e) {
     return 0;
 }
 
-// 0 when path may be written as a file: given, absent or a regular file, in an existing
+// 0 when path may be written as a file (dir = 0: given, absent or a regular file) or as a
+// directory (dir = 1: given, absent or a directory, not a symbolic link to one), in an existing
 // directory; else -1 with a message that names what is there.
-static int of_check_target(const char *path, moet_err *e) {
-    if (!*path) return err_set(e, "an empty path; expected the name of a file to write");
+static int of_check_kind(const char *path, int dir, moet_err *e) {
+    if (!*path) return err_set(e, "an empty path; expected the name of a %s to write", dir ? "directory" : "file");
     if (strlen(path) >= MOET_MAX_PATH) return err_set(e, "the path is longer than %d bytes", MOET_MAX_PATH - 1);
     struct stat st;
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT) return of_check_parent(path, e);
         return err_set(e, "%s: cannot write here: %s", path, strerror(errno));
     }
-    if (!S_ISREG(st.st_mode))
-        return err_set(e, "%s exists and is %s; moet writes only to a new path or over a regular file (symbolic links are "
-                       "not followed)", path, of_kind(st.st_mode));
+    if (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
+        return err_set(e, dir ? "%s exists and is %s; expected a directory or a new path (symbolic links are not followed)"
+                              : "%s exists and is %s; moet writes only to a new path or over a regular file (symbolic links are "
+                                "not followed)",
+                       path, of_kind(st.st_mode));
     return 0;
 }
 
-// 0 when path may be written as a directory: given, absent (in an existing directory) or a
-// directory itself (not a symbolic link to one); else -1 with a message.
-static int of_check_dir_target(const char *path, moet_err *e) {
-    if (!*path) return err_set(e, "an empty path; expected the name of a directory to write");
-    if (strlen(path) >= MOET_MAX_PATH) return err_set(e, "the path is longer than %d bytes", MOET_MAX_PATH - 1);
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        if (errno == ENOENT) return of_check_parent(path, e);
-        return err_set(e, "%s: cannot write here: %s", path, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode))
-        return err_set(e, "%s exists and is %s; expected a directory or a new path (symbolic links are not followed)", path,
-                       of_kind(st.st_mode));
-    return 0;
-}
+static int of_check_target(const char *path, moet_err *e) { return of_check_kind(path, 0, e); }
+static int of_check_dir_target(const char *path, moet_err *e) { return of_check_kind(path, 1, e); }
 
 // Checks path (of_check_target) and creates its temporary file; f->fd is open for writing.
 static int of_begin(of_file *f, const char *path, moet_err *e) {

@@ -283,7 +283,9 @@ static void backend_checks(int gpu, const char *model, const char *planes) {
             ok = ok && p.be.admit(p.be.self, 0, &ad, &e) == 0 && c.be.admit(c.be.self, 0, &ad, &e) == 0;
             ok = ok && feed_all(&p.be, 0, ids, T, T, a) == 0 && feed_all(&c.be, 0, ids, T, T, b) == 0;
             double err = ok ? check_nerr(a, b, (size_t)T * V) : INFINITY;
-            CHECK(err < 1e-4, "%s: logits against the CPU reference: normalised error %.3g (%s)", tag, err, e.msg);
+            // f32 KV on both: the kernels' summation orders against the reference's, as test_gpu's
+            // GPU_TOL_REF_F32: measured 4.3e-6 – 8.7e-6 on an H200 (tiny bf16 / nvfp4, demo + planes) → 3e-5
+            CHECK(err < 3e-5, "%s: logits against the CPU reference: normalised error %.3g (%s)", tag, err, e.msg);
             printf("%s: %.2g normalised error against the CPU reference (f32 KV)\n", tag, err);
             p.be.release(p.be.self, 0);
             if (c.be.self) pbe_free(&c);
