@@ -65,6 +65,12 @@ typedef struct {
     int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
+    // the tensor-core products' inputs (sass/mm.cu): the bf16 parts of a product's activations
+    // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
+    // step's pairs grouped by expert (int32, gpu_moe_map_ints)
+    CUdeviceptr xs, hs, moe_map;
+    size_t mm_width;
+    int moe_mm;                      // the routed experts take k_moe_up / k_moe_dn (every expert matrix gpu_mm_ok)
     CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
     int32_t *meta_host;              // pinned
     float *logits_host;              // pinned [Tm, V]
@@ -101,6 +107,12 @@ static size_t gpu_mat_bytes(const ck_mat *m) {
 }
 static size_t gpu_scale_bytes(const ck_mat *m) {
     return m->kind == CK_W_NVFP4 ? (size_t)m->rows * (m->cols / 16) : m->kind == CK_W_PLANES ? (size_t)m->rows * m->cols / 32 : 0;
+}
+
+// gpu_mm_ok (gpu/launch.c) of the matrix gpu_put makes of m (its rows 256-byte aligned).
+static int gpu_mm_ok_ck(const ck_mat *m) {
+    gpu_mat d = {.w = 256, .row_bytes = m->row_bytes, .kind = m->kind, .rows = m->rows, .cols = m->cols};
+    return gpu_mm_ok(&d);
 }
 
 // Carves room for one matrix in the weight arena and, on the real pass, copies it there.
@@ -142,6 +154,15 @@ static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {
 static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
     const ck_model *m = g->m;
     const ck_config *c = &m->cfg;
+    // the routed experts take the tensor-core kernels when every matrix of every expert can
+    // (planes always can: rows and columns are multiples of 64) and the tiles divide I and H
+    g->moe_mm = c->inter % 32 == 0 && c->hidden % 64 == 0;
+    if (experts_here)
+        for (int l = 0; l < c->n_layers; l++)
+            for (int x = 0; x < c->n_experts; x++) {
+                const ck_layer *L = &m->layers[l];
+                g->moe_mm &= gpu_mm_ok_ck(&L->gate[x]) && gpu_mm_ok_ck(&L->up[x]) && gpu_mm_ok_ck(&L->down[x]) && L->gate[x].kind == L->up[x].kind;
+            }
     g->embed = gpu_put(a, &m->embed, "embedding");
     g->final_norm = gpu_put(a, &m->final_norm, "final norm");
     g->lm_head = gpu_put(a, &m->lm_head, "lm_head");
@@ -226,6 +247,14 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->sgate = gpu_take_f32(a, Tm, "shared expert gate");
     g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
     g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
+    // the widest input of a product: H, the attention output (qd), the GDN output (value_dim),
+    // the shared expert's (shared_inter)
+    size_t mw = H > corew ? H : corew;
+    if ((size_t)c->shared_inter > mw) mw = (size_t)c->shared_inter;
+    g->mm_width = mw;
+    g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
+    g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
+    g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
 }
 
 static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype);
@@ -641,24 +670,34 @@ typedef struct {
 
 // y_i = x W_iᵀ for the n ≤ GPU_LIN_SET matrices of outs (the same K columns each), x [T, ldx],
 // in one k_linear launch: the same bits as one launch each.
-static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T) {
+// Returns whether it took the tensor cores, leaving x's parts in g->xs.
+static int gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T) {
     MOET_ASSERT(n >= 1 && n <= GPU_LIN_SET, "%d matrices in one k_linear launch", n);
     gpu_lin_set set;
     memset(&set, 0, sizeof set);
     set.n = n;
+    int mm = 1;
     for (int i = 0; i < n; i++) {
         MOET_ASSERT(outs[i].W->cols == outs[0].W->cols, "matrices of one k_linear launch need the same input width");
         set.W[i] = *outs[i].W;
         set.y[i] = outs[i].y;
         set.ldy[i] = outs[i].ldy;
         set.first[i + 1] = set.first[i] + (outs[i].W->rows + GPU_LIN_ROWS - 1) / GPU_LIN_ROWS;
+        mm &= gpu_mm_ok(outs[i].W);
+    }
+    int K = outs[0].W->cols;
+    if (mm && (size_t)K <= g->mm_width) {   // tensor cores: the input's parts, then one k_mm launch
+        gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
+        gpu_k_mm(&g->k, g->compute, &set, g->xs, T);
+        return 1;
     }
     gpu_k_linear(&g->k, g->compute, &set, x, ldx, T);
+    return 0;
 }
 
 static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
     gpu_lin_out o = {W, y, ldy};
-    gpu_linear_n(g, 1, &o, x, ldx, T);
+    (void)gpu_linear_n(g, 1, &o, x, ldx, T);
 }
 
 static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
@@ -711,10 +750,17 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     int H = c->hidden, E = c->n_experts, K = c->topk, I = c->inter, SI = c->shared_inter;
     // the router and the shared expert's gate, up and sigmoid gate read the same normed input
     gpu_lin_out in[4] = {{&G->router, g->rl, E}, {&G->sh_gate, g->sg, SI}, {&G->sh_up, g->su, SI}, {&G->sh_gate_w, g->sgate, 1}};
-    gpu_linear_n(g, 4, in, g->xn, H, T);
+    int xs_has_xn = gpu_linear_n(g, 4, in, g->xn, H, T);
     gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
-    gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
-    gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
+    if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts
+        if (!xs_has_xn) gpu_k_mm_split(&g->k, g->compute, g->xn, H, H, T, g->xs);
+        gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
+        gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, g->hs, I);
+        gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, T * K, g->ye, H);
+    } else {
+        gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
+        gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
+    }
     gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI);
     gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H);
     gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);

@@ -27,7 +27,10 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
     X(K_GDN_CHUNK, "k_gdn_chunk")                                                                            \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
-    X(K_ATTENTION_BF16, "k_attention_bf16") X(K_ATTENTION_FP8, "k_attention_fp8")
+    X(K_ATTENTION_BF16, "k_attention_bf16") X(K_ATTENTION_FP8, "k_attention_fp8")                         \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p")              \
+    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_B, "k_moe_up_b")                      \
+    X(K_MOE_UP_P, "k_moe_up_p") X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_B, "k_moe_dn_b") X(K_MOE_DN_P, "k_moe_dn_p")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -61,6 +64,7 @@ typedef struct {
     CUfunction fn[K_COUNT];
     const char *image;     // which image was loaded, for the log
     int smem_optin;        // the device's most dynamic shared memory per block (bytes)
+    int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
@@ -88,6 +92,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
         k->smem_max[i] = GPU_SMEM_DEFAULT;
     }
     k->smem_optin = d->smem_optin;
+    k->sms = d->sms;
     return 0;
 }
 
@@ -124,8 +129,13 @@ static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, int block, size_t s
         k->ev_kernel[p] = fn;
         CU_CHECK(cu.cuEventRecord(k->ev[p][0], s));
     }
-    CU_CHECK(cu.cuLaunchKernel(k->fn[fn], (unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s,
-                               args, NULL));
+    CUresult r = cu.cuLaunchKernel(k->fn[fn], (unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s,
+                                   args, NULL);
+    if (r) {   // which launch, then the driver's word
+        fprintf(stderr, "moet: %s: grid (%lld, %lld, %lld) %s, %d threads, %zu bytes of dynamic shared memory:\n", name, grid.x, grid.y, grid.z,
+                grid.axes, block, smem);
+        CU_CHECK(r);
+    }
     if (p >= 0) CU_CHECK(cu.cuEventRecord(k->ev[p][1], s));
 }
 

@@ -72,6 +72,102 @@ static void gpu_k_linear(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUd
                GPU_LIN_NT, 0, s, GPU_ARGS((void *)set, &x, &ldx, &T));
 }
 
+// ---- tensor-core products (sass/mm.cu) -------------------------------------------------------
+
+// Whether the tensor-core kernels take this matrix: FP8, NVFP4, BF16 or planes, in_features a
+// multiple of 64 (the 64-blocks of sass/mm.cuh), rows at 16-byte multiples (planes: whole tiles of
+// 16 rows). F16 and F32 weights, and other widths, take k_linear.
+static int gpu_mm_ok(const gpu_mat *W) {
+    if (W->kind == GPU_W_PLANES) return W->cols % 64 == 0 && W->rows % 16 == 0;
+    return (W->kind == GPU_W_FP8 || W->kind == GPU_W_NVFP4 || W->kind == GPU_W_BF16) && W->cols % 64 == 0 && W->row_bytes % 16 == 0 &&
+           W->w % 16 == 0;
+}
+
+// The launch shape of a step of n tokens (or expert pairs), sass/mm.cu: 0 _d (n ≤ 8), 1 _b
+// (n ≤ GPU_MM_TOK_B), 2 _p; its row tiles of 16 per block and tokens per block. The sums are the
+// same bits in every shape (sass/mm.cuh: the order depends on K alone).
+static int gpu_mm_shape(long long n) { return n <= 8 ? 0 : n <= GPU_MM_TOK_B ? 1 : 2; }
+static const int gpu_mm_rt[3] = {1, 1, 2}, gpu_moe_dn_rt[3] = {1, 1, 2}, gpu_moe_up_rt[3] = {1, 1, 2};
+static const int gpu_mm_tok[3] = {8, GPU_MM_TOK, GPU_MM_TOK};
+
+// xs = the three bf16 parts of x [T, ldx]'s first K columns: bf16 [GPU_MM_SPLITS][T][K].
+static void gpu_k_mm_split(gpu_kernels *k, CUstream s, CUdeviceptr x, int ldx, int K, int T, CUdeviceptr xs) {
+    MOET_ASSERT(gpu_multiple(K, 64) && K <= ldx && gpu_multiple(ldx, 4) && gpu_aligned(x, 16), "k_mm_split: %d columns of rows of %d floats", K,
+                ldx);
+    long long n = (long long)T * K / 4;
+    gpu_launch(k, K_MM_SPLIT, (gpu_dim){gpu_cdiv(n, GPU_MM_NT), 1, 1, "(quads / threads, 1, 1)"}, GPU_MM_NT, 0, s,
+               GPU_ARGS(&x, &ldx, &K, &T, &xs));
+}
+
+// y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
+// parts of x [T, K] (gpu_k_mm_split).
+static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
+    int sh = gpu_mm_shape(T), rt = gpu_mm_rt[sh];
+    MOET_ASSERT(set->n >= 1 && set->n <= GPU_LIN_SET, "k_mm: a set of %d matrices", set->n);
+    set->first[0] = 0;
+    for (int i = 0; i < set->n; i++) {
+        MOET_ASSERT(gpu_mm_ok(&set->W[i]) && set->W[i].cols == set->W[0].cols, "k_mm: matrix %d (kind %d, [%d, %d])", i, set->W[i].kind,
+                    set->W[i].rows, set->W[i].cols);
+        set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, 16 * rt);
+    }
+    // k_mm_v: runs of row tiles per block, about two blocks per multiprocessor, the tokens' parts
+    // in shared memory (where they fit: 96 KiB at T = 4 and K = 4,096; a GB10 block takes 99 KiB).
+    // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
+    // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
+    size_t smem = (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
+    if (T <= GPU_MM_TOK_V && k->smem_max[K_MM_V] == GPU_SMEM_DEFAULT && k->smem_optin > 16384)
+        gpu_kernel_smem(k, K_MM_V, (size_t)k->smem_optin - 16384);
+    if (T <= GPU_MM_TOK_V && smem <= (size_t)k->smem_max[K_MM_V] && k->smem_max[K_MM_V] > GPU_SMEM_DEFAULT) {
+        long long tiles = 0;
+        for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
+        int per = (int)gpu_cdiv(tiles, 2LL * (k->sms > 0 ? k->sms : 1));
+        set->pad[0] = per;
+        for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(gpu_cdiv(set->W[i].rows, 16), per);
+        gpu_launch(k, K_MM_V, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,
+                   GPU_ARGS((void *)set, &xs, &T));
+        return;
+    }
+    static const int fn[3] = {K_MM_D, K_MM_B, K_MM_P};
+    gpu_launch(k, fn[sh], (gpu_dim){set->first[set->n], gpu_cdiv(T, gpu_mm_tok[sh]), 1, "(row blocks of every matrix, token tiles, 1)"},
+               GPU_MM_NT, 0, s, GPU_ARGS((void *)set, &xs, &T));
+}
+
+// The expert map of P = T·K pairs over E experts: how many items (runs of ≤ GPU_MM_TOK pairs of
+// one expert) a step can have, and the ints of the map (sass/mm.cu).
+static int gpu_moe_items_bound(long long P, int E) {
+    long long b = gpu_cdiv(P, GPU_MM_TOK) + E;
+    return (int)(b < P ? b : P);
+}
+static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_bound(P, E) + (size_t)P; }
+
+// map = the pairs of sel (int32 [P]) grouped by expert (sass/mm.cu).
+static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
+    MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
+    int bound = gpu_moe_items_bound(P, E);
+    gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound));
+}
+
+// hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
+// experts), from xs (the parts of xn [T, H]).
+static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, CUdeviceptr hs,
+                         int I) {
+    long long P = (long long)T * K;
+    int sh = gpu_mm_shape(P), rt = gpu_moe_up_rt[sh], bound = gpu_moe_items_bound(P, E);
+    static const int fn[3] = {K_MOE_UP_D, K_MOE_UP_B, K_MOE_UP_P};
+    MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
+    gpu_launch(k, fn[sh], (gpu_dim){bound, I / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, 0, s,
+               GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+}
+
+// ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
+static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, CUdeviceptr ye, int H) {
+    int sh = gpu_mm_shape(P), rt = gpu_moe_dn_rt[sh], bound = gpu_moe_items_bound(P, E);
+    static const int fn[3] = {K_MOE_DN_D, K_MOE_DN_B, K_MOE_DN_P};
+    MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
+    gpu_launch(k, fn[sh], (gpu_dim){bound, H / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, 0, s,
+               GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+}
+
 // ---- the mixture of experts -------------------------------------------------------------------
 
 // Per token: softmax over logits [T, E], the K most probable experts into sel (int32 [T, K], by
@@ -220,6 +316,10 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, moet
         {"the rows of a step (grid.y of k_gdn_conv, k_gdn_rule, k_gdn_chunk)", max_seqs, Y},
         {"the heads (grid.y of k_attention, k_gated_norm)", c->n_heads > c->lv_heads ? c->n_heads : c->lv_heads, Y},
         {"the shared expert's elements (k_silu_mul's int count, T · shared_intermediate)", T * c->shared_inter, X},
+        {"k_mm's token tiles (grid.y = ceil(max-batch-tokens / 32))", gpu_cdiv(T, GPU_MM_TOK), Y},
+        {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_bound(pairs, c->n_experts), X},
+        {"the expert rows per block (grid.y of k_moe_up / k_moe_dn)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, 16), Y},
+        {"k_mm_split's quads of a step's widest input", gpu_cdiv(T * (c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim) * 2, GPU_MM_NT), X},
     };
     for (size_t i = 0; i < sizeof dim / sizeof dim[0]; i++)
         if (dim[i].blocks > dim[i].limit)

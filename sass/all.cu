@@ -5,6 +5,7 @@
 #include "linear.cu"
 #include "router.cu"
 #include "moe.cu"
+#include "mm.cu"
 #include "silu_mul.cu"
 #include "gdn_conv.cu"
 #include "gdn_rule.cu"

@@ -52,6 +52,24 @@ GPU_ABI_ASSERT(GPU_GDN_VC == 32 && GPU_GDN_C == 64 && GPU_GDN_NT == 256, "k_gdn_
 #define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
 #define GPU_SILU_NT 256      // k_silu_mul: a thread per element
 
+// k_mm*, k_moe_up*, k_moe_dn* (sass/mm.cuh): a block of GPU_MM_WARPS warps, each one slice of
+// k (the 64-blocks kb ≡ warp mod GPU_MM_WARPS), over a tile of 16·RT rows and GPU_MM_TOK tokens
+// (four n-tiles of 8); activations as GPU_MM_SPLITS bf16 parts (k_mm_split: hi, mid, lo).
+#define GPU_MM_WARPS 8
+#define GPU_MM_NT (GPU_MM_WARPS * 32)
+#define GPU_MM_TOK 32
+#define GPU_MM_SPLITS 3
+// The launch shapes (sass/mm.cu): _d for steps of up to 8 tokens (or 8 expert pairs), _b up to
+// GPU_MM_TOK_B, _p beyond.
+#define GPU_MM_TOK_B 128
+// k_mm_v: steps of up to GPU_MM_TOK_V tokens (their parts in shared memory), GPU_MM_RING steps of
+// weights in flight per warp. The xs layout there is [part][token][K] (T·K elements per part).
+#define GPU_MM_TOK_V 4
+#define GPU_MM_RING 4
+GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
+// k_moe_sort: one block, a thread per expert for its scans.
+#define GPU_MOE_SORT_NT 1024
+
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };
 

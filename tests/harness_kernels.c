@@ -52,7 +52,10 @@
 // warps' partial states merged), against the twin's f64 sums: emulated 1.6e-6 .. 1.8e-6 at
 // depths 41, 512 and 4,096. Measured on the H200: at most 5.15e-6 (bf16 cache, T = 512) → 2e-5.
 #define HK_TOL_ATT 2e-5
-// k_embed copies decoded values: exact.
+// k_mm_split: three bf16 parts carry 24 bits of the f32 value; their sum (in f32) is x up to
+// 2^-24 of |x|, a few 1e-8 of the spread.
+#define HK_TOL_SPLIT 1e-7
+// k_embed copies decoded values: exact; k_moe_sort's map is right or wrong.
 #define HK_TOL_EXACT 0.0
 
 static struct {
@@ -220,6 +223,43 @@ static void hk_norm(void) {
     hk_reset();
 }
 
+// k_mm_split: the normalised error of hi + mid + lo (bf16 parts [GPU_MM_SPLITS][n] at xs) against
+// the f32 x [n]; NaN or a part out of place gives INFINITY.
+static double hk_split_err(CUdeviceptr xs, const float *x, size_t n) {
+    uint16_t *h = hk_down(xs, 2 * GPU_MM_SPLITS * n);
+    float *v = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        float a = 0;
+        for (int q = GPU_MM_SPLITS - 1; q >= 0; q--) a += ck_bf16((const uint8_t *)&h[(size_t)q * n + i]);
+        v[i] = a;
+    }
+    double e = check_nerr(v, x, n);
+    free(h), free(v);
+    return e;
+}
+
+// k_moe_sort: 0 when map groups the P pairs of sel by expert (items in ascending expert, each of
+// 1..GPU_MM_TOK pairs of its expert, every pair once), else INFINITY.
+static double hk_map_err(CUdeviceptr map, const int32_t *sel, int P, int E) {
+    size_t ni = gpu_moe_map_ints(P, E);
+    int bound = gpu_moe_items_bound(P, E), *m = hk_down(map, 4 * ni), *seen = calloc((size_t)P, sizeof(int)), ok = m[0] >= 1 && m[0] <= bound;
+    const int *perm = m + 1 + 3 * bound;
+    int pos = 0, last = -1;
+    for (int i = 0; ok && i < m[0]; i++) {
+        const int *it = m + 1 + 3 * i;
+        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= GPU_MM_TOK;
+        for (int j = 0; ok && j < it[2]; j++) {
+            int p = perm[it[1] + j];
+            ok = p >= 0 && p < P && !seen[p] && sel[p] == it[0];
+            if (ok) seen[p] = 1;
+        }
+        last = it[0], pos += it[2];
+    }
+    ok = ok && pos == P;
+    free(m), free(seen);
+    return ok ? 0.0 : INFINITY;
+}
+
 // k_linear against ref_linear: the model's matrix products, each set as the engine launches it
 // (the matrices that read one input in one launch).
 static void hk_linear(void) {
@@ -254,7 +294,10 @@ static void hk_linear(void) {
             snprintf(rows + strlen(rows), sizeof rows - strlen(rows), "%s%d", i ? "+" : "", W[i].rows);
             if (!strstr(fmt, hk_kind(W[i].kind))) snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), "%s%s", *fmt ? "+" : "", hk_kind(W[i].kind));
         }
-        for (int T = 1; T <= sets[si].T_max; T += 511) {
+        // 1 and 512 tokens, and 4 (k_mm's largest step with the tokens in shared memory, k_mm_v)
+        static const int Ts[] = {1, 4, 512};
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= sets[si].T_max; ti++) {
+            int T = Ts[ti];
             float *x = hk_normal((size_t)T * K, 1.0f);
             CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)T * K);
             double obytes = 0, err = 0, us;
@@ -275,6 +318,24 @@ static void hk_linear(void) {
             char shape[96];
             snprintf(shape, sizeof shape, "%s T=%d [%s, %d]", sets[si].name, T, rows, K);
             hk_row("k_linear", shape, fmt, err, HK_TOL_SUM, us, wbytes + 4.0 * T * K + obytes);
+            // the tensor cores: k_mm_split, then k_mm over the parts (outputs poisoned again)
+            CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * K);
+            for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows));
+            gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs);
+            gpu_lin_set ms = set;
+            gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
+            err = 0;
+            for (int i = 0; i < n; i++) {
+                size_t no = (size_t)T * W[i].rows;
+                float *got = hk_down(set.y[i], sizeof(float) * no), *ref = malloc(sizeof(float) * no);
+                ref_linear(&hk.r, &W[i], x, K, T, ref, W[i].rows);
+                err = fmax(err, check_nerr(got, ref, no));
+                free(got), free(ref);
+            }
+            HK_TIME(us, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
+            hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);
+            HK_TIME(us, gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs));
+            hk_row("k_mm_split", shape, "f32", hk_split_err(xs, x, (size_t)T * K), HK_TOL_SPLIT, us, 4.0 * T * K + 2.0 * GPU_MM_SPLITS * T * K);
             free(x);
         }
         for (int i = 0; i < n; i++) free(wb[i]), free(sb[i]);
@@ -377,6 +438,41 @@ static void hk_experts(int kind) {
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
         HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
         hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
+        // the tensor cores: the pairs grouped by expert (k_moe_sort), k_moe_up writing h's parts,
+        // k_moe_dn reading them; against the same twins (down over the GPU's own h)
+        CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * H), hs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I);
+        CUdeviceptr map = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
+        CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)P * H));
+        gpu_k_mm_split(&hk.k, hk.s, xd, H, H, T, xs);
+        gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
+        gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, hs, I);
+        gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, yd, H);
+        uint16_t *hp = hk_down(hs, 2 * GPU_MM_SPLITS * (size_t)P * I);
+        float *gy2 = hk_down(yd, sizeof(float) * (size_t)P * H);
+        for (size_t i = 0; i < (size_t)P * I; i++) {   // h = hi + mid + lo
+            float v = 0;
+            for (int q = 0; q < GPU_MM_SPLITS; q++) v += ck_bf16((const uint8_t *)&hp[(size_t)q * P * I + i]);
+            gh[i] = v;
+        }
+        for (int x = 0; x < E; x++) {
+            int n = 0;
+            for (int p = 0; p < P; p++)
+                if (sel[p] == x) rows[n++] = p;
+            if (!n) continue;
+            for (int i = 0; i < n; i++) memcpy(gx + (size_t)i * I, gh + (size_t)rows[i] * I, sizeof(float) * I);
+            ref_moe_down(&hk.r, &down[x], gx, n, ed);
+            for (int i = 0; i < n; i++) memcpy(yref + (size_t)rows[i] * H, ed + (size_t)i * H, sizeof(float) * H);
+        }
+        egu = check_nerr(gh, href, (size_t)P * I), ed_ = check_nerr(gy2, yref, (size_t)P * H);
+        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
+        HK_TIME(us, gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map));
+        hk_row("k_moe_sort", shape, "i32", hk_map_err(map, sel, P, E), HK_TOL_EXACT, us, 4.0 * P + 4.0 * gpu_moe_map_ints(P, E));
+        HK_TIME(us, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, hs, I));
+        hk_row("k_moe_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 6.0 * T * H + 6.0 * P * I);
+        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
+        HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, yd, H));
+        hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
+        free(hp), free(gy2);
         free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
         CU_CHECK(cu.cuCtxSynchronize());
         hk.d.used = used;   // keep the experts, drop this shape's buffers

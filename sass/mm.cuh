@@ -1,0 +1,282 @@
+// sass/mm.cuh — the tensor-core matrix product every dense and expert product shares:
+// acc[tile][n] += W[rows of the tile, k] · x[tokens of n-tile n, k] over one warp's slice of k,
+// with `mma.sync.m16n8k16` (bf16 operands, f32 accumulators).
+//
+// Weights are widened to bf16 in registers, exactly: FP8 e4m3 (through f16), NVFP4 (e2m1 times
+// its e4m3 block scale: at most 6 significant bits), the 2-bit planes (±1, ±4 times 2^e, with
+// the UE8M0 scale folded into the exponent) and BF16 as stored. The per-tensor scales (FP8
+// weight_scale, NVFP4 weight_scale_2) multiply the sum afterwards.
+//
+// Activations enter as three bf16 parts x = hi + mid + lo (k_mm_split): each part times a bf16
+// weight is exact in f32, and the parts carry 24 bits of x's mantissa, so the product is that
+// of f32 activations up to the order of the f32 additions (arena/DESIGN.md §3).
+//
+// Fragments (PTX ISA, mma.m16n8k16 .bf16): lane (g = lane/4, t = lane%4) holds A rows g and g+8
+// at k slots {2t, 2t+1, 2t+8, 2t+9} and B column (token) g at the same slots. Each k16 step q
+// (0..3) of a 64-wide block kb maps the four slots of lane t to four consecutive k:
+//   PLANES (format/PLANES.md §3, fixed by the file): k = 64kb + 16q + 4t + j
+//   FP8, NVFP4, BF16:                              k = 64kb + 16t + 4q + j
+// so one lane's weights of a row and 64-block are one contiguous load, and its activations of
+// a token and q are one 8-byte load per part. Slot 2t ↔ j = 0, 2t+1 ↔ 1, 2t+8 ↔ 2, 2t+9 ↔ 3.
+//
+// Order (batch invariance): warp w of GPU_MM_WARPS takes the 64-blocks kb = w, w + 8, …; for each
+// kb, q = 0..3, part hi, mid, lo, one mma into the running f32 accumulator; the warps' sums are
+// added in warp order (mm_reduce). All of it depends on K alone: a token's result is the same
+// bits whatever the other tokens of the launch, the tile it lands in or the rows per block.
+#pragma once
+#include "common.cuh"
+
+// e4m3 pair (low byte = first) → bf16 pair, exact (e4m3 ⊂ f16 ⊂ f32 ⊃ bf16 ⊃ e4m3).
+__device__ __forceinline__ uint32_t mm_fp8x2(uint32_t v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    float2 f = __half22float2(*(const __half2 *)&h);
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *(const uint32_t *)&b;
+}
+
+// e2m1 pair (a byte, low nibble first) times sc → bf16 pair, exact. The nibble's bits placed as
+// an f16 ((n & 7) << 9 | sign) are its value · 2^-14 for normals and subnormals alike; sc16 =
+// block scale · 2^14.
+__device__ __forceinline__ uint32_t mm_fp4x2(uint32_t b, float sc16) {
+    uint32_t h = ((b & 7u) << 9) | ((b & 8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
+    float2 f = __half22float2(*(const __half2 *)&h);
+    __nv_bfloat162 r = __floats2bfloat162_rn(f.x * sc16, f.y * sc16);
+    return *(const uint32_t *)&r;
+}
+
+// Two plane codes (a nibble, low pair first) → what a bf16 pair adds to its scale's exponent:
+// bit 15 for a negative level, 2 in the exponent (0x100) for ±4. mm_plane_lut fills it.
+__device__ __forceinline__ uint32_t mm_plane_bits(uint32_t c) { return (c < 2u ? 0x8000u : 0u) + ((c == 0u || c == 3u) ? 0x100u : 0u); }
+
+// A scale byte s as the exponent of a bf16 pair: level ±1 · 2^(s − 127) has exponent field s.
+// (s = 0 gives ±0 for ±1 where the reference has ±2^-127: a difference of < 1e-38 · x.)
+__device__ __forceinline__ uint32_t mm_plane_base(uint32_t s) { return (s << 7) | (s << 23); }
+
+__device__ __forceinline__ void mm_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The raw bytes one lane loads for one row tile and one 64-block (before widening).
+struct mm_raw {
+    uint4 r0, r1, r2, r3;   // FP8: r0 row g, r1 row g+8; NVFP4: r0.xy row g, r0.zw row g+8; BF16: r0 r1 row g, r2 r3 row g+8; PLANES: r0.xy
+    uint32_t s;             // NVFP4: the two block-scale bytes (g, g+8); PLANES: four scale bytes (g b0, g+8 b0, g b1, g+8 b1)
+};
+
+template <int KIND>
+__device__ __forceinline__ void mm_load(const gpu_mat &W, int row0, int kb, int g, int t, mm_raw &r) {
+    const uint8_t *w = (const uint8_t *)W.w;
+    const int ra = row0 + g, rb = row0 + g + 8, K = W.cols;
+    const bool va = ra < W.rows, vb = rb < W.rows;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    if (KIND == GPU_W_FP8) {
+        size_t o = (size_t)kb * 64 + 16 * t;
+        r.r0 = va ? __ldg((const uint4 *)(w + (size_t)ra * W.row_bytes + o)) : z;
+        r.r1 = vb ? __ldg((const uint4 *)(w + (size_t)rb * W.row_bytes + o)) : z;
+    } else if (KIND == GPU_W_NVFP4) {
+        size_t o = ((size_t)kb * 64 + 16 * t) / 2;
+        uint2 a = va ? __ldg((const uint2 *)(w + (size_t)ra * W.row_bytes + o)) : make_uint2(0, 0);
+        uint2 b = vb ? __ldg((const uint2 *)(w + (size_t)rb * W.row_bytes + o)) : make_uint2(0, 0);
+        r.r0 = make_uint4(a.x, a.y, b.x, b.y);
+        const uint8_t *sc = (const uint8_t *)W.scale;
+        size_t so = (size_t)kb * 4 + t;
+        uint32_t sa = va ? __ldg(sc + (size_t)ra * (K / 16) + so) : 0u, sb = vb ? __ldg(sc + (size_t)rb * (K / 16) + so) : 0u;
+        r.s = sa | (sb << 8);
+    } else if (KIND == GPU_W_BF16) {
+        size_t o = ((size_t)kb * 64 + 16 * t) * 2;
+        r.r0 = va ? __ldg((const uint4 *)(w + (size_t)ra * W.row_bytes + o)) : z;
+        r.r1 = va ? __ldg((const uint4 *)(w + (size_t)ra * W.row_bytes + o + 16)) : z;
+        r.r2 = vb ? __ldg((const uint4 *)(w + (size_t)rb * W.row_bytes + o)) : z;
+        r.r3 = vb ? __ldg((const uint4 *)(w + (size_t)rb * W.row_bytes + o + 16)) : z;
+    } else {   // PLANES: rows % 16 == 0, so the tile is whole
+        const int KB = K / 64, nb = row0 / 16;
+        uint2 c = __ldg((const uint2 *)(w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8));
+        r.r0 = make_uint4(c.x, c.y, 0, 0);
+        const uint8_t *sc = (const uint8_t *)W.scale + ((size_t)nb * (K / 32) + 2 * (size_t)kb) * 16 + g;
+        r.s = (uint32_t)__ldg(sc) | ((uint32_t)__ldg(sc + 8) << 8) | ((uint32_t)__ldg(sc + 16) << 16) | ((uint32_t)__ldg(sc + 24) << 24);
+    }
+}
+
+// The A fragment of step q from the raw bytes (the table of the planes in shared memory).
+template <int KIND>
+__device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t *lut, uint32_t a[4]) {
+    if (KIND == GPU_W_FP8) {
+        uint32_t wa = q == 0 ? r.r0.x : q == 1 ? r.r0.y : q == 2 ? r.r0.z : r.r0.w;
+        uint32_t wb = q == 0 ? r.r1.x : q == 1 ? r.r1.y : q == 2 ? r.r1.z : r.r1.w;
+        a[0] = mm_fp8x2(wa), a[2] = mm_fp8x2(wa >> 16);
+        a[1] = mm_fp8x2(wb), a[3] = mm_fp8x2(wb >> 16);
+    } else if (KIND == GPU_W_NVFP4) {
+        // elements 4q..4q+3 are bytes 2q, 2q+1 of the row's 8
+        uint32_t wa = q < 2 ? r.r0.x : r.r0.y, wb = q < 2 ? r.r0.z : r.r0.w;
+        int sh = (q & 1) * 16;
+        const float two14 = 16384.f;
+        float sa = dec_e4m3(r.s & 0xffu) * two14, sb = dec_e4m3((r.s >> 8) & 0xffu) * two14;
+        a[0] = mm_fp4x2((wa >> sh) & 0xffu, sa), a[2] = mm_fp4x2((wa >> (sh + 8)) & 0xffu, sa);
+        a[1] = mm_fp4x2((wb >> sh) & 0xffu, sb), a[3] = mm_fp4x2((wb >> (sh + 8)) & 0xffu, sb);
+    } else if (KIND == GPU_W_BF16) {
+        // elements 4q..4q+3 are words 2q, 2q+1 of the row's 8
+        const uint4 &ha = q < 2 ? r.r0 : r.r1, &hb = q < 2 ? r.r2 : r.r3;
+        a[0] = (q & 1) ? ha.z : ha.x, a[2] = (q & 1) ? ha.w : ha.y;
+        a[1] = (q & 1) ? hb.z : hb.x, a[3] = (q & 1) ? hb.w : hb.y;
+    } else {
+        // byte q of each row's word: codes j = 0..3 of k = 16q + 4t + j; scale block q / 2
+        int sh = 8 * q, ss = q < 2 ? 0 : 16;
+        uint32_t ba = mm_plane_base((r.s >> ss) & 0xffu), bb = mm_plane_base((r.s >> (ss + 8)) & 0xffu);
+        a[0] = ba + lut[(r.r0.x >> sh) & 15u], a[2] = ba + lut[(r.r0.x >> (sh + 4)) & 15u];
+        a[1] = bb + lut[(r.r0.y >> sh) & 15u], a[3] = bb + lut[(r.r0.y >> (sh + 4)) & 15u];
+    }
+}
+
+// Fills the planes' nibble table (16 words); the caller synchronises.
+__device__ __forceinline__ void mm_plane_lut(uint32_t *lut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = mm_plane_bits(threadIdx.x & 3u) | (mm_plane_bits(threadIdx.x >> 2) << 16);
+}
+
+// The calling warp's share of acc[i][n] += W_i[row0_i + tile rows, k] · xs[brow[n], k] for the
+// NTL row tiles i (matrix M[i / RT], rows row0[i % RT]) and the NT n-tiles of 8 tokens (n < nact
+// only; brow[n] < 0: no token, zeros), over the 64-blocks kb ≡ warp (mod GPU_MM_WARPS).
+// xs: bf16 [GPU_MM_SPLITS][·][K] with ss elements between the parts; row brow[n] of each part.
+// Each 16-wide step sums its three parts (lo, mid, hi) into a fresh accumulator that is then
+// added to the running one in f32: the tensor cores' own additions (which do not round to
+// nearest) see at most 48 products.
+template <int KIND, int NTL, int NT>
+__device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const __nv_bfloat16 *__restrict__ xs, size_t ss, int K,
+                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NTL][NT][4]) {
+    const int t = threadIdx.x & 3;
+    // the activations of QB steps at once: all four (one round trip) for a single n-tile, one
+    // step at a time for four (the registers)
+    constexpr int QB = NT == 1 ? 4 : 1;
+#pragma unroll
+    for (int q0 = 0; q0 < 4; q0 += QB) {
+        uint2 b[QB][NT][GPU_MM_SPLITS];
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++) {
+            const int q = q0 + qq, ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int s = 0; s < GPU_MM_SPLITS; s++)
+                    b[qq][n][s] = (n < nact && brow[n] >= 0) ? __ldg((const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)) : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+            for (int i = 0; i < NTL; i++) {
+                uint32_t a[4];
+                mm_widen<KIND>(raw[i], q0 + qq, lut, a);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < nact) {
+                        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                        for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[qq][n][s].x, b[qq][n][s].y);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
+                    }
+            }
+    }
+}
+
+// U: the 64-blocks whose weights are in flight at once (a ring of U; the next is loaded as soon
+// as one is multiplied).
+template <int KIND, int NM, int RT, int NT, int U>
+__device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
+                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int KB = K / 64;
+    constexpr int NTL = NM * RT, S = GPU_MM_WARPS;
+#pragma unroll
+    for (int i = 0; i < NTL; i++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][n][c] = 0.f;
+    mm_raw ring[U][NTL];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (w + S * u < KB)
+#pragma unroll
+            for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], w + S * u, g, t, ring[u][i]);
+    for (int kb0 = w; kb0 < KB; kb0 += S * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = kb0 + S * u;
+            if (kb < KB) {
+                mm_step<KIND, NTL, NT>(ring[u], kb, xs, ss, K, brow, nact, lut, acc);
+                if (kb + S * U < KB)
+#pragma unroll
+                    for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], kb + S * U, g, t, ring[u][i]);
+            }
+        }
+    }
+}
+
+// Adds the GPU_MM_WARPS warps' accumulators in warp order into red [NTL][NT][4][32] (shared),
+// which every thread may read after it returns. ONE: red has room for every warp's share
+// ([GPU_MM_WARPS] of them, one barrier, the sums in warp order as they are read: mm_at);
+// otherwise the warps add theirs in turn, a barrier each.
+template <int NTL, int NT, bool ONE>
+__device__ __forceinline__ void mm_reduce(const float acc[NTL][NT][4], float *red, int nact) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (ONE) {
+#pragma unroll
+        for (int i = 0; i < NTL; i++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                if (n < nact)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) red[(((w * NTL + i) * NT + n) * 4 + c) * 32 + lane] = acc[i][n][c];
+        __syncthreads();
+    } else {
+        for (int v = 0; v < GPU_MM_WARPS; v++) {
+        if (w == v)
+#pragma unroll
+            for (int i = 0; i < NTL; i++)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < nact)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            float *p = red + ((i * NT + n) * 4 + c) * 32 + lane;
+                            *p = v == 0 ? acc[i][n][c] : *p + acc[i][n][c];
+                        }
+            __syncthreads();
+        }
+    }
+}
+
+// Element (row r of the tile, token slot m of the block's 8·NT) of a reduced tile i (of NTL):
+// the lane and register that hold it (C fragment: c0, c1 row g tokens 2t, 2t+1; c2, c3 row g + 8),
+// summed over the warps in warp order when ONE.
+template <int NTL, int NT, bool ONE>
+__device__ __forceinline__ float mm_at(const float *red, int i, int r, int m) {
+    int n = m >> 3, col = m & 7, g = r & 7, c = (r >> 3) * 2 + (col & 1), t = col >> 1;
+    int o = ((i * NT + n) * 4 + c) * 32 + g * 4 + t;
+    if (!ONE) return red[o];
+    float v = red[o];
+#pragma unroll
+    for (int w = 1; w < GPU_MM_WARPS; w++) v += red[w * NTL * NT * 128 + o];
+    return v;
+}
+
+// Shared floats of mm_reduce's red.
+template <int NTL, int NT, bool ONE>
+struct mm_red {
+    static constexpr int floats = (ONE ? GPU_MM_WARPS : 1) * NTL * NT * 128;
+};
+
+// Runs mm_core for the matrices' kind (every matrix of one call has the same kind).
+template <int NM, int RT, int NT, int U>
+__device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
+                                       const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
+    switch (M[0].kind) {
+    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    default: mm_core<GPU_W_PLANES, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    }
+}
+
+// The per-tensor scale that multiplies a kind's sums.
+__device__ __forceinline__ float mm_post(const gpu_mat &W) { return W.kind == GPU_W_FP8 || W.kind == GPU_W_NVFP4 ? W.s : 1.f; }
