@@ -70,6 +70,11 @@ typedef struct {
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;
     size_t mm_width;
+    // attention's partial states for steps of up to att_split_T tokens (gpu_k_attn_split):
+    // [att_split_T, nh, att_nc, hd + 2] f32, att_nc = ceil(max_len / GPU_ATT_CHUNK); 0 without
+    CUdeviceptr att_part;
+    int att_split_T, att_nc;
+    int reach;                       // this step's deepest token: its position + 1
     int moe_mm;                      // the routed experts take k_moe_up / k_moe_dn (every expert matrix gpu_mm_ok)
     CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
     int32_t *meta_host;              // pinned
@@ -255,6 +260,13 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
     g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
     g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
+    // decode steps (up to GPU_ATT_SPLIT_T tokens) take attention split over the context's chunks
+    g->att_nc = (int)((g->o.max_len + GPU_ATT_CHUNK - 1) / GPU_ATT_CHUNK);
+    g->att_split_T = c->n_full ? (int)(Tm < (size_t)g->o.max_seqs ? Tm : (size_t)g->o.max_seqs) : 0;
+    if (g->att_split_T > GPU_ATT_SPLIT_T) g->att_split_T = GPU_ATT_SPLIT_T;
+    g->att_part = g->att_split_T ? (CUdeviceptr)(uintptr_t)arena_take(a, sizeof(float) * (size_t)g->att_split_T * c->n_heads * g->att_nc * (c->head_dim + 2), 256,
+                                                                  "attention's partial states")
+                                 : 0;
 }
 
 static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype);
@@ -453,7 +465,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
             return gpu_close(&g->dev), -1;
     }
     if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
-    if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, e)) return gpu_close(&g->dev), -1;
+    if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
     gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB):
@@ -670,8 +682,8 @@ typedef struct {
 
 // y_i = x W_iᵀ for the n ≤ GPU_LIN_SET matrices of outs (the same K columns each), x [T, ldx],
 // in one k_linear launch: the same bits as one launch each.
-// Returns whether it took the tensor cores, leaving x's parts in g->xs.
-static int gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T) {
+// parts: g->xs already holds x's bf16 parts (x is the normed input gpu_norm just wrote).
+static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T, int parts) {
     MOET_ASSERT(n >= 1 && n <= GPU_LIN_SET, "%d matrices in one k_linear launch", n);
     gpu_lin_set set;
     memset(&set, 0, sizeof set);
@@ -687,38 +699,42 @@ static int gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdevicep
     }
     int K = outs[0].W->cols;
     if (mm && (size_t)K <= g->mm_width) {   // tensor cores: the input's parts, then one k_mm launch
-        gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
+        if (!parts) gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
         gpu_k_mm(&g->k, g->compute, &set, g->xs, T);
-        return 1;
+        return;
     }
     gpu_k_linear(&g->k, g->compute, &set, x, ldx, T);
-    return 0;
 }
 
-static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy) {
+static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy, int parts) {
     gpu_lin_out o = {W, y, ldy};
-    (void)gpu_linear_n(g, 1, &o, x, ldx, T);
+    gpu_linear_n(g, 1, &o, x, ldx, T, parts);
 }
 
 static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
     const ck_config *c = &g->m->cfg;
-    gpu_k_add_rmsnorm(&g->k, g->compute, x, y, *w, xn, rows, c->hidden, (float)c->eps, n);
+    // xn's bf16 parts too (g->xs), for the tensor-core products that read it next (gpu_linear_n's parts)
+    gpu_k_add_rmsnorm(&g->k, g->compute, x, y, *w, xn, g->xs, rows, c->hidden, (float)c->eps, n);
 }
 
 static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, int T) {
     const ck_config *c = &g->m->cfg;
     int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, qd = nh * hd, kvd = kvh * hd, H = c->hidden, rot = c->rot_dim;
     gpu_lin_out qkv[3] = {{&G->q, g->proj, 2 * qd}, {&G->k, g->kk, kvd}, {&G->v, g->vv, kvd}};
-    gpu_linear_n(g, 3, qkv, g->xn, H, T);
+    gpu_linear_n(g, 3, qkv, g->xn, H, T, 1);
     size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
     size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
     CUdeviceptr ks = g->ks ? g->ks + slay : 0, vs = g->vs ? g->vs + slay : 0;
     gpu_k_attn_prep(&g->k, g->compute, g->o.kv_dtype, g->proj, g->kk, g->vv, G->q_norm, G->k_norm, g->inv_freq, rot, tp, ts, g->bt,
                     g->bt_stride, kc, vc, ks, vs, nh, kvh, hd, (float)c->eps, T);
-    gpu_k_attention(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->core, nh, kvh, hd,
-                    1.0f / sqrtf((float)hd), T);
-    gpu_linear(g, &G->o, g->core, qd, T, g->y, H);
+    if (T <= g->att_split_T)   // a decode step: the chunks of each context in parallel (the same bits)
+        gpu_k_attn_split(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->att_part, g->att_nc, g->core,
+                         nh, kvh, hd, 1.0f / sqrtf((float)hd), g->xs, T, g->reach);
+    else
+        gpu_k_attention(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->core, nh, kvh, hd,
+                        1.0f / sqrtf((float)hd), g->xs, T);
+    gpu_linear(g, &G->o, g->core, qd, T, g->y, H, 1);   // core's parts from the attention kernel
 }
 
 // The GDN layer; n1 rows of one token take the recurrent kernel, nm longer rows the chunked one
@@ -728,7 +744,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     int H = c->hidden, cd = c->conv_dim, vd = c->value_dim, nv = c->lv_heads, nk = c->lk_heads, dk = c->lk_dim, dv = c->lv_dim,
         Kc = c->conv_k;
     gpu_lin_out in[4] = {{&G->qkv, g->proj, cd}, {&G->z, g->zz, vd}, {&G->b, g->bb, nv}, {&G->a, g->aa, nv}};
-    gpu_linear_n(g, 4, in, g->xn, H, T);
+    gpu_linear_n(g, 4, in, g->xn, H, T, 1);
     size_t gi = (size_t)g->kind_index[layer];
     CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
     long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
@@ -741,8 +757,8 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     if (nm)
         gpu_k_gdn_chunk(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
                         r0, rn, rp, many, nm);
-    gpu_k_gated_norm(&g->k, g->compute, g->core, g->zz, G->gnorm, nv, dv, (float)c->eps, T);
-    gpu_linear(g, &G->out, g->core, vd, T, g->y, H);
+    gpu_k_gated_norm(&g->k, g->compute, g->core, g->zz, G->gnorm, nv, dv, (float)c->eps, g->xs, T);   // with core's parts
+    gpu_linear(g, &G->out, g->core, vd, T, g->y, H, 1);
 }
 
 static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
@@ -750,19 +766,18 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     int H = c->hidden, E = c->n_experts, K = c->topk, I = c->inter, SI = c->shared_inter;
     // the router and the shared expert's gate, up and sigmoid gate read the same normed input
     gpu_lin_out in[4] = {{&G->router, g->rl, E}, {&G->sh_gate, g->sg, SI}, {&G->sh_up, g->su, SI}, {&G->sh_gate_w, g->sgate, 1}};
-    int xs_has_xn = gpu_linear_n(g, 4, in, g->xn, H, T);
+    gpu_linear_n(g, 4, in, g->xn, H, T, 1);
     gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
-    if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts
-        if (!xs_has_xn) gpu_k_mm_split(&g->k, g->compute, g->xn, H, H, T, g->xs);
+    if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
         gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
-        gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, g->hs, I);
-        gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, T * K, g->ye, H);
+        gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
+        gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, T * K, I, g->ye, H);
     } else {
         gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
         gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
     }
-    gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI);
-    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H);
+    gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI, g->xs);   // with h's parts (xn's are read by then)
+    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, 1);
     gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
 }
 
@@ -825,6 +840,9 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     int nr, n1, nm;
     gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
+    g->reach = 0;
+    for (int i = 0; i < n; i++)
+        if (g->pos[slots[i]] + off[i + 1] - off[i] > g->reach) g->reach = g->pos[slots[i]] + off[i + 1] - off[i];
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
     CUdeviceptr none = 0;
     gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, T);
@@ -857,7 +875,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(hidden[c->n_layers], g->xn, sizeof(float) * (size_t)nr * H));
     }
-    gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab);
+    gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab, 1);
     return 0;
 }
 

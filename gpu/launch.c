@@ -48,12 +48,13 @@ static void gpu_k_embed(gpu_kernels *k, CUstream s, gpu_mat E, CUdeviceptr ids, 
     gpu_launch(k, K_EMBED, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_EMBED_NT, 0, s, GPU_ARGS(&E, &ids, &x, &H));
 }
 
-// if y: x[r] += y[r]; xn[i] = RMSNorm1p(x[r]) · (1 + w), r = rows ? rows[i] : i, for i < n.
+// if y: x[r] += y[r]; xn[i] = RMSNorm1p(x[r]) · (1 + w), r = rows ? rows[i] : i, for i < n;
+// if xs: xn's bf16 parts as gpu_k_mm_split writes them ([GPU_MM_SPLITS][n][H]).
 // x, y [·, H]; rows: int32 [n] or 0; xn [n, H].
-static void gpu_k_add_rmsnorm(gpu_kernels *k, CUstream s, CUdeviceptr x, CUdeviceptr y, gpu_mat w, CUdeviceptr xn, CUdeviceptr rows, int H,
-                              float eps, int n) {
+static void gpu_k_add_rmsnorm(gpu_kernels *k, CUstream s, CUdeviceptr x, CUdeviceptr y, gpu_mat w, CUdeviceptr xn, CUdeviceptr xs,
+                              CUdeviceptr rows, int H, float eps, int n) {
     MOET_ASSERT(w.cols == H, "k_add_rmsnorm: a weight of %d for H = %d", w.cols, H);
-    gpu_launch(k, K_ADD_RMSNORM, (gpu_dim){n, 1, 1, "(rows, 1, 1)"}, GPU_NORM_NT, 0, s, GPU_ARGS(&x, &y, &w, &xn, &rows, &H, &eps));
+    gpu_launch(k, K_ADD_RMSNORM, (gpu_dim){n, 1, 1, "(rows, 1, 1)"}, GPU_NORM_NT, 0, s, GPU_ARGS(&x, &y, &w, &xn, &xs, &rows, &H, &eps));
 }
 
 // ---- matrix products -------------------------------------------------------------------------
@@ -99,6 +100,15 @@ static void gpu_k_mm_split(gpu_kernels *k, CUstream s, CUdeviceptr x, int ldx, i
                GPU_ARGS(&x, &ldx, &K, &T, &xs));
 }
 
+// A kernel with static shared memory (at most 16 KiB of it) that asks for smem dynamic bytes:
+// past 48 KiB together they need its opt-in, taken once up to the device's limit less the static
+// room. Returns whether the launch fits.
+static int gpu_smem_room(gpu_kernels *k, int fn, size_t smem) {
+    if (smem + 16384 > GPU_SMEM_DEFAULT && k->smem_max[fn] == GPU_SMEM_DEFAULT && k->smem_optin > 16384)
+        gpu_kernel_smem(k, fn, (size_t)k->smem_optin - 16384);
+    return k->smem_max[fn] == GPU_SMEM_DEFAULT ? smem + 16384 <= GPU_SMEM_DEFAULT : smem <= (size_t)k->smem_max[fn];
+}
+
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
 // parts of x [T, K] (gpu_k_mm_split).
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
@@ -115,9 +125,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
     size_t smem = (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
-    if (T <= GPU_MM_TOK_V && k->smem_max[K_MM_V] == GPU_SMEM_DEFAULT && k->smem_optin > 16384)
-        gpu_kernel_smem(k, K_MM_V, (size_t)k->smem_optin - 16384);
-    if (T <= GPU_MM_TOK_V && smem <= (size_t)k->smem_max[K_MM_V] && k->smem_max[K_MM_V] > GPU_SMEM_DEFAULT) {
+    if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
         long long tiles = 0;
         for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
         int per = (int)gpu_cdiv(tiles, 2LL * (k->sms > 0 ? k->sms : 1));
@@ -149,22 +157,29 @@ static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, i
 
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
 // experts), from xs (the parts of xn [T, H]).
-static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, CUdeviceptr hs,
-                         int I) {
+static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
+                         CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
     int sh = gpu_mm_shape(P), rt = gpu_moe_up_rt[sh], bound = gpu_moe_items_bound(P, E);
     static const int fn[3] = {K_MOE_UP_D, K_MOE_UP_B, K_MOE_UP_P};
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
-    gpu_launch(k, fn[sh], (gpu_dim){bound, I / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, 0, s,
+    // _d stages an item's tokens (distinct: at most min(T, 8)) in shared memory
+    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < 8 ? T : 8) * H : 0;
+    MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_up_d: %zu bytes of staged activations", smem);
+    gpu_launch(k, fn[sh], (gpu_dim){bound, I / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
 }
 
 // ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
-static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, CUdeviceptr ye, int H) {
+static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
+                         int H) {
     int sh = gpu_mm_shape(P), rt = gpu_moe_dn_rt[sh], bound = gpu_moe_items_bound(P, E);
     static const int fn[3] = {K_MOE_DN_D, K_MOE_DN_B, K_MOE_DN_P};
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
-    gpu_launch(k, fn[sh], (gpu_dim){bound, H / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, 0, s,
+    // _d stages an item's pairs' h (at most 8) in shared memory
+    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < 8 ? P : 8) * I : 0;
+    MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
+    gpu_launch(k, fn[sh], (gpu_dim){bound, H / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
 }
 
@@ -206,9 +221,9 @@ static void gpu_k_moe_combine(gpu_kernels *k, CUstream s, CUdeviceptr ye, CUdevi
 }
 
 // h[i] = SiLU(g[i]) · u[i], i < n (h may be g).
-static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdeviceptr u, CUdeviceptr h, int n) {
+static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdeviceptr u, CUdeviceptr h, int n, CUdeviceptr xs) {
     gpu_launch(k, K_SILU_MUL, (gpu_dim){gpu_cdiv(n, GPU_SILU_NT), 1, 1, "(blocks of elements, 1, 1)"}, GPU_SILU_NT, 0, s,
-               GPU_ARGS(&g, &u, &h, &n));
+               GPU_ARGS(&g, &u, &h, &n, &xs));
 }
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------------
@@ -253,9 +268,11 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
 }
 
 // o[t, h] ← w · (o / rms(o)) · SiLU(z[t, h]) for every (token, value head): o, z [T, nv·dv].
-static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdeviceptr z, gpu_mat w, int nv, int dv, float eps, int T) {
+static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdeviceptr z, gpu_mat w, int nv, int dv, float eps, CUdeviceptr xs,
+                             int T) {
     MOET_ASSERT(w.cols == dv, "k_gated_norm: a weight of %d for value heads of %d", w.cols, dv);
-    gpu_launch(k, K_GATED_NORM, (gpu_dim){T, nv, 1, "(tokens, value heads, 1)"}, GPU_GNORM_NT, 0, s, GPU_ARGS(&o, &z, &w, &nv, &dv, &eps));
+    gpu_launch(k, K_GATED_NORM, (gpu_dim){T, nv, 1, "(tokens, value heads, 1)"}, GPU_GNORM_NT, 0, s,
+               GPU_ARGS(&o, &z, &w, &nv, &dv, &eps, &xs));
 }
 
 // ---- gated attention ----------------------------------------------------------------------------
@@ -287,10 +304,27 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
 // (sass/attention.cu): core [T, nh·hd]. Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd).
 static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
-                            int nh, int kvh, int hd, float scale, int T) {
+                            int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T) {
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
     gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
-               GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale));
+               GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale, &xs));
+}
+
+// The same attention with a long context's chunks in parallel (sass/attention.cu): k_attn_part
+// writes each (token, head, chunk)'s partial state into part [T, nh, nc, hd + 2] (nc chunks per
+// token reserved: ceil(max_len / GPU_ATT_CHUNK)), for the chunks of the step's deepest token
+// (reach: its position + 1), then k_attn_merge folds them into core. The same bits as
+// gpu_k_attention.
+static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
+                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr part,
+                             int nc, CUdeviceptr core, int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T, int reach) {
+    gpu_assert_attn("k_attn_part", kv_dtype, ks, vs, nh, kvh, hd);
+    int nz = (int)gpu_cdiv(reach, GPU_ATT_CHUNK);
+    MOET_ASSERT(nz >= 1 && nz <= nc, "k_attn_part: a context of %d positions in %d chunks of %d", reach, nc, GPU_ATT_CHUNK);
+    gpu_launch(k, K_ATTN_PART_F32 + kv_dtype, (gpu_dim){T, nh, nz, "(tokens, query heads, chunks of the deepest token)"}, GPU_ATT_NT, 0, s,
+               GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale));
+    gpu_launch(k, K_ATTN_MERGE, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
+               GPU_ARGS(&proj, &tok_pos, &part, &nc, &core, &nh, &hd, &xs));
 }
 
 #undef GPU_ARGS
@@ -303,7 +337,7 @@ static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
 // checks a plan of max_tokens per step and max_seqs rows here, before it allocates anything, so a
 // plan that could not launch is refused with its reason instead of aborting in a launcher
 // mid-request. The launchers assert the same limits for every launch (gpu_launch).
-static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, moet_err *e) {
+static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, int max_len, moet_err *e) {
     const long long X = 2147483647LL, Y = 65535;
     long long T = max_tokens, pairs = T * c->topk;
     struct {
@@ -317,6 +351,7 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, moet
         {"the heads (grid.y of k_attention, k_gated_norm)", c->n_heads > c->lv_heads ? c->n_heads : c->lv_heads, Y},
         {"the shared expert's elements (k_silu_mul's int count, T · shared_intermediate)", T * c->shared_inter, X},
         {"k_mm's token tiles (grid.y = ceil(max-batch-tokens / 32))", gpu_cdiv(T, GPU_MM_TOK), Y},
+        {"attention's chunks of a context (grid.z of k_attn_part)", gpu_cdiv(max_len, GPU_ATT_CHUNK), Y},
         {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_bound(pairs, c->n_experts), X},
         {"the expert rows per block (grid.y of k_moe_up / k_moe_dn)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, 16), Y},
         {"k_mm_split's quads of a step's widest input", gpu_cdiv(T * (c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim) * 2, GPU_MM_NT), X},
@@ -324,6 +359,7 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, moet
     for (size_t i = 0; i < sizeof dim / sizeof dim[0]; i++)
         if (dim[i].blocks > dim[i].limit)
             return err_set(e, "a step of %d tokens cannot launch on the GPU: %s needs %lld blocks, CUDA takes at most %lld "
-                              "(lower --max-batch-tokens)", max_tokens, dim[i].what, dim[i].blocks, dim[i].limit);
+                              "(lower --max-batch-tokens%s)", max_tokens, dim[i].what, dim[i].blocks, dim[i].limit,
+                          strstr(dim[i].what, "rows of a step") ? " or --max-num-seqs" : strstr(dim[i].what, "context") ? " or --max-model-len" : "");
     return 0;
 }

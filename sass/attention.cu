@@ -2,37 +2,41 @@
 // (MODEL.md §3.4 steps 6–7): for token t at position p and query head h (KV head h / (nh / kvh)),
 //   o = Σ_{τ ≤ p} softmax_τ(q · k_τ / sqrt(hd)) v_τ,   core[t, h] = o ⊙ σ(gate)
 // CPU twin: ref_attn_core (moet.c; one query token).
-// Launch (gpu_k_attention): block GPU_ATT_NT = GPU_ATT_WARPS (16) warps, grid (T, nh) (tokens
-// along grid.x, which holds 2³¹ − 1 blocks). Warp w takes
-// positions τ ≡ w (mod 16), two at a time (τ and τ + 16: two independent dot products in
-// flight), with an online softmax (running max m, sum l, accumulator per lane over hd/32 dims);
-// the sixteen partial states merge in warp order. The order depends only on p: batch invariant.
-// hd ≤ GPU_ATT_MAX_HD.
+//
+// The positions are cut into chunks of GPU_ATT_CHUNK by absolute position ([cC, cC + C) ∩ [0, p]).
+// A chunk's partial state (its max M, sum L and unnormalised output O over hd) is computed by one
+// block of GPU_ATT_WARPS (16) warps: warp w takes positions cC + w, cC + w + 16, … two at a time
+// (two independent dot products in flight) with an online softmax, and the sixteen warp states
+// merge in warp order (att_chunk). The chunks then fold in chunk order (att_fold), from chunk 0.
+// Two kernels do exactly that, with the same functions, so a token's bits do not depend on which
+// one ran or on the other tokens of the step:
+//   k_attention_*  (gpu_k_attention): grid (T, nh), block GPU_ATT_NT; each block walks its token's
+//                  chunks one after another (prompt chunks: the partial states never leave the SM);
+//   k_attn_part_*  (gpu_k_attn_split): grid (T, nh, chunks of the step's deepest token), a block per
+//                  chunk writes its partial state to part [T, nh, nc, hd + 2]; k_attn_merge then
+//                  folds them in chunk order (decode steps: the chunks of a long context in parallel).
+// hd ≤ GPU_ATT_MAX_HD; tokens along grid.x (2³¹ − 1 blocks). If xs: core's three bf16 parts
+// too, for the output projection (k_mm_split's layout, [3][T][nh·hd]).
 #include "kv.cuh"
+#include "mm.cuh"
 
 #define ATT_MAXD (GPU_ATT_MAX_HD / WARP)   // dims per lane
 
+// One chunk [lo, hi] of token t's positions for query head h: the block's sixteen warps merged in
+// warp order into Mc, Lc (returned to every thread) and oc[d] (shared, hd floats). q in registers
+// (qr: dims lane + 32i). Ends with a barrier: oc, ms, ls, accs may be reused after the caller's next one.
 template <class KV>
-__device__ void attention(const float *__restrict__ proj, const int *__restrict__ tok_pos, const int *__restrict__ tok_slot,
-                          const int *__restrict__ bt, int bt_stride, const typename KV::T *__restrict__ kc,
-                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
-                          float *__restrict__ core, int nh, int kvh, int hd, float scale) {
-    __shared__ float ms[GPU_ATT_WARPS], ls[GPU_ATT_WARPS];
-    __shared__ float accs[GPU_ATT_WARPS][GPU_ATT_MAX_HD];
-    int h = blockIdx.y, t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int p = tok_pos[t], kvd = kvh * hd, j = h / (nh / kvh), nd = (hd + WARP - 1) / WARP;
-    const int *btr = bt + (size_t)tok_slot[t] * bt_stride;
-    const float *q = proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd;
-    float qr[ATT_MAXD], acc[ATT_MAXD];
+__device__ __forceinline__ void att_chunk(const float qr[ATT_MAXD], int lo, int hi, const int *__restrict__ btr, const typename KV::T *__restrict__ kc,
+                                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
+                                          int kvd, int kvh, int j, int hd, float scale, float *ms, float *ls, float (*accs)[GPU_ATT_MAX_HD],
+                                          float *oc, float &Mc, float &Lc) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nd = (hd + WARP - 1) / WARP;
+    float acc[ATT_MAXD];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; i++) {
-        int d = lane + i * WARP;
-        qr[i] = (i < nd && d < hd) ? q[d] : 0.f;
-        acc[i] = 0.f;
-    }
+    for (int i = 0; i < ATT_MAXD; i++) acc[i] = 0.f;
     float m = -INFINITY, l = 0.f;
-    for (int tau = w; tau <= p; tau += 2 * GPU_ATT_WARPS) {
-        int t1 = tau + GPU_ATT_WARPS, two = t1 <= p;   // the second position, when there is one
+    for (int tau = lo + w; tau <= hi; tau += 2 * GPU_ATT_WARPS) {
+        int t1 = tau + GPU_ATT_WARPS, two = t1 <= hi;   // the second position, when there is one
         size_t b0 = kv_index(btr, tau, kvd, j * hd), b1 = two ? kv_index(btr, t1, kvd, j * hd) : b0;
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
@@ -74,20 +78,138 @@ __device__ void attention(const float *__restrict__ proj, const int *__restrict_
         f[i] = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);   // a warp with no position adds nothing
         L += ls[i] * f[i];
     }
-    const float *gate = q + hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.f;
         for (int i = 0; i < GPU_ATT_WARPS; i++) o += accs[i][d] * f[i];
-        core[(size_t)t * nh * hd + (size_t)h * hd + d] = (o / L) * sigm(gate[d]);
+        oc[d] = o;
+    }
+    Mc = M, Lc = L;
+    __syncthreads();
+}
+
+// Folds a chunk's state (Mc, Lc, oc) into the running one (M, L, o): rescaled to the larger max.
+// Explicit roundings (no contraction left to the compiler): both kernels fold the same bits.
+__device__ __forceinline__ void att_fold(float &M, float &L, float &o, float Mc, float Lc, float oc) {
+    float Mn = fmaxf(M, Mc), a = expf(M - Mn), b = expf(Mc - Mn);
+    o = __fmaf_rn(o, a, __fmul_rn(oc, b));
+    L = __fmaf_rn(L, a, __fmul_rn(Lc, b));
+    M = Mn;
+}
+
+// core[i] = v, and its parts when xs (ss elements apart).
+__device__ __forceinline__ void att_out(float *core, __nv_bfloat16 *xs, size_t i, size_t ss, float v) {
+    core[i] = v;
+    if (xs) mm_split3(v, xs + i, ss);
+}
+
+// The query of token t, head h in registers.
+__device__ __forceinline__ void att_q(const float *q, int hd, float qr[ATT_MAXD]) {
+    const int lane = threadIdx.x & 31, nd = (hd + WARP - 1) / WARP;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) {
+        int d = lane + i * WARP;
+        qr[i] = (i < nd && d < hd) ? q[d] : 0.f;
+    }
+}
+
+// k_attention_*: every chunk of the token, one after another, folded as they come.
+template <class KV>
+__device__ void attention(const float *__restrict__ proj, const int *__restrict__ tok_pos, const int *__restrict__ tok_slot,
+                          const int *__restrict__ bt, int bt_stride, const typename KV::T *__restrict__ kc,
+                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
+                          float *__restrict__ core, int nh, int kvh, int hd, float scale, __nv_bfloat16 *__restrict__ xs) {
+    __shared__ float ms[GPU_ATT_WARPS], ls[GPU_ATT_WARPS];
+    __shared__ float accs[GPU_ATT_WARPS][GPU_ATT_MAX_HD];
+    __shared__ float oc[GPU_ATT_MAX_HD];
+    int h = blockIdx.y, t = blockIdx.x;
+    int p = tok_pos[t], kvd = kvh * hd, j = h / (nh / kvh);
+    const int *btr = bt + (size_t)tok_slot[t] * bt_stride;
+    const float *q = proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd;
+    float qr[ATT_MAXD];
+    att_q(q, hd, qr);
+    float M = -INFINITY, L = 0.f, o[GPU_ATT_MAX_HD / GPU_ATT_NT];   // dims threadIdx.x + i·GPU_ATT_NT
+#pragma unroll
+    for (int i = 0; i < GPU_ATT_MAX_HD / GPU_ATT_NT; i++) o[i] = 0.f;
+    for (int c = 0; c * GPU_ATT_CHUNK <= p; c++) {
+        int lo = c * GPU_ATT_CHUNK, hi = min(p, lo + GPU_ATT_CHUNK - 1);
+        float Mc, Lc;
+        att_chunk<KV>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs, oc, Mc, Lc);
+        float Mr = M, Lr = L;
+#pragma unroll
+        for (int i = 0; i < GPU_ATT_MAX_HD / GPU_ATT_NT; i++) {
+            int d = threadIdx.x + i * GPU_ATT_NT;
+            M = Mr, L = Lr;
+            float od = d < hd ? oc[d] : 0.f;
+            att_fold(M, L, o[i], Mc, Lc, od);
+        }
+        __syncthreads();   // oc read before the next chunk writes it
+    }
+    const float *gate = q + hd;
+#pragma unroll
+    for (int i = 0; i < GPU_ATT_MAX_HD / GPU_ATT_NT; i++) {
+        int d = threadIdx.x + i * GPU_ATT_NT;
+        if (d < hd) att_out(core, xs, (size_t)t * nh * hd + (size_t)h * hd + d, (size_t)gridDim.x * nh * hd, (o[i] / L) * sigm(gate[d]));
+    }
+}
+
+// k_attn_part_*: chunk blockIdx.z of token t, head h: its state to part[((t·nh + h)·nc + c)·(hd + 2)]
+// as M, L, O[hd] (nothing when the chunk starts past the token's position).
+template <class KV>
+__device__ void attn_part(const float *__restrict__ proj, const int *__restrict__ tok_pos, const int *__restrict__ tok_slot,
+                          const int *__restrict__ bt, int bt_stride, const typename KV::T *__restrict__ kc,
+                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
+                          float *__restrict__ part, int nc, int nh, int kvh, int hd, float scale) {
+    __shared__ float ms[GPU_ATT_WARPS], ls[GPU_ATT_WARPS];
+    __shared__ float accs[GPU_ATT_WARPS][GPU_ATT_MAX_HD];
+    __shared__ float oc[GPU_ATT_MAX_HD];
+    int h = blockIdx.y, t = blockIdx.x, c = blockIdx.z;
+    int p = tok_pos[t], kvd = kvh * hd, j = h / (nh / kvh), lo = c * GPU_ATT_CHUNK;
+    if (lo > p) return;
+    const int *btr = bt + (size_t)tok_slot[t] * bt_stride;
+    float qr[ATT_MAXD];
+    att_q(proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd, hd, qr);
+    float Mc, Lc;
+    att_chunk<KV>(qr, lo, min(p, lo + GPU_ATT_CHUNK - 1), btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs, oc, Mc, Lc);
+    float *dst = part + (((size_t)t * nh + h) * nc + c) * (hd + 2);
+    if (threadIdx.x == 0) dst[0] = Mc, dst[1] = Lc;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[2 + d] = oc[d];
+}
+
+// k_attn_merge: token t, head h (grid (T, nh), block GPU_ATT_NT): its chunks' states folded in
+// chunk order, then core = O / L ⊙ σ(gate).
+extern "C" __global__ void __launch_bounds__(GPU_ATT_NT) k_attn_merge(const float *__restrict__ proj, const int *__restrict__ tok_pos,
+                                                                      const float *__restrict__ part, int nc, float *__restrict__ core, int nh,
+                                                                      int hd, __nv_bfloat16 *__restrict__ xs) {
+    int h = blockIdx.y, t = blockIdx.x, p = tok_pos[t];
+    const float *src = part + ((size_t)t * nh + h) * nc * (hd + 2), *gate = proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd + hd;
+#pragma unroll
+    for (int i = 0; i < GPU_ATT_MAX_HD / GPU_ATT_NT; i++) {
+        int d = threadIdx.x + i * GPU_ATT_NT;
+        float M = -INFINITY, L = 0.f, o = 0.f;
+        for (int c = 0; c * GPU_ATT_CHUNK <= p; c++) {
+            const float *sc = src + (size_t)c * (hd + 2);
+            att_fold(M, L, o, sc[0], sc[1], d < hd ? sc[2 + d] : 0.f);
+        }
+        if (d < hd) att_out(core, xs, (size_t)t * nh * hd + (size_t)h * hd + d, (size_t)gridDim.x * nh * hd, (o / L) * sigm(gate[d]));
     }
 }
 
 #define ATTENTION(NAME, KV)                                                                                                         \
     extern "C" __global__ void __launch_bounds__(GPU_ATT_NT)                                                                        \
         NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, const void *kc, const void *vc, \
-             const float *ks, const float *vs, float *core, int nh, int kvh, int hd, float scale) {                                 \
-        attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale); \
+             const float *ks, const float *vs, float *core, int nh, int kvh, int hd, float scale, __nv_bfloat16 *xs) {              \
+        attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale, xs); \
     }
 ATTENTION(k_attention_f32, kv_f32)
 ATTENTION(k_attention_bf16, kv_bf16)
 ATTENTION(k_attention_fp8, kv_fp8)
+
+#define ATTN_PART(NAME, KV)                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GPU_ATT_NT)                                                                        \
+        NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, const void *kc, const void *vc, \
+             const float *ks, const float *vs, float *part, int nc, int nh, int kvh, int hd, float scale) {                        \
+        attn_part<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, part, nc, nh, kvh, hd, scale); \
+    }
+ATTN_PART(k_attn_part_f32, kv_f32)
+ATTN_PART(k_attn_part_bf16, kv_bf16)
+ATTN_PART(k_attn_part_fp8, kv_fp8)

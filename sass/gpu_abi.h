@@ -35,6 +35,13 @@ GPU_ABI_ASSERT(GPU_GDN_VC == 32 && GPU_GDN_C == 64 && GPU_GDN_NT == 256, "k_gdn_
 #define GPU_ATT_WARPS 16
 #define GPU_ATT_NT (GPU_ATT_WARPS * 32)
 #define GPU_ATT_MAX_HD 512
+GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per thread");
+// Attention's chunks of absolute positions (sass/attention.cu): the unit of its split over the
+// context and of the order its partial states fold in.
+#define GPU_ATT_CHUNK 256
+// Steps of up to this many tokens (and --max-num-seqs) take attention split over the chunks
+// (k_attn_part, k_attn_merge); longer ones walk them in one block per token and head.
+#define GPU_ATT_SPLIT_T 64
 // k_attn_prep: 4 warps, one head at a time each.
 #define GPU_PREP_NT 128
 // k_router: the most experts a token may choose (a shared array of their weights), and the most

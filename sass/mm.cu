@@ -16,16 +16,8 @@
 //   past the step's item count returns at once.
 #include "mm.cuh"
 
-// xs[s][t][k] for s < GPU_MM_SPLITS (parts hi, mid, lo; ss = T·K elements between parts),
-// t < T, k < K: x[t, k] = hi + mid + lo exactly up to 2^-24 · |x| (each part is the bf16
-// rounding of what the previous ones leave, and each remainder is exact in f32).
-__device__ __forceinline__ void mm_split3(float v, __nv_bfloat16 *o, size_t ss) {
-    __nv_bfloat16 h = __float2bfloat16_rn(v);
-    float r = v - __bfloat162float(h);
-    __nv_bfloat16 m = __float2bfloat16_rn(r);
-    float r2 = r - __bfloat162float(m);
-    o[0] = h, o[ss] = m, o[2 * ss] = __float2bfloat16_rn(r2);
-}
+// The dynamic shared memory of the kernels that stage activations (k_mm_v, k_moe_up_d, k_moe_dn_d).
+extern __shared__ __align__(16) unsigned char mm_smem[];
 
 extern "C" __global__ void __launch_bounds__(GPU_MM_NT) k_mm_split(const float *__restrict__ x, int ldx, int K, int T,
                                                                    __nv_bfloat16 *__restrict__ xs) {
@@ -141,7 +133,6 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
 }
 
 extern "C" __global__ void __launch_bounds__(GPU_MM_NT) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
-    extern __shared__ __align__(16) unsigned char mm_smem[];
     __shared__ uint32_t lut[16];
     __shared__ float red[2 * GPU_MM_WARPS * 128];
     int m = 0;
@@ -224,12 +215,21 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
     int row0[RT], brow[NT];
 #pragma unroll
     for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-#pragma unroll
-    for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
-    mm_plane_lut(lut);
-    __syncthreads();
     float acc[2 * RT][NT][4];
-    mm_any<2, RT, NT, U>(M, row0, H, xs, (size_t)T * H, brow, nact, lut, acc);
+    if (NT == 1) {   // _d: the item's tokens (≤ 8, distinct) staged in shared memory, [3][cnt][H]
+        __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
+        mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
+        brow[0] = g < cnt ? g : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<2, RT, NT, U, true>(M, row0, H, xl, (size_t)cnt * H, brow, nact, lut, acc);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<2, RT, NT, U>(M, row0, H, xs, (size_t)T * H, brow, nact, lut, acc);
+    }
     mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
     const float pg = mm_post(M[0]), pu = mm_post(M[1]);
     for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
@@ -254,12 +254,21 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
     int row0[RT], brow[NT];
 #pragma unroll
     for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-#pragma unroll
-    for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
-    mm_plane_lut(lut);
-    __syncthreads();
     float acc[RT][NT][4];
-    mm_any<1, RT, NT, U>(&D, row0, I, hs, (size_t)P * I, brow, nact, lut, acc);
+    if (NT == 1) {   // _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
+        __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
+        mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
+        brow[0] = g < cnt ? g : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<1, RT, NT, U, true>(&D, row0, I, hl, (size_t)cnt * I, brow, nact, lut, acc);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<1, RT, NT, U>(&D, row0, I, hs, (size_t)P * I, brow, nact, lut, acc);
+    }
     mm_reduce<RT, NT, ONE>(acc, red, nact);
     const float post = mm_post(D);
     for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
@@ -269,7 +278,8 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 }
 
 // The shapes (gpu_k_moe_up / gpu_k_moe_dn pick by P = T·K): _d when P ≤ 8 (an item has at most 8
-// pairs), _b up to GPU_MM_TOK_B pairs, _p beyond.
+// pairs; their activations are staged in dynamic shared memory: 2·GPU_MM_SPLITS·min(T, 8)·width
+// bytes), _b up to GPU_MM_TOK_B pairs, _p beyond.
 #define MOE_UP(name, RT, NT, U, ONE)                                                                                        \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \

@@ -26,6 +26,17 @@
 #pragma once
 #include "common.cuh"
 
+// xs[s][t][k] for s < GPU_MM_SPLITS (parts hi, mid, lo; ss = T·K elements between parts),
+// t < T, k < K: x[t, k] = hi + mid + lo exactly up to 2^-24 · |x| (each part is the bf16
+// rounding of what the previous ones leave, and each remainder is exact in f32).
+__device__ __forceinline__ void mm_split3(float v, __nv_bfloat16 *o, size_t ss) {
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    float r = v - __bfloat162float(h);
+    __nv_bfloat16 m = __float2bfloat16_rn(r);
+    float r2 = r - __bfloat162float(m);
+    o[0] = h, o[ss] = m, o[2 * ss] = __float2bfloat16_rn(r2);
+}
+
 // e4m3 pair (low byte = first) → bf16 pair, exact (e4m3 ⊂ f16 ⊂ f32 ⊃ bf16 ⊃ e4m3).
 __device__ __forceinline__ uint32_t mm_fp8x2(uint32_t v) {
     __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
@@ -140,7 +151,7 @@ __device__ __forceinline__ void mm_plane_lut(uint32_t *lut) {
 // Each 16-wide step sums its three parts (lo, mid, hi) into a fresh accumulator that is then
 // added to the running one in f32: the tensor cores' own additions (which do not round to
 // nearest) see at most 48 products.
-template <int KIND, int NTL, int NT>
+template <int KIND, int NTL, int NT, bool SB>
 __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const __nv_bfloat16 *__restrict__ xs, size_t ss, int K,
                                         const int brow[NT], int nact, const uint32_t *lut, float acc[NTL][NT][4]) {
     const int t = threadIdx.x & 3;
@@ -157,7 +168,9 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int s = 0; s < GPU_MM_SPLITS; s++)
-                    b[qq][n][s] = (n < nact && brow[n] >= 0) ? __ldg((const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)) : make_uint2(0, 0);
+                    b[qq][n][s] = (n < nact && brow[n] >= 0) ? (SB ? *(const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)
+                                                                   : __ldg((const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)))
+                                                             : make_uint2(0, 0);
         }
 #pragma unroll
         for (int qq = 0; qq < QB; qq++)
@@ -179,8 +192,8 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
 }
 
 // U: the 64-blocks whose weights are in flight at once (a ring of U; the next is loaded as soon
-// as one is multiplied).
-template <int KIND, int NM, int RT, int NT, int U>
+// as one is multiplied). SB: xs is in shared memory (plain loads), else global (read-only loads).
+template <int KIND, int NM, int RT, int NT, int U, bool SB>
 __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
                                         const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
@@ -203,7 +216,7 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
         for (int u = 0; u < U; u++) {
             const int kb = kb0 + S * u;
             if (kb < KB) {
-                mm_step<KIND, NTL, NT>(ring[u], kb, xs, ss, K, brow, nact, lut, acc);
+                mm_step<KIND, NTL, NT, SB>(ring[u], kb, xs, ss, K, brow, nact, lut, acc);
                 if (kb + S * U < KB)
 #pragma unroll
                     for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], kb + S * U, g, t, ring[u][i]);
@@ -267,14 +280,25 @@ struct mm_red {
 };
 
 // Runs mm_core for the matrices' kind (every matrix of one call has the same kind).
-template <int NM, int RT, int NT, int U>
+template <int NM, int RT, int NT, int U, bool SB = false>
 __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
     switch (M[0].kind) {
-    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    default: mm_core<GPU_W_PLANES, NM, RT, NT, U>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    default: mm_core<GPU_W_PLANES, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    }
+}
+
+// Copies rows src_row(j) of the parts [GPU_MM_SPLITS][·][K] at xs (ss elements apart), j < n, into
+// dst [GPU_MM_SPLITS][n][K] (shared memory), 16 bytes a thread at a time; the caller synchronises.
+template <class F>
+__device__ __forceinline__ void mm_stage(__nv_bfloat16 *dst, const __nv_bfloat16 *__restrict__ xs, size_t ss, int K, int n, F src_row) {
+    const int per = K / 8, total = GPU_MM_SPLITS * n * per;   // 16-byte pieces
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        int s = i / (n * per), j = (i / per) % n, k8 = i % per;
+        ((uint4 *)dst)[i] = __ldg((const uint4 *)(xs + s * ss + (size_t)src_row(j) * K) + k8);
     }
 }
 

@@ -197,32 +197,6 @@ static void hk_embed(void) {
     hk_reset();
 }
 
-// k_add_rmsnorm against x + y and ref_rmsnorm1p; a BF16 weight [H].
-static void hk_norm(void) {
-    const ck_config *c = &hk.m.cfg;
-    int H = c->hidden;
-    uint16_t *wb = malloc(sizeof(uint16_t) * H);
-    ck_mat w = kt_bf16_vec(wb, H, 0.0f, 0.3f);
-    gpu_mat wd = gpu_put(&hk.d, &w, "norm");
-    for (int T = 1; T <= 512; T += 511) {
-        size_t n = (size_t)T * H;
-        float *x = hk_normal(n, 3.0f), *y = hk_normal(n, 1.0f), *ref = malloc(sizeof(float) * n);
-        CUdeviceptr xd = hk_up(x, sizeof(float) * n), yd = hk_up(y, sizeof(float) * n), nd = hk_up(NULL, sizeof(float) * n);
-        gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, 0, H, (float)c->eps, T);
-        float *gx = hk_down(xd, sizeof(float) * n), *gn = hk_down(nd, sizeof(float) * n);
-        for (size_t i = 0; i < n; i++) x[i] += y[i];
-        for (int t = 0; t < T; t++) ref_rmsnorm1p(x + (size_t)t * H, &w, H, c->eps, ref + (size_t)t * H);
-        double err = fmax(check_nerr(gn, ref, n), check_nerr(gx, x, n)), us;
-        HK_TIME(us, gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, 0, H, (float)c->eps, T));
-        char shape[64];
-        snprintf(shape, sizeof shape, "T=%d, H %d", T, H);
-        hk_row("k_add_rmsnorm", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 16.0 * n + 2.0 * H);
-        free(x), free(y), free(ref), free(gx), free(gn);
-    }
-    free(wb);
-    hk_reset();
-}
-
 // k_mm_split: the normalised error of hi + mid + lo (bf16 parts [GPU_MM_SPLITS][n] at xs) against
 // the f32 x [n]; NaN or a part out of place gives INFINITY.
 static double hk_split_err(CUdeviceptr xs, const float *x, size_t n) {
@@ -236,6 +210,35 @@ static double hk_split_err(CUdeviceptr xs, const float *x, size_t n) {
     double e = check_nerr(v, x, n);
     free(h), free(v);
     return e;
+}
+
+// k_add_rmsnorm against x + y and ref_rmsnorm1p; a BF16 weight [H].
+static void hk_norm(void) {
+    const ck_config *c = &hk.m.cfg;
+    int H = c->hidden;
+    uint16_t *wb = malloc(sizeof(uint16_t) * H);
+    ck_mat w = kt_bf16_vec(wb, H, 0.0f, 0.3f);
+    gpu_mat wd = gpu_put(&hk.d, &w, "norm");
+    for (int T = 1; T <= 512; T += 511) {
+        size_t n = (size_t)T * H;
+        float *x = hk_normal(n, 3.0f), *y = hk_normal(n, 1.0f), *ref = malloc(sizeof(float) * n);
+        CUdeviceptr xd = hk_up(x, sizeof(float) * n), yd = hk_up(y, sizeof(float) * n), nd = hk_up(NULL, sizeof(float) * n);
+        CUdeviceptr pd = hk_up(NULL, 2 * GPU_MM_SPLITS * n);   // xn's bf16 parts, as the engine asks for them
+        gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, pd, 0, H, (float)c->eps, T);
+        float *gx = hk_down(xd, sizeof(float) * n), *gn = hk_down(nd, sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) x[i] += y[i];
+        for (int t = 0; t < T; t++) ref_rmsnorm1p(x + (size_t)t * H, &w, H, c->eps, ref + (size_t)t * H);
+        double err = fmax(check_nerr(gn, ref, n), check_nerr(gx, x, n)), perr = hk_split_err(pd, gn, n), us;
+        CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * n));   // the timed launches add y again: harmless, same bytes
+        HK_TIME(us, gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, wd, nd, pd, 0, H, (float)c->eps, T));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d, H %d", T, H);
+        hk_row("k_add_rmsnorm", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 16.0 * n + 2.0 * H + 2.0 * GPU_MM_SPLITS * n);
+        hk_row("k_add_rmsnorm parts", shape, "bf16 x3", perr, HK_TOL_SPLIT, us, 0);
+        free(x), free(y), free(ref), free(gx), free(gn);
+    }
+    free(wb);
+    hk_reset();
 }
 
 // k_moe_sort: 0 when map groups the P pairs of sel by expert (items in ascending expert, each of
@@ -445,8 +448,8 @@ static void hk_experts(int kind) {
         CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)P * H));
         gpu_k_mm_split(&hk.k, hk.s, xd, H, H, T, xs);
         gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
-        gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, hs, I);
-        gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, yd, H);
+        gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I);
+        gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H);
         uint16_t *hp = hk_down(hs, 2 * GPU_MM_SPLITS * (size_t)P * I);
         float *gy2 = hk_down(yd, sizeof(float) * (size_t)P * H);
         for (size_t i = 0; i < (size_t)P * I; i++) {   // h = hi + mid + lo
@@ -467,10 +470,10 @@ static void hk_experts(int kind) {
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
         HK_TIME(us, gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map));
         hk_row("k_moe_sort", shape, "i32", hk_map_err(map, sel, P, E), HK_TOL_EXACT, us, 4.0 * P + 4.0 * gpu_moe_map_ints(P, E));
-        HK_TIME(us, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, hs, I));
+        HK_TIME(us, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I));
         hk_row("k_moe_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 6.0 * T * H + 6.0 * P * I);
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
-        HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, yd, H));
+        HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
         hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
         free(hp), free(gy2);
         free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
@@ -511,11 +514,11 @@ static void hk_combine_silu(void) {
         size_t n = (size_t)T * SI;
         float *g = hk_normal(n, 2.0f), *u = hk_normal(n, 1.0f), *hr = malloc(sizeof(float) * n);
         CUdeviceptr gd = hk_up(g, sizeof(float) * n), ud = hk_up(u, sizeof(float) * n), hd = hk_up(NULL, sizeof(float) * n);
-        gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n);
+        gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n, 0);
         float *gh = hk_down(hd, sizeof(float) * n);
         ref_silu_mul(g, u, hr, n);
         err = check_nerr(gh, hr, n);
-        HK_TIME(us, gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n));
+        HK_TIME(us, gpu_k_silu_mul(&hk.k, hk.s, gd, ud, hd, (int)n, 0));
         snprintf(shape, sizeof shape, "T=%d x %d", T, SI);
         hk_row("k_silu_mul", shape, "f32", err, HK_TOL_SUM, us, 12.0 * n);
         free(g), free(u), free(hr), free(gh);
@@ -593,11 +596,11 @@ static void hk_gated_norm(void) {
         size_t n = (size_t)T * nv * dv;
         float *o = hk_normal(n, 0.1f), *z = hk_normal(n, 1.0f);
         CUdeviceptr od = hk_up(o, sizeof(float) * n), zd = hk_up(z, sizeof(float) * n);
-        gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, T);
+        gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, 0, T);
         float *got = hk_down(od, sizeof(float) * n);
         for (size_t h = 0; h < (size_t)T * nv; h++) ref_gated_rmsnorm(o + h * dv, z + h * dv, &w, dv, c->eps);
         double err = check_nerr(got, o, n), us;
-        HK_TIME(us, gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, T));
+        HK_TIME(us, gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, 0, T));
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d x %d heads of %d", T, nv, dv);
         hk_row("k_gated_norm", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 12.0 * n + 2.0 * dv);
@@ -682,7 +685,7 @@ static void hk_attention(int kv) {
     for (int dec = 1; dec >= 0; dec--) {
         int a = dec ? P - 1 : 0, T = dec ? 1 : TP;
         gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs, core,
-                        nh, kvh, hd, scale, T);
+                        nh, kvh, hd, scale, 0, T);
         float *got = hk_down(core, sizeof(float) * (size_t)T * nh * hd);
         size_t m = 0;   // rows compared, packed: every fourth query of the prefill
         for (int t = dec ? 0 : 3; t < T; t += dec ? 1 : 4, m++) {
@@ -691,7 +694,7 @@ static void hk_attention(int kv) {
         }
         double err = check_nerr(got, ref, m * nh * hd), us;
         HK_TIME(us, gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks,
-                                    vs, core, nh, kvh, hd, scale, T));
+                                    vs, core, nh, kvh, hd, scale, 0, T));
         int span = dec ? P : TP;   // positions read: the cache once
         // q and gate read, the output written, keys and values read once (+ fp8 scales), positions and slots
         double bytes = 8.0 * T * nh * hd + 4.0 * T * nh * hd + 2.0 * span * kvd * elem + (kv == GPU_KV_FP8 ? 8.0 * span * kvh : 0) + 8.0 * T;
@@ -699,6 +702,26 @@ static void hk_attention(int kv) {
         else snprintf(shape, sizeof shape, "T=%d from 0, %d/%d heads of %d", TP, nh, kvh, hd);
         hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, us, bytes);
         free(got);
+    }
+    // k_attn_part + k_attn_merge (a decode step: the query at P − 1, its P / GPU_ATT_CHUNK chunks in
+    // parallel) against the twin, and the same bits as k_attention (else the error is INFINITY)
+    {
+        int a = P - 1, nc = P / GPU_ATT_CHUNK;
+        CUdeviceptr part = hk_up(NULL, sizeof(float) * (size_t)nh * nc * (hd + 2)), core2 = hk_up(NULL, sizeof(float) * (size_t)nh * hd);
+        gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs, core,
+                        nh, kvh, hd, scale, 0, 1);
+        gpu_k_attn_split(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs,
+                         part, nc, core2, nh, kvh, hd, scale, 0, 1, P);
+        float *g1 = hk_down(core, sizeof(float) * (size_t)nh * hd), *g2 = hk_down(core2, sizeof(float) * (size_t)nh * hd);
+        ref_attn_core(&hk.r, gq + (size_t)a * pw, Kg, Vg, a, scores, ref);
+        double err = memcmp(g1, g2, sizeof(float) * (size_t)nh * hd) ? INFINITY : check_nerr(g2, ref, (size_t)nh * hd), us;
+        HK_TIME(us, gpu_k_attn_split(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc,
+                                     ks, vs, part, nc, core2, nh, kvh, hd, scale, 0, 1, P));
+        snprintf(name, sizeof name, "k_attn_split_%s", gpu_kv_names[kv]);
+        snprintf(shape, sizeof shape, "T=1 at depth %d, %d chunks, %d/%d heads", P, nc, nh, kvh);
+        hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, us,
+               12.0 * nh * hd + 2.0 * P * kvd * elem + (kv == GPU_KV_FP8 ? 8.0 * P * kvh : 0) + 8.0 * nh * nc * (hd + 2));
+        free(g1), free(g2);
     }
     // k_attn_prep's times last: each launch rewrites q, k and the cache in place
     snprintf(name, sizeof name, "k_attn_prep_%s", gpu_kv_names[kv]);

@@ -379,7 +379,7 @@ static void kernel_linear(gpu_engine *g) {
             CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)T * K));
             CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)T * N));   // NaN: an unwritten output fails
             CU_CHECK(cu.cuCtxSynchronize());   // the legacy stream's copies before the compute stream's kernel
-            gpu_linear(g, &gm, xd, K, T, yd, N);
+            gpu_linear(g, &gm, xd, K, T, yd, N, 0);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(yb, yd, sizeof(float) * (size_t)T * N));
             double err = check_nerr(yb, ya, (size_t)T * N);
@@ -427,10 +427,10 @@ static void kernel_linear_set(gpu_engine *g) {
         for (int T = 1; T <= TM; T += TM - 1) {
             gpu_lin_out o[4];
             for (int i = 0; i < 4; i++) {
-                gpu_linear(g, &gm[i], xd, K, T, y1[i], sets[si][i].rows);
+                gpu_linear(g, &gm[i], xd, K, T, y1[i], sets[si][i].rows, 0);
                 o[i] = (gpu_lin_out){&gm[i], y2[i], sets[si][i].rows};
             }
-            gpu_linear_n(g, 4, o, xd, K, T);
+            gpu_linear_n(g, 4, o, xd, K, T, 0);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             for (int i = 0; i < 4; i++) {
                 size_t bytes = sizeof(float) * (size_t)T * sets[si][i].rows;
@@ -498,7 +498,7 @@ static void kernel_misc(gpu_engine *g) {
         for (int t = 0; t < T; t++) ref_rmsnorm1p(xs + (size_t)t * H, &wm, H, 1e-6, ref + (size_t)t * H);
         gpu_mat gw = gpu_put(&d, &wm, "w");
         CUdeviceptr xd = kt_dev(&d, x, T * H), yd = kt_dev(&d, y, T * H), nd = kt_dev(&d, NULL, T * H);
-        gpu_k_add_rmsnorm(&g->k, g->compute, xd, yd, gw, nd, 0, H, 1e-6f, T);
+        gpu_k_add_rmsnorm(&g->k, g->compute, xd, yd, gw, nd, 0, 0, H, 1e-6f, T);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(got, nd, sizeof(float) * T * H));
         double err = check_nerr(got, ref, (size_t)T * H);
@@ -518,7 +518,7 @@ static void kernel_misc(gpu_engine *g) {
         for (int h = 0; h < T * NV; h++) ref_gated_rmsnorm(ref + (size_t)h * DV, z + (size_t)h * DV, &wm, DV, 1e-6);
         gpu_mat gw = gpu_put(&d, &wm, "w");
         CUdeviceptr od = kt_dev(&d, o, T * NV * DV), zd = kt_dev(&d, z, T * NV * DV);
-        gpu_k_gated_norm(&g->k, g->compute, od, zd, gw, NV, DV, 1e-6f, T);
+        gpu_k_gated_norm(&g->k, g->compute, od, zd, gw, NV, DV, 1e-6f, 0, T);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(o, od, sizeof(float) * T * NV * DV));
         double err = check_nerr(o, ref, (size_t)T * NV * DV);
@@ -904,7 +904,7 @@ static void launch_limits(void) {
             CUdeviceptr a = 1 << 20;   // aligned addresses the launch never reads
             gpu_mat w = {.rows = 8192, .cols = 4, .kind = GPU_W_BF16, .row_bytes = 8, .s = 1};
             if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000);   // 70,000 rows in one step
-            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_BF16, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 1);
+            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_BF16, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
                                         a, a, a, 1);
             _exit(0);
@@ -931,11 +931,13 @@ static void plan_grids(void) {
     c.hidden = 2048, c.inter = 512, c.shared_inter = 512, c.topk = 8, c.n_heads = 16, c.lv_heads = 32;
     moet_err e = {{0}};
     int ok[] = {8192, 16384, 65535 * GPU_LIN_TT};
-    for (int i = 0; i < 3; i++) CHECK(gpu_plan_grids(&c, ok[i], 64, &e) == 0, "a plan of %d tokens per step: %s", ok[i], e.msg);
+    for (int i = 0; i < 3; i++) CHECK(gpu_plan_grids(&c, ok[i], 64, 262144, &e) == 0, "a plan of %d tokens per step: %s", ok[i], e.msg);
     e.msg[0] = 0;
-    CHECK(gpu_plan_grids(&c, 65536 * GPU_LIN_TT, 64, &e) == -1 && strstr(e.msg, "k_linear") && strstr(e.msg, "--max-batch-tokens"),
+    CHECK(gpu_plan_grids(&c, 65536 * GPU_LIN_TT, 64, 262144, &e) == -1 && strstr(e.msg, "k_linear") && strstr(e.msg, "--max-batch-tokens"),
           "a plan past k_linear's token tiles is refused with its reason: %s", e.msg);
-    CHECK(gpu_plan_grids(&c, 16, 70000, &e) == -1 && strstr(e.msg, "rows of a step"), "70,000 rows per step are refused: %s", e.msg);
+    CHECK(gpu_plan_grids(&c, 16, 70000, 262144, &e) == -1 && strstr(e.msg, "rows of a step"), "70,000 rows per step are refused: %s", e.msg);
+    CHECK(gpu_plan_grids(&c, 16, 64, 65536 * GPU_ATT_CHUNK, &e) == -1 && strstr(e.msg, "chunks") && strstr(e.msg, "--max-model-len"),
+          "a context past attention's 65,535 chunks is refused: %s", e.msg);
 }
 
 // gpu_plan_fit on a simulated device: a discrete GPU fits its device arenas in its free memory;
