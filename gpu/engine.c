@@ -801,10 +801,10 @@ static void gpu_step_assert(const gpu_engine *g, int n, const int *slots, const 
 
 // Writes a step's metadata into meta_host (the layout above) for rows at their slots' current
 // positions: nr output rows (as gpu_step's out and want say), n1 rows of one token and nm longer
-// ones (the two GDN kernels' row lists).
+// ones (the two GDN kernels' row lists); and g->reach.
 static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
                           int *nr_out, int *n1_out, int *nm_out) {
-    int Tm = g->o.max_tokens, ms = g->o.max_seqs, nr = 0, n1 = 0, nm = 0;
+    int Tm = g->o.max_tokens, ms = g->o.max_seqs, nr = 0, n1 = 0, nm = 0, reach = 0;
     int32_t *mh = g->meta_host;
     for (int i = 0; i < n; i++) {
         int s = slots[i];
@@ -821,8 +821,10 @@ static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t 
         mh[GM_ROWS * Tm + 3 * ms + i] = g->pos[s];
         if (off[i + 1] - off[i] == 1 || g->chunk_align == 1) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
         else mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
+        if (g->pos[s] + off[i + 1] - off[i] > reach) reach = g->pos[s] + off[i + 1] - off[i];
     }
     *nr_out = nr, *n1_out = n1, *nm_out = nm;
+    g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
 }
 
 // Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
@@ -840,9 +842,6 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     int nr, n1, nm;
     gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
-    g->reach = 0;
-    for (int i = 0; i < n; i++)
-        if (g->pos[slots[i]] + off[i + 1] - off[i] > g->reach) g->reach = g->pos[slots[i]] + off[i + 1] - off[i];
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
     CUdeviceptr none = 0;
     gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, T);

@@ -785,6 +785,8 @@ static void blocks_real(const char *dir, const char *planes) {
         ref_linear(&r, &LA->v, r.xn, H, T, r.vv, kvd);
         for (int i = 0; i < n; i++) ref_attention(&r, LA, la, &r.seqs[slots[i]], off[i], off[i + 1] - off[i]);
         ref_linear(&r, &LA->o, r.core, qd, T, r.y, H);
+        // a layer reads xn and its bf16 parts, which gpu_norm leaves in g.xs in a step
+        gpu_k_mm_split(&g.k, g.compute, g.xn, H, H, T, g.xs);
         gpu_attention_layer(&g, &g.layers[la], la, T);
         CU_CHECK(cu.cuStreamSynchronize(g.compute));
         worst[0] = fmax(worst[0], blk_err(g.core, r.core, (size_t)T * qd, tmp));
@@ -797,12 +799,14 @@ static void blocks_real(const char *dir, const char *planes) {
         ref_linear(&r, &LG->a, r.xn, H, T, r.aa, c->lv_heads);
         for (int i = 0; i < n; i++) ref_gdn(&r, LG, lg, &r.seqs[slots[i]], off[i], off[i + 1] - off[i]);
         ref_linear(&r, &LG->out, r.core, vd, T, r.y, H);
+        gpu_k_mm_split(&g.k, g.compute, g.xn, H, H, T, g.xs);
         gpu_gdn_layer(&g, &g.layers[lg], lg, n, n1, nm, T);
         CU_CHECK(cu.cuStreamSynchronize(g.compute));
         worst[2] = fmax(worst[2], blk_err(g.core, r.core, (size_t)T * vd, tmp));
         worst[3] = fmax(worst[3], blk_err(g.y, r.y, (size_t)T * H, tmp));
         // MoE (the GDN layer's)
         ref_moe(&r, LG, lg, T);
+        gpu_k_mm_split(&g.k, g.compute, g.xn, H, H, T, g.xs);
         gpu_moe_layer(&g, &g.layers[lg], T);
         CU_CHECK(cu.cuStreamSynchronize(g.compute));
         worst[4] = fmax(worst[4], blk_err(g.y, r.y, (size_t)T * H, tmp));
