@@ -244,7 +244,8 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->rl = gpu_take_f32(a, Tm * c->n_experts, "router logits");
     g->sel = gpu_take_f32(a, Tm * K, "routing");
     g->selw = gpu_take_f32(a, Tm * K, "routing weights");
-    g->eh = gpu_take_f32(a, Tm * K * c->inter, "expert activations");
+    // the experts' SiLU·up: f32 for k_moe_gate_up / k_moe_down, bf16 parts (below) for the tensor cores
+    g->eh = g->moe_mm ? 0 : gpu_take_f32(a, Tm * K * c->inter, "expert activations");
     g->ye = gpu_take_f32(a, Tm * K * H, "expert outputs");
     g->sg = gpu_take_f32(a, Tm * c->shared_inter, "shared gate");
     g->su = gpu_take_f32(a, Tm * c->shared_inter, "shared up");
@@ -258,8 +259,12 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     if ((size_t)c->shared_inter > mw) mw = (size_t)c->shared_inter;
     g->mm_width = mw;
     g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
-    g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
-    g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
+    if (g->moe_mm) {
+        g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
+        g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
+    } else {
+        g->hs = g->moe_map = 0;
+    }
     // decode steps (up to GPU_ATT_SPLIT_T tokens) take attention split over the context's chunks
     g->att_nc = (int)((g->o.max_len + GPU_ATT_CHUNK - 1) / GPU_ATT_CHUNK);
     g->att_split_T = c->n_full ? (int)(Tm < (size_t)g->o.max_seqs ? Tm : (size_t)g->o.max_seqs) : 0;
