@@ -6,6 +6,7 @@
 #include "router.cu"
 #include "moe.cu"
 #include "mm.cu"
+#include "moe_mm.cu"
 #include "silu_mul.cu"
 #include "gdn_conv.cu"
 #include "gdn_rule.cu"

@@ -1,22 +1,24 @@
-// sass/mm.cu — the tensor-core products (sass/mm.cuh): the dense ones (k_mm1, k_mm4), the routed
-// experts grouped by expert (k_moe_sort, k_moe_up1/2, k_moe_dn1/4), and the activations' split
-// into three bf16 parts they read (k_mm_split).
+// sass/mm.cu — the dense matrix products on the tensor cores (sass/mm.cuh) and the activations'
+// split into the three bf16 parts they read:
+//   k_mm_split: xs[s][t][k], s < 3 (hi, mid, lo), of x [T, ldx]'s first K columns
+//   k_mm_*:     y_i[t, o] = post_i · Σ_k W_i[o, k] · x[t, k] for the matrices of a gpu_lin_set
+// CPU twins: ref_linear (k_mm_*); k_mm_split's parts add back to x (the harness checks both).
 //
-// CPU twins: ref_linear (k_mm*), ref_moe_gate_up and ref_moe_down (k_moe_up*, k_moe_dn*), and
-// k_mm_split's parts add back to the f32 input (moet.c). The digit is the row tiles of 16 per
-// block (RT): a launch takes 1 for steps of up to GPU_MM_TOK tokens (more blocks for the
-// bandwidth) and the larger one beyond (each token tile's activations reused over more rows);
-// the sums do not depend on it.
-//
-// Launch (gpu/launch.c): block GPU_MM_NT threads (GPU_MM_WARPS warps, one slice of k each).
-//   k_mm_split: grid ceil(T·K / 4 / GPU_MM_NT), a thread per 4 elements.
-//   k_mmRT:  grid (Σ_i ceil(O_i / 16RT), ceil(T / GPU_MM_TOK)); set.first[] in blocks of 16RT rows.
-//   k_moe_sort: one block of GPU_MOE_SORT_NT threads.
-//   k_moe_upRT: grid (items bound, I / 16RT); k_moe_dnRT: grid (items bound, H / 16RT). A block
-//   past the step's item count returns at once.
+// Launch (gpu/launch.c: gpu_k_mm_split, gpu_k_mm): block GPU_MM_NT threads (GPU_MM_WARPS warps,
+// one slice of k each). k_mm_split: grid ceil(T·K / 4 / GPU_MM_NT), a thread per 4 elements.
+// gpu_k_mm picks the shape by T; every shape gives the same bits (the order depends on K alone):
+//   k_mm_v  T ≤ GPU_MM_TOK_V, the tokens' parts in dynamic shared memory: grid (runs of set.pad[0]
+//           row tiles of 16 per matrix), set.first[] in runs;
+//   k_mm_d  T ≤ 8: grid (Σ_i ceil(O_i / 16), ceil(T / 8)), one n-tile of 8 tokens, four 64-blocks
+//           of weights in flight per warp;
+//   k_mm_b  T ≤ GPU_MM_TOK_B: grid (Σ_i ceil(O_i / 16), ceil(T / 32)), four n-tiles;
+//   k_mm_p  beyond: grid (Σ_i ceil(O_i / 32), ceil(T / 32)), two row tiles per warp (the token
+//           tile's activations reused over 32 rows).
+
 #include "mm.cuh"
 
-// The dynamic shared memory of the kernels that stage activations (k_mm_v, k_moe_up_d, k_moe_dn_d).
+// The dynamic shared memory of the kernels that stage activations (k_mm_v here, k_moe_up_d and
+// k_moe_dn_d in moe_mm.cu).
 extern __shared__ __align__(16) unsigned char mm_smem[];
 
 extern "C" __global__ void __launch_bounds__(GPU_MM_NT) k_mm_split(const float *__restrict__ x, int ldx, int K, int T,
@@ -60,9 +62,8 @@ __device__ __forceinline__ void mm_dense(const gpu_lin_set &set, const __nv_bflo
     }
 }
 
-// The three shapes of a launch (gpu_k_mm picks by T): _d decode (T ≤ 8: one n-tile, four
-// 64-blocks in flight per warp), _b batches (T ≤ GPU_MM_TOK_B: four n-tiles), _p prefill (four row
-// tiles per warp: the activations reused over 64 rows).
+// The grid shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 tokens, U 64-blocks of
+// weights in flight, ONE: the warps' sums meet in one shared buffer (else in turn).
 #define MM_DENSE(name, RT, NT, U, ONE)                                                                                     \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) { \
         mm_dense<RT, NT, U, ONE>(set, xs, T);                                                                              \
@@ -154,147 +155,3 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT) k_mm_v(gpu_lin_set set, 
     }
 }
 
-// ---- the routed experts, grouped by expert ------------------------------------------------------
-//
-// map (int32, gpu/launch.c: gpu_moe_map_ints): [0] the number of items; then items of 3 ints
-// (expert x, first position in perm, count ≤ GPU_MM_TOK), in ascending x; then perm [P]: the
-// pairs p = t·K + k sorted by expert. The order of pairs inside one expert's list varies from run
-// to run (atomic counters); no result depends on it: each pair's sums are its own column of the
-// products, whatever tile it shares.
-
-extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
-                                                                         int items_bound) {
-    __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
-    __shared__ int wsum[2][32];
-    for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0, fill[x] = 0;
-    __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[sel[p]], 1);
-    __syncthreads();
-    // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each)
-    const int x = threadIdx.x, lane = x & 31, w = x >> 5;
-    int c = x < E ? cnt[x] : 0, it = (c + GPU_MM_TOK - 1) / GPU_MM_TOK;
-    int sc = c, si = it;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, si, o);
-        if (lane >= o) sc += a, si += b;
-    }
-    if (lane == 31) wsum[0][w] = sc, wsum[1][w] = si;
-    __syncthreads();
-    int oc = 0, oi = 0;
-    for (int v = 0; v < w; v++) oc += wsum[0][v], oi += wsum[1][v];
-    if (x < E) pos[x] = oc + sc - c, ib[x] = oi + si - it;
-    if (x == blockDim.x - 1) map[0] = oi + si;
-    __syncthreads();
-    int *items = map + 1, *perm = map + 1 + 3 * items_bound;
-    if (x < E)
-        for (int j = 0; j < it; j++) {
-            int *q = items + 3 * (ib[x] + j);
-            q[0] = x, q[1] = pos[x] + j * GPU_MM_TOK, q[2] = min(GPU_MM_TOK, c - j * GPU_MM_TOK);
-        }
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        int e = sel[p];
-        perm[pos[e] + atomicAdd(&fill[e], 1)] = p;
-    }
-}
-
-// h[p] = SiLU(gate_x · xn[t]) · (up_x · xn[t]) for the item's pairs p (t = p / K), rows
-// [16RT·blockIdx.y, +16RT) of both, written as its three bf16 parts hs [3][P][I] (what k_moe_dn reads).
-// An item holds at most 8·NT pairs (the _d shapes: every item when P ≤ 8).
-template <int RT, int NT, int U, bool ONE>
-__device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
-                                       const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
-    __shared__ uint32_t lut[16];
-    __shared__ float red[mm_red<2 * RT, NT, ONE>::floats];
-    if ((int)blockIdx.x >= map[0]) return;
-    const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
-    const int x = item[0], first = item[1], cnt = item[2], P = T * K;
-    const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
-    const int H = M[0].cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
-    const int nact = (cnt + 7) / 8;
-    int row0[RT], brow[NT];
-#pragma unroll
-    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-    float acc[2 * RT][NT][4];
-    if (NT == 1) {   // _d: the item's tokens (≤ 8, distinct) staged in shared memory, [3][cnt][H]
-        __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
-        mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
-        brow[0] = g < cnt ? g : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<2, RT, NT, U, true>(M, row0, H, xl, (size_t)cnt * H, brow, nact, lut, acc);
-    } else {
-#pragma unroll
-        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<2, RT, NT, U>(M, row0, H, xs, (size_t)T * H, brow, nact, lut, acc);
-    }
-    mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
-    const float pg = mm_post(M[0]), pu = mm_post(M[1]);
-    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-        float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
-        mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, (size_t)P * I);
-    }
-}
-
-// ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·blockIdx.y, +16RT).
-template <int RT, int NT, int U, bool ONE>
-__device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
-                                       const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H) {
-    __shared__ uint32_t lut[16];
-    __shared__ float red[mm_red<RT, NT, ONE>::floats];
-    if ((int)blockIdx.x >= map[0]) return;
-    const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
-    const int x = item[0], first = item[1], cnt = item[2];
-    const gpu_mat D = experts[3 * x + 2];
-    const int I = D.cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
-    const int nact = (cnt + 7) / 8;
-    int row0[RT], brow[NT];
-#pragma unroll
-    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-    float acc[RT][NT][4];
-    if (NT == 1) {   // _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
-        __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
-        mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
-        brow[0] = g < cnt ? g : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<1, RT, NT, U, true>(&D, row0, I, hl, (size_t)cnt * I, brow, nact, lut, acc);
-    } else {
-#pragma unroll
-        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<1, RT, NT, U>(&D, row0, I, hs, (size_t)P * I, brow, nact, lut, acc);
-    }
-    mm_reduce<RT, NT, ONE>(acc, red, nact);
-    const float post = mm_post(D);
-    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-        if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
-    }
-}
-
-// The shapes (gpu_k_moe_up / gpu_k_moe_dn pick by P = T·K): _d when P ≤ 8 (an item has at most 8
-// pairs; their activations are staged in dynamic shared memory: 2·GPU_MM_SPLITS·min(T, 8)·width
-// bytes), _b up to GPU_MM_TOK_B pairs, _p beyond.
-#define MOE_UP(name, RT, NT, U, ONE)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
-                                                                 int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
-                                                                 __nv_bfloat16 *__restrict__ hs, int I) {                             \
-        moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I);                                                    \
-    }
-MOE_UP(k_moe_up_d, 1, 1, 4, true)
-MOE_UP(k_moe_up_b, 1, 4, 2, true)
-MOE_UP(k_moe_up_p, 2, 4, 1, false)
-#define MOE_DN(name, RT, NT, U, ONE)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
-                                                                 int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
-                                                                 float *__restrict__ ye, int H) {                                     \
-        moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H);                                                       \
-    }
-MOE_DN(k_moe_dn_d, 1, 1, 4, true)
-MOE_DN(k_moe_dn_b, 1, 4, 2, true)
-MOE_DN(k_moe_dn_p, 2, 4, 1, false)

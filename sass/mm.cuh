@@ -243,17 +243,17 @@ __device__ __forceinline__ void mm_reduce(const float acc[NTL][NT][4], float *re
         __syncthreads();
     } else {
         for (int v = 0; v < GPU_MM_WARPS; v++) {
-        if (w == v)
+            if (w == v)
 #pragma unroll
-            for (int i = 0; i < NTL; i++)
+                for (int i = 0; i < NTL; i++)
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < nact)
+                    for (int n = 0; n < NT; n++)
+                        if (n < nact)
 #pragma unroll
-                        for (int c = 0; c < 4; c++) {
-                            float *p = red + ((i * NT + n) * 4 + c) * 32 + lane;
-                            *p = v == 0 ? acc[i][n][c] : *p + acc[i][n][c];
-                        }
+                            for (int c = 0; c < 4; c++) {
+                                float *p = red + ((i * NT + n) * 4 + c) * 32 + lane;
+                                *p = v == 0 ? acc[i][n][c] : *p + acc[i][n][c];
+                            }
             __syncthreads();
         }
     }

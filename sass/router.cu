@@ -40,6 +40,12 @@ extern "C" __global__ void __launch_bounds__(GPU_ROUTER_NT) k_router(const float
             int b = redi[0];
             for (int i = 1; i < nw; i++)
                 if (red[i] > v || (red[i] == v && redi[i] < b)) { v = red[i]; b = redi[i]; }
+            // NaN logits win no comparison: take the lowest expert not yet chosen (as ref_route
+            // starts from), so an id is always one of the E
+            if (b >= E) {
+                for (b = 0; b < E - 1 && p[b] == -1.f; b++) {}
+                v = p[b];
+            }
             sel[(size_t)t * K + k] = b;
             chosen[k] = v;
             p[b] = -1.f;

@@ -263,6 +263,20 @@ static double hk_map_err(CUdeviceptr map, const int32_t *sel, int P, int E) {
     return ok ? 0.0 : INFINITY;
 }
 
+// The largest normalised error of a set's outputs (y of set->n matrices W, read back) against
+// ref_linear of x [T, K].
+static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x, int K, int T) {
+    double err = 0;
+    for (int i = 0; i < set->n; i++) {
+        size_t no = (size_t)T * W[i].rows;
+        float *got = hk_down(set->y[i], sizeof(float) * no), *ref = malloc(sizeof(float) * no);
+        ref_linear(&hk.r, &W[i], x, K, T, ref, W[i].rows);
+        err = fmax(err, check_nerr(got, ref, no));
+        free(got), free(ref);
+    }
+    return err;
+}
+
 // k_linear against ref_linear: the model's matrix products, each set as the engine launches it
 // (the matrices that read one input in one launch).
 static void hk_linear(void) {
@@ -310,13 +324,7 @@ static void hk_linear(void) {
                 obytes += 4.0 * T * W[i].rows;
             }
             gpu_k_linear(&hk.k, hk.s, &set, xd, K, T);
-            for (int i = 0; i < n; i++) {
-                size_t no = (size_t)T * W[i].rows;
-                float *got = hk_down(set.y[i], sizeof(float) * no), *ref = malloc(sizeof(float) * no);
-                ref_linear(&hk.r, &W[i], x, K, T, ref, W[i].rows);
-                err = fmax(err, check_nerr(got, ref, no));
-                free(got), free(ref);
-            }
+            err = hk_set_err(&set, W, x, K, T);
             HK_TIME(us, gpu_k_linear(&hk.k, hk.s, &set, xd, K, T));
             char shape[96];
             snprintf(shape, sizeof shape, "%s T=%d [%s, %d]", sets[si].name, T, rows, K);
@@ -327,14 +335,7 @@ static void hk_linear(void) {
             gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs);
             gpu_lin_set ms = set;
             gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
-            err = 0;
-            for (int i = 0; i < n; i++) {
-                size_t no = (size_t)T * W[i].rows;
-                float *got = hk_down(set.y[i], sizeof(float) * no), *ref = malloc(sizeof(float) * no);
-                ref_linear(&hk.r, &W[i], x, K, T, ref, W[i].rows);
-                err = fmax(err, check_nerr(got, ref, no));
-                free(got), free(ref);
-            }
+            err = hk_set_err(&set, W, x, K, T);
             HK_TIME(us, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
             hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);
             HK_TIME(us, gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs));

@@ -1,0 +1,160 @@
+// sass/moe_mm.cu — the routed experts of one layer on the tensor cores (sass/mm.cuh), the step's
+// (token, choice) pairs grouped by expert so each chosen expert's weights are read once per tile of
+// up to GPU_MM_TOK of its pairs (MODEL.md §3.6):
+//   k_moe_sort: the pairs p = t·K + k of sel [T·K] grouped by expert into map (below)
+//   k_moe_up_*: hs = the bf16 parts of h[p, i] = SiLU(gate_x[i] · xn[t]) · (up_x[i] · xn[t]), i < I
+//   k_moe_dn_*: ye[p, j] = down_x[j] · h[p], j < H
+// (k_moe_combine, sass/moe.cu, then adds a token's choices and the shared expert.)
+// CPU twins: ref_moe_gate_up, ref_moe_down (moet.c: one expert over the tokens that chose it).
+//
+// Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
+// GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, I or H / 16RT): a block
+// past the step's item count returns at once. The shape is picked by P = T·K, the same bits in each:
+// _d when P ≤ 8 (an item's ≤ 8 pairs' activations staged in dynamic shared memory), _b up to
+// GPU_MM_TOK_B pairs, _p beyond.
+#include "mm.cuh"
+
+// ---- the routed experts, grouped by expert ------------------------------------------------------
+//
+// map (int32, gpu/launch.c: gpu_moe_map_ints): [0] the number of items; then items of 3 ints
+// (expert x, first position in perm, count ≤ GPU_MM_TOK), in ascending x; then perm [P]: the
+// pairs p = t·K + k sorted by expert. The order of pairs inside one expert's list varies from run
+// to run (atomic counters); no result depends on it: each pair's sums are its own column of the
+// products, whatever tile it shares.
+
+extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
+                                                                         int items_bound) {
+    __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
+    __shared__ int wsum[2][32];
+    for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0, fill[x] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[sel[p]], 1);
+    __syncthreads();
+    // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each)
+    const int x = threadIdx.x, lane = x & 31, w = x >> 5;
+    int c = x < E ? cnt[x] : 0, it = (c + GPU_MM_TOK - 1) / GPU_MM_TOK;
+    int sc = c, si = it;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, si, o);
+        if (lane >= o) sc += a, si += b;
+    }
+    if (lane == 31) wsum[0][w] = sc, wsum[1][w] = si;
+    __syncthreads();
+    int oc = 0, oi = 0;
+    for (int v = 0; v < w; v++) oc += wsum[0][v], oi += wsum[1][v];
+    if (x < E) pos[x] = oc + sc - c, ib[x] = oi + si - it;
+    if (x == blockDim.x - 1) map[0] = oi + si;
+    __syncthreads();
+    int *items = map + 1, *perm = map + 1 + 3 * items_bound;
+    if (x < E)
+        for (int j = 0; j < it; j++) {
+            int *q = items + 3 * (ib[x] + j);
+            q[0] = x, q[1] = pos[x] + j * GPU_MM_TOK, q[2] = min(GPU_MM_TOK, c - j * GPU_MM_TOK);
+        }
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        int e = sel[p];
+        perm[pos[e] + atomicAdd(&fill[e], 1)] = p;
+    }
+}
+
+// h[p] = SiLU(gate_x · xn[t]) · (up_x · xn[t]) for the item's pairs p (t = p / K), rows
+// [16RT·blockIdx.y, +16RT) of both, written as its three bf16 parts hs [3][P][I] (what k_moe_dn reads).
+// An item holds at most 8·NT pairs (the _d shapes: every item when P ≤ 8).
+template <int RT, int NT, int U, bool ONE>
+__device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
+                                       const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
+    __shared__ uint32_t lut[16];
+    __shared__ float red[mm_red<2 * RT, NT, ONE>::floats];
+    if ((int)blockIdx.x >= map[0]) return;
+    const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
+    const int x = item[0], first = item[1], cnt = item[2], P = T * K;
+    const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
+    const int H = M[0].cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
+    const int nact = (cnt + 7) / 8;
+    int row0[RT], brow[NT];
+#pragma unroll
+    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+    float acc[2 * RT][NT][4];
+    if (NT == 1) {   // _d: the item's tokens (≤ 8, distinct) staged in shared memory, [3][cnt][H]
+        __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
+        mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
+        brow[0] = g < cnt ? g : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<2, RT, NT, U, true>(M, row0, H, xl, (size_t)cnt * H, brow, nact, lut, acc);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<2, RT, NT, U>(M, row0, H, xs, (size_t)T * H, brow, nact, lut, acc);
+    }
+    mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
+    const float pg = mm_post(M[0]), pu = mm_post(M[1]);
+    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+        float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
+        mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, (size_t)P * I);
+    }
+}
+
+// ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·blockIdx.y, +16RT).
+template <int RT, int NT, int U, bool ONE>
+__device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
+                                       const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H) {
+    __shared__ uint32_t lut[16];
+    __shared__ float red[mm_red<RT, NT, ONE>::floats];
+    if ((int)blockIdx.x >= map[0]) return;
+    const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
+    const int x = item[0], first = item[1], cnt = item[2];
+    const gpu_mat D = experts[3 * x + 2];
+    const int I = D.cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
+    const int nact = (cnt + 7) / 8;
+    int row0[RT], brow[NT];
+#pragma unroll
+    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+    float acc[RT][NT][4];
+    if (NT == 1) {   // _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
+        __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
+        mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
+        brow[0] = g < cnt ? g : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<1, RT, NT, U, true>(&D, row0, I, hl, (size_t)cnt * I, brow, nact, lut, acc);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
+        mm_plane_lut(lut);
+        __syncthreads();
+        mm_any<1, RT, NT, U>(&D, row0, I, hs, (size_t)P * I, brow, nact, lut, acc);
+    }
+    mm_reduce<RT, NT, ONE>(acc, red, nact);
+    const float post = mm_post(D);
+    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+        if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
+    }
+}
+
+// The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
+// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T, 8)·width
+// bytes of dynamic shared memory.
+#define MOE_UP(name, RT, NT, U, ONE)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
+                                                                 int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
+                                                                 __nv_bfloat16 *__restrict__ hs, int I) {                             \
+        moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I);                                                    \
+    }
+MOE_UP(k_moe_up_d, 1, 1, 4, true)
+MOE_UP(k_moe_up_b, 1, 4, 2, true)
+MOE_UP(k_moe_up_p, 2, 4, 1, false)
+#define MOE_DN(name, RT, NT, U, ONE)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
+                                                                 int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
+                                                                 float *__restrict__ ye, int H) {                                     \
+        moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H);                                                       \
+    }
+MOE_DN(k_moe_dn_d, 1, 1, 4, true)
+MOE_DN(k_moe_dn_b, 1, 4, 2, true)
+MOE_DN(k_moe_dn_p, 2, 4, 1, false)
