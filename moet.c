@@ -724,9 +724,11 @@ typedef struct {
     // The slot's sequence is over: its KV room returns to the free list, its sampler state is cleared.
     void (*release)(void *self, int slot);
     // Starts one step (may return before it is computed). Picks tokens for rows with want; each picked
-    // token is also noted in the slot's penalty counts.
+    // token is also noted in the slot's penalty counts. -1: this step failed (its sequences are to be
+    // ended; the backend serves the others); ENGINE_LOST: the device can run nothing more (a lost
+    // context: every later call fails the same way).
     int (*launch)(void *self, const engine_step *s, moet_err *e);
-    // Waits for the step launched last and gives its results.
+    // Waits for the step launched last and gives its results. -1 or ENGINE_LOST as launch.
     int (*collect)(void *self, engine_result *out, moet_err *e);
     // Test entry (moet run, tests, eval): one batched step that writes logits for EVERY token [off[n], V]
     // (no sampling), and when non-NULL: hidden [L + 1] buffers [off[n], H] as today's ref_forward,
@@ -749,6 +751,41 @@ typedef struct {
     // Block `block` is no longer kept (KV pages it shares return when no sequence holds them either).
     void (*drop)(void *self, int block);
 } engine_backend;
+
+// What launch and collect return when the device is lost (engine_backend.launch).
+#define ENGINE_LOST (-2)
+
+// ---- simulated device faults (MOET_FAULT) -----------------------------------------------------
+//
+// A test hook of every backend: MOET_FAULT=step:N makes the backend's N-th launch fail as a step
+// the device recovers from (a failed launch, a non-sticky error); MOET_FAULT=lost:N makes it fail
+// as a lost device (a sticky error), and every launch after it. Read when a backend is made.
+enum { FAULT_NONE, FAULT_STEP, FAULT_LOST };
+typedef struct {
+    int kind;            // FAULT_*
+    long long at, n;     // the launch that fails (1-based); launches so far
+    int lost;            // a lost device was simulated: every launch fails
+} engine_fault;
+
+static void engine_fault_init(engine_fault *f) {
+    memset(f, 0, sizeof *f);
+    const char *v = getenv("MOET_FAULT");
+    if (!v || !*v) return;
+    char *end;
+    if (!strncmp(v, "step:", 5)) f->kind = FAULT_STEP, f->at = strtoll(v + 5, &end, 10);
+    else if (!strncmp(v, "lost:", 5)) f->kind = FAULT_LOST, f->at = strtoll(v + 5, &end, 10);
+    else end = (char *)v;
+    MOET_ASSERT(f->kind && *end == 0 && f->at >= 1, "MOET_FAULT=%s: step:N or lost:N with N >= 1", v);
+}
+
+// At the start of a launch: 0, or the simulated failure (-1 or ENGINE_LOST with e set).
+static int engine_fault_launch(engine_fault *f, moet_err *e) {
+    if (f->lost) return err_set(e, "the device was lost at launch %lld (simulated: MOET_FAULT)", f->at), ENGINE_LOST;
+    if (!f->kind || ++f->n != f->at) return 0;
+    if (f->kind == FAULT_STEP) return err_set(e, "step %lld failed on the device (simulated: MOET_FAULT=step:%lld)", f->n, f->at);
+    f->lost = 1;
+    return err_set(e, "the device was lost at launch %lld (simulated: MOET_FAULT=lost:%lld)", f->n, f->at), ENGINE_LOST;
+}
 
 // ---- the checks every backend makes -----------------------------------------------------------
 //
@@ -932,6 +969,7 @@ typedef struct ref_engine_s {
     int32_t *res_top_ids;// [max_seqs, MOET_MAX_LOGPROBS]
     float *res_top_lp;   // [max_seqs, MOET_MAX_LOGPROBS]
     int launched;        // a step waits for collect
+    engine_fault fault;  // MOET_FAULT (the backend's test hook)
     arena mem;
     // prefix blocks (engine_backend.save; ref_prefix_init): copies of a sequence's state after
     // a multiple of pfx_block tokens and of the keys and values of the block's own positions
@@ -1792,6 +1830,8 @@ static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
     ref_engine *r = self;
     int V = r->m->cfg.vocab;
     if (r->launched) return err_set(e, "launch: the step launched before was not collected");
+    int f = engine_fault_launch(&r->fault, e);
+    if (f) return f;
     if (engine_check_step("launch", r->max_seqs, r->max_tokens, V, &r->bank, ref_be_at, r, s->n, s->slots, s->ids, s->off, e))
         return -1;
     if (ref_forward(r, s->n, s->slots, s->ids, s->off, s->want, r->step_logits, 0, NULL, e)) return -1;
@@ -1828,6 +1868,7 @@ static int ref_be_forward_all(void *self, int n, const int *slots, const int32_t
 }
 
 static engine_backend ref_backend(ref_engine *r) {
+    engine_fault_init(&r->fault);
     engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, 1, ref_be_admit, ref_be_release,
                         ref_be_launch, ref_be_collect, ref_be_forward_all, r->pfx_block, r->pfx_blocks,
                         r->pfx_blocks ? ref_be_admit_from : NULL, r->pfx_blocks ? ref_be_save : NULL,
@@ -2222,6 +2263,7 @@ typedef struct {
     size_t in_cap;
     ln_reader in;           // the request lines (format/lines.c)
     int stopping;           // a signal came: stdin is no longer read
+    int lost;               // the backend lost its device: every request was answered, the server exits 1
     js_doc doc;
     chat_mem cm;
     char *prompt;           // [prompt_cap] rendered chat prompt
@@ -2934,8 +2976,15 @@ static int serve_step(serve_ctx *S) {
         rc = S->be.collect(S->be.self, &res, &e);
     }
     if (rc != 0) {
+        // a failed step ends its own requests; a lost device every request there is (running and
+        // waiting), and the server stops (serve_run exits 1)
         fprintf(stderr, "moet serve: backend step failed: %s\n", e.msg);
         for (int i = 0; i < n; i++) serve_fail(S, &S->recs[S->row_rec[i]], e.msg);
+        if (rc == ENGINE_LOST) {
+            S->lost = 1;
+            for (int i = 0; i < S->n_recs; i++)
+                if (S->recs[i].state != REC_FREE) serve_fail(S, &S->recs[i], e.msg);
+        }
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -3177,6 +3226,12 @@ static int serve_run(serve_ctx *S, int fd_in, int fd_out) {
         serve_admit(S);
         if (S->n_running) {
             serve_step(S);
+            if (S->lost) {
+                po_flush(&S->out);
+                fprintf(stderr, "moet serve: the device is lost: every running and waiting request was answered with "
+                                "server_error; the %zu bytes of input not read yet are not\n", ln_pending(&S->in));
+                return 1;
+            }
             continue;
         }
         if (S->in.eof && !S->n_waiting && !ln_pending(&S->in)) break;

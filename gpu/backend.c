@@ -18,6 +18,8 @@ typedef struct {
     int *l_slots;            // [max_seqs] the launched step's slots and wants (the caller's arrays
     uint8_t *l_want;         // [max_seqs]  may change before collect)
     int l_n, l_rows, launched;
+    int lost;                // a step's synchronisation failed: the context is unusable (ENGINE_LOST from then on)
+    engine_fault fault;      // MOET_FAULT (the backend's test hook)
     arena mem;
 } gpu_backend;
 
@@ -82,6 +84,9 @@ static void gpu_be_release(void *self, int slot) {
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "launch: the step launched before was not collected");
+    if (b->lost) return err_set(e, "the GPU context was lost in an earlier step"), ENGINE_LOST;
+    int f = engine_fault_launch(&b->fault, e);
+    if (f) return f;
     if (gpu_be_check(b, "launch", s->n, s->slots, s->ids, s->off, e)) return -1;
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
@@ -97,7 +102,17 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
 static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
     gpu_backend *b = self;
     if (!b->launched) return err_set(e, "collect: no step was launched");
-    CU_CHECK(cu.cuStreamSynchronize(b->g.compute));   // the step and its logits copy are done
+    // the step and its logits copy are done. An error here is the step's kernels' (launches and copies
+    // were accepted): a fault in a kernel, which CUDA makes sticky — the context can run nothing
+    // more. The scheduler answers every request and the server exits (ENGINE_LOST).
+    CUresult r = cu.cuStreamSynchronize(b->g.compute);
+    if (r) {
+        const char *name = "?", *str = "?";
+        if (cu.cuGetErrorName) cu.cuGetErrorName(r, &name);
+        if (cu.cuGetErrorString) cu.cuGetErrorString(r, &str);
+        b->lost = 1, b->launched = 0;
+        return err_set(e, "the GPU failed in a step: %s (%d): %s", name, r, str), ENGINE_LOST;
+    }
     int V = b->g.m->cfg.vocab;
     for (int i = 0, j = 0; i < b->l_n; i++) {
         b->res_tok[i] = -1;   // no token for a mid-prompt chunk
@@ -165,6 +180,8 @@ static int gpu_be_init(gpu_backend *b, const ck_model *m, const gpu_opts *o, con
 }
 
 static engine_backend gpu_backend_of(gpu_backend *b) {
+    b->lost = 0;
+    engine_fault_init(&b->fault);
     engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, b->g.chunk_align, gpu_be_admit, gpu_be_release,
                          gpu_be_launch, gpu_be_collect, gpu_be_forward_all, b->g.pfx_block, b->g.pfx_blocks,
                          b->g.pfx_blocks ? gpu_be_admit_from : NULL, b->g.pfx_blocks ? gpu_be_save : NULL,

@@ -542,6 +542,44 @@ static void test_soak(void) {
     CHECK(r1 - r0 <= 64 * (minf + majf), "soak: resident memory grew more than the faults after ready map: %s", seen_mem);
 }
 
+// Device faults through the backends' test hook (MOET_FAULT), one request running at a time.
+// A failed step (step:2, the first request's first decode step) answers that request with
+// server_error and the server goes on: the two others are answered and the exit status is 0. A
+// lost device (lost:2) answers the running request and the two waiting with server_error, writes
+// nothing else, and exits 1.
+static void test_faults(void) {
+    size_t at = 0;
+    for (int i = 0; i < 3; i++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"id\":\"f%d\",\"prompt\":\"def add(a, b):\",\"max_tokens\":4,\"temperature\":0}\n", i);
+    const char *one[] = {"--max-num-seqs", "1", NULL};
+    for (int lost = 0; lost < 2; lost++) {
+        setenv("MOET_FAULT", lost ? "lost:2" : "step:2", 1);
+        int rc = run_moet(input, one);
+        unsetenv("MOET_FAULT");
+        parse_answers();
+        int errs = 0, answered = 0, other = 0;
+        for (int i = 0; i < 3; i++) {
+            char id[8];
+            snprintf(id, sizeof id, "f%d", i);
+            int k = find_answer(id, NULL);
+            if (k >= 0 && error_is(k, "server_error")) errs++;
+            else if (k >= 0 && path(k, "choices", "0", "finish_reason", 0)) answered++;
+        }
+        for (int i = 0; i < n_ans; i++)
+            if (!js_str_is(path(i, "object", 0, 0, 0), "ready") && !path(i, "error", 0, 0, 0) && !path(i, "choices", 0, 0, 0)) other++;
+        int f0 = find_answer("f0", NULL);
+        if (!lost)
+            CHECK(rc == 0 && errs == 1 && f0 >= 0 && error_is(f0, "server_error") && answered == 2 && other == 0,
+                  "a failed step: its request answered with server_error, the two others answered, exit 0 (exit %d, %d errors, %d answers)",
+                  rc, errs, answered);
+        else
+            CHECK(rc == 1 && errs == 3 && answered == 0 && other == 0 && n_ans == 4,
+                  "a lost device: the running and both waiting requests answered with server_error, nothing else, exit 1 "
+                  "(exit %d, %d errors, %d answers, %d lines)", rc, errs, answered, n_ans);
+    }
+}
+
 int main(void) {
     if (access("./moet", X_OK) != 0) {
         CHECK(0, "./moet is missing: build it first (./build.sh)");
@@ -555,6 +593,7 @@ int main(void) {
     TIMED(test_stream_reassembly);
     TIMED(test_tools);
     TIMED(test_signals);
+    TIMED(test_faults);
     TIMED(test_soak);
     check_prop_end(&e2e_ran);
     return check_report("test_serve_e2e");
