@@ -98,8 +98,17 @@ const byteOf = {};
   bs.forEach((b, i) => { byteOf[String.fromCodePoint(cs[i])] = b; });
 }
 
-for (const [name, file] of [['qwen35', 'qwen35-regex-on-qwen3.json'], ['qwen3', 'qwen3-tokenizer.json'], ['tiny', 'tiny-tokenizer.json']]) {
-  const json = JSON.parse(fs.readFileSync(path.join(outDir, file), 'utf8'));
+// The Qwen3.5 pre-tokenizer regex on the Qwen3 vocabulary (as tests/test_tokenizer.c derives it:
+// qwen3-tokenizer.json with its Split regex replaced; no file of its own in the repository).
+const QWEN35_REGEX = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+function loadTokenizerJson(file) {
+  const json = JSON.parse(fs.readFileSync(path.join(outDir, file === 'qwen35' ? 'qwen3-tokenizer.json' : file), 'utf8'));
+  if (file === 'qwen35') json.pre_tokenizer.pretokenizers[0].pattern.Regex = QWEN35_REGEX;
+  return json;
+}
+
+for (const [name, file] of [['qwen35', 'qwen35'], ['qwen3', 'qwen3-tokenizer.json'], ['tiny', 'tiny-tokenizer.json']]) {
+  const json = loadTokenizerJson(file);
   const tok = new Tokenizer(json, {});
   const lines = [];
   for (const text of [...handpicked, ...random]) {
