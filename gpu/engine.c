@@ -65,7 +65,7 @@ typedef struct {
     int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
-    // the tensor-core products' inputs (sass/mm.cu): the bf16 parts of a product's activations
+    // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;

@@ -73,7 +73,7 @@ static void gpu_k_linear(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUd
                GPU_LIN_NT, 0, s, GPU_ARGS((void *)set, &x, &ldx, &T));
 }
 
-// ---- tensor-core products (sass/mm.cu) -------------------------------------------------------
+// ---- tensor-core products (sass/mm.cu, sass/moe_mm.cu) ------------------------------------------
 
 // Whether the tensor-core kernels take this matrix: FP8, NVFP4, BF16 or planes, in_features a
 // multiple of 64 (the 64-blocks of sass/mm.cuh), rows at 16-byte multiples (planes: whole tiles of
@@ -84,7 +84,7 @@ static int gpu_mm_ok(const gpu_mat *W) {
            W->w % 16 == 0;
 }
 
-// The launch shape of a step of n tokens (or expert pairs), sass/mm.cu: 0 _d (n ≤ 8), 1 _b
+// The launch shape of a step of n tokens (or expert pairs), sass/mm.cu and moe_mm.cu: 0 _d (n ≤ 8), 1 _b
 // (n ≤ GPU_MM_TOK_B), 2 _p; its row tiles of 16 per block and tokens per block. The sums are the
 // same bits in every shape (sass/mm.cuh: the order depends on K alone).
 static int gpu_mm_shape(long long n) { return n <= 8 ? 0 : n <= GPU_MM_TOK_B ? 1 : 2; }
@@ -141,14 +141,14 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
 }
 
 // The expert map of P = T·K pairs over E experts: how many items (runs of ≤ GPU_MM_TOK pairs of
-// one expert) a step can have, and the ints of the map (sass/mm.cu).
+// one expert) a step can have, and the ints of the map (sass/moe_mm.cu).
 static int gpu_moe_items_bound(long long P, int E) {
     long long b = gpu_cdiv(P, GPU_MM_TOK) + E;
     return (int)(b < P ? b : P);
 }
 static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_bound(P, E) + (size_t)P; }
 
-// map = the pairs of sel (int32 [P]) grouped by expert (sass/mm.cu).
+// map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu).
 static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
     int bound = gpu_moe_items_bound(P, E);

@@ -66,7 +66,7 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 #define GPU_MM_NT (GPU_MM_WARPS * 32)
 #define GPU_MM_TOK 32
 #define GPU_MM_SPLITS 3
-// The launch shapes (sass/mm.cu): _d for steps of up to 8 tokens (or 8 expert pairs), _b up to
+// The launch shapes (sass/mm.cu, moe_mm.cu): _d for steps of up to 8 tokens (or 8 expert pairs), _b up to
 // GPU_MM_TOK_B, _p beyond.
 #define GPU_MM_TOK_B 128
 // k_mm_v: steps of up to GPU_MM_TOK_V tokens (their parts in shared memory), GPU_MM_RING steps of
