@@ -20,9 +20,10 @@
 // a token and q are one 8-byte load per part. Slot 2t ↔ j = 0, 2t+1 ↔ 1, 2t+8 ↔ 2, 2t+9 ↔ 3.
 //
 // Order (batch invariance): warp w of GPU_MM_WARPS takes the 64-blocks kb = w, w + 8, …; for each
-// kb, q = 0..3, part hi, mid, lo, one mma into the running f32 accumulator; the warps' sums are
-// added in warp order (mm_reduce). All of it depends on K alone: a token's result is the same
-// bits whatever the other tokens of the launch, the tile it lands in or the rows per block.
+// kb and q = 0..3, the parts lo, mid, hi go through three mma into a fresh accumulator, which is
+// then added to the running one in f32; the warps' sums are added in warp order (mm_reduce,
+// mm_at). All of it depends on K alone: a token's result is the same bits whatever the other
+// tokens of the launch, the tile it lands in or the rows per block (k_mm_v: the same steps).
 #pragma once
 #include "common.cuh"
 
