@@ -3571,8 +3571,10 @@ fail:
     fprintf(stderr, "moet serve: %s\n", e.msg);
 done:
     arena_stats.frozen = 0;   // shutting down: releasing is not allocating
+    // a lost device is left as it is: its context can free nothing, and the process exits
+    int lost = have_s && S.lost;
     if (have_s) serve_free(&S);
-    if (have_r) engine_close(&E);
+    if (have_r && !lost) engine_close(&E);
     arena_release(&st.sc_mem);
     if (have_tok) tok_free(&st.t);
     if (have_m) ck_close(&m);
