@@ -116,7 +116,7 @@ static size_t gpu_scale_bytes(const ck_mat *m) {
 
 // gpu_mm_ok (gpu/launch.c) of the matrix gpu_put makes of m (its rows 256-byte aligned).
 static int gpu_mm_ok_ck(const ck_mat *m) {
-    gpu_mat d = {.w = 256, .row_bytes = m->row_bytes, .kind = m->kind, .rows = m->rows, .cols = m->cols};
+    gpu_mat d = gpu_mat_desc(m, 256, 0);
     return gpu_mm_ok(&d);
 }
 
@@ -129,20 +129,8 @@ static gpu_mat gpu_put(arena *a, const ck_mat *m, const char *what) {
     if (!a->base) return d;
     CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)w, m->w, gpu_mat_bytes(m)));
     if (s) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)s, m->scale, gpu_scale_bytes(m)));
-    d.w = (uintptr_t)w;
-    d.scale = (uintptr_t)s;
-    d.row_bytes = m->row_bytes;
-    d.kind = m->kind;
-    d.rows = m->rows;
-    d.cols = m->cols;
-    d.s = m->kind == CK_W_FP8 || m->kind == CK_W_NVFP4 ? m->s : 1.f;
-    return d;
+    return gpu_mat_desc(m, (uintptr_t)w, (uintptr_t)s);
 }
-
-_Static_assert((int)CK_W_BF16 == (int)GPU_W_BF16 && (int)CK_W_F16 == (int)GPU_W_F16 && (int)CK_W_F32 == (int)GPU_W_F32 &&
-                   (int)CK_W_FP8 == (int)GPU_W_FP8 && (int)CK_W_NVFP4 == (int)GPU_W_NVFP4 && (int)CK_W_PLANES == (int)GPU_W_PLANES,
-               "weight kinds agree");
-_Static_assert(sizeof(gpu_mat) == 48, "gpu_mat is 48 bytes on both sides");
 
 // Whether k_linear / row_dot can take this matrix (sass/common.cuh's requirements).
 static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {

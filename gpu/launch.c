@@ -73,6 +73,28 @@ static void gpu_k_linear(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUd
                GPU_LIN_NT, 0, s, GPU_ARGS((void *)set, &x, &ldx, &T));
 }
 
+// ---- weight descriptors ------------------------------------------------------------------------
+
+_Static_assert((int)CK_W_BF16 == (int)GPU_W_BF16 && (int)CK_W_F16 == (int)GPU_W_F16 && (int)CK_W_F32 == (int)GPU_W_F32 &&
+                   (int)CK_W_FP8 == (int)GPU_W_FP8 && (int)CK_W_NVFP4 == (int)GPU_W_NVFP4 && (int)CK_W_PLANES == (int)GPU_W_PLANES,
+               "weight kinds agree");
+_Static_assert(sizeof(gpu_mat) == 48, "gpu_mat is 48 bytes on both sides");
+
+// The kernels' descriptor of matrix m with its values at device address w and its scales at
+// scale (0: none): the weights uploaded by gpu_put and the expert pool's slots alike.
+static gpu_mat gpu_mat_desc(const ck_mat *m, CUdeviceptr w, CUdeviceptr scale) {
+    gpu_mat d;
+    memset(&d, 0, sizeof d);
+    d.w = w;
+    d.scale = scale;
+    d.row_bytes = m->row_bytes;
+    d.kind = m->kind;
+    d.rows = m->rows;
+    d.cols = m->cols;
+    d.s = m->kind == CK_W_FP8 || m->kind == CK_W_NVFP4 ? m->s : 1.f;
+    return d;
+}
+
 // ---- tensor-core products (sass/mm.cu, sass/moe_mm.cu) ------------------------------------------
 
 // Whether the tensor-core kernels take this matrix: FP8, NVFP4, BF16 or planes, in_features a
@@ -88,7 +110,7 @@ static int gpu_mm_ok(const gpu_mat *W) {
 // (n ≤ GPU_MM_TOK_B), 2 _p; its row tiles of 16 per block and tokens per block. The sums are the
 // same bits in every shape (sass/mm.cuh: the order depends on K alone).
 static int gpu_mm_shape(long long n) { return n <= 8 ? 0 : n <= GPU_MM_TOK_B ? 1 : 2; }
-static const int gpu_mm_rt[3] = {1, 1, 2}, gpu_moe_dn_rt[3] = {1, 1, 2}, gpu_moe_up_rt[3] = {1, 1, 2};
+static const int gpu_mm_rt[3] = {1, 1, 2};   // the same for k_mm_*, k_moe_up_*, k_moe_dn_*
 static const int gpu_mm_tok[3] = {8, GPU_MM_TOK, GPU_MM_TOK};
 
 // xs = the three bf16 parts of x [T, ldx]'s first K columns: bf16 [GPU_MM_SPLITS][T][K].
@@ -160,7 +182,7 @@ static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, i
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
                          CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
-    int sh = gpu_mm_shape(P), rt = gpu_moe_up_rt[sh], bound = gpu_moe_items_bound(P, E);
+    int sh = gpu_mm_shape(P), rt = gpu_mm_rt[sh], bound = gpu_moe_items_bound(P, E);
     static const int fn[3] = {K_MOE_UP_D, K_MOE_UP_B, K_MOE_UP_P};
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
     // _d stages an item's tokens (distinct: at most min(T, 8)) in shared memory
@@ -173,7 +195,7 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 // ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
 static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
                          int H) {
-    int sh = gpu_mm_shape(P), rt = gpu_moe_dn_rt[sh], bound = gpu_moe_items_bound(P, E);
+    int sh = gpu_mm_shape(P), rt = gpu_mm_rt[sh], bound = gpu_moe_items_bound(P, E);
     static const int fn[3] = {K_MOE_DN_D, K_MOE_DN_B, K_MOE_DN_P};
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
     // _d stages an item's pairs' h (at most 8) in shared memory

@@ -158,29 +158,16 @@ join:
         double dt = moet_now() - pr.t0;
         fprintf(stderr, "moet: expert pool: %" PRIu64 " slots, %.2f GiB in %.1f s (%.2f GB/s%s)\n", L->n_slots,
                 (double)L->n_slots * L->slot_stride / 1073741824.0, dt, (double)L->n_slots * L->slot_stride / 1e9 / (dt + 1e-9), po->no_verify ? ", not verified" : ", SHA-256 checked");
-        // each layer's expert table: gate / up / down descriptors over its slots
-        int H = c->hidden, I = c->inter;
+        // each layer's expert table: gate / up / down descriptors over its slots, laid out as the
+        // CPU reference reads them (pf_expert_mats over the slot's device address)
         for (uint32_t l = 0; l < L->g.n_layers; l++) {
             gpu_mat *tab = arena_sys_alloc(sizeof(gpu_mat) * 3 * L->g.n_experts, "expert table");
             MOET_ASSERT(tab, "expert table");
             for (uint32_t x = 0; x < L->g.n_experts; x++) {
                 uint64_t base = pool + ((uint64_t)l * L->g.n_experts + x) * L->slot_stride;
-                gpu_mat gate = {0};
-                gate.kind = GPU_W_PLANES;
-                gate.rows = I;
-                gate.cols = H;
-                gate.s = 1.f;
-                gate.w = base + L->sec_off[PF_W13_CODES];
-                gate.scale = base + L->sec_off[PF_W13_SCALES];
-                gpu_mat up = gate;
-                up.w += (uint64_t)I * H / 4;
-                up.scale += (uint64_t)I * H / PF_BLOCK;
-                gpu_mat down = gate;
-                down.rows = H;
-                down.cols = I;
-                down.w = base + L->sec_off[PF_W2_CODES];
-                down.scale = base + L->sec_off[PF_W2_SCALES];
-                tab[3 * x] = gate, tab[3 * x + 1] = up, tab[3 * x + 2] = down;
+                ck_mat m3[3];
+                pf_expert_mats(L, (const uint8_t *)(uintptr_t)base, &m3[0], &m3[1], &m3[2]);
+                for (int j = 0; j < 3; j++) tab[3 * x + j] = gpu_mat_desc(&m3[j], (uintptr_t)m3[j].w, (uintptr_t)m3[j].scale);
             }
             CU_CHECK(cu.cuMemcpyHtoD(tables[L->g.first_layer + l], tab, sizeof(gpu_mat) * 3 * L->g.n_experts));
             arena_sys_free(tab, sizeof(gpu_mat) * 3 * L->g.n_experts);
