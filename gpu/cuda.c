@@ -27,6 +27,27 @@ enum {
     GPU_ATTR_SMEM_OPTIN = 97,
 };
 #define GPU_FUNC_ATTR_MAX_DYN_SMEM 8
+
+// cuLaunchKernelEx's configuration (cuda.h: CUlaunchConfig, CUlaunchAttribute): one attribute is
+// used, programmatic stream serialisation (id 6, an int), which lets a kernel start while its
+// predecessor in the stream runs (sass/common.cuh: GPU_DEP).
+#define GPU_LAUNCH_ATTR_PROGRAMMATIC 6
+typedef struct {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        long long align;
+        int value;
+    } v;
+} gpu_launch_attr;
+typedef struct {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem;
+    CUstream stream;
+    gpu_launch_attr *attrs;
+    unsigned n_attrs;
+} gpu_launch_config;
+_Static_assert(sizeof(gpu_launch_attr) == 72 && sizeof(gpu_launch_config) == 56, "cuda.h's CUlaunchAttribute and CUlaunchConfig");
 #define GPU_STREAM_NON_BLOCKING 1
 #define GPU_MEMHOSTALLOC_PORTABLE 1
 
@@ -61,8 +82,7 @@ enum {
     X(cuModuleUnload, "cuModuleUnload", CUresult, (CUmodule))                                         \
     X(cuModuleGetFunction, "cuModuleGetFunction", CUresult, (CUfunction *, CUmodule, const char *))   \
     X(cuFuncSetAttribute, "cuFuncSetAttribute", CUresult, (CUfunction, int, int))                     \
-    X(cuLaunchKernel, "cuLaunchKernel", CUresult,                                                     \
-      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", CUresult, (const gpu_launch_config *, CUfunction, void **, void **)) \
     X(cuStreamCreate, "cuStreamCreate", CUresult, (CUstream *, unsigned))                             \
     X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult, (CUstream))                                    \
     X(cuStreamSynchronize, "cuStreamSynchronize", CUresult, (CUstream))                               \

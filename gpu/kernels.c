@@ -131,8 +131,12 @@ static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, int block, size_t s
         k->ev_kernel[p] = fn;
         CU_CHECK(cu.cuEventRecord(k->ev[p][0], s));
     }
-    CUresult r = cu.cuLaunchKernel(k->fn[fn], (unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s,
-                                   args, NULL);
+    // Every kernel waits for its predecessors' results itself (GPU_DEP), so each may start while
+    // the one before it finishes: its blocks take the room that one leaves and request their
+    // weights. The profiler times kernels one by one, without the overlap.
+    gpu_launch_attr pdl = {.id = GPU_LAUNCH_ATTR_PROGRAMMATIC, .v.value = 1};
+    gpu_launch_config cfg = {(unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s, &pdl, k->prof ? 0u : 1u};
+    CUresult r = cu.cuLaunchKernelEx(&cfg, k->fn[fn], args, NULL);
     if (r) {   // which launch, then the driver's word
         fprintf(stderr, "moet: %s: grid (%lld, %lld, %lld) %s, %d threads, %zu bytes of dynamic shared memory:\n", name, grid.x, grid.y, grid.z,
                 grid.axes, block, smem);

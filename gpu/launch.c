@@ -142,7 +142,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
                     set->W[i].rows, set->W[i].cols);
         set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, 16 * rt);
     }
-    // k_mm_v: runs of row tiles per block, about two blocks per multiprocessor, the tokens' parts
+    // k_mm_v: runs of row tiles per block, GPU_MM_V_BLOCKS blocks per multiprocessor, the tokens' parts
     // in shared memory (where they fit: 96 KiB at T = 4 and K = 4,096; a GB10 block takes 99 KiB).
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
@@ -150,7 +150,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
         long long tiles = 0;
         for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
-        int per = (int)gpu_cdiv(tiles, 2LL * (k->sms > 0 ? k->sms : 1));
+        int per = (int)gpu_cdiv(tiles, (long long)GPU_MM_V_BLOCKS * (k->sms > 0 ? k->sms : 1));
         set->pad[0] = per;
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(gpu_cdiv(set->W[i].rows, 16), per);
         gpu_launch(k, K_MM_V, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,

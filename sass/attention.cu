@@ -180,6 +180,7 @@ __device__ void attn_part(const float *__restrict__ proj, const int *__restrict_
 extern "C" __global__ void __launch_bounds__(GPU_ATT_NT) k_attn_merge(const float *__restrict__ proj, const int *__restrict__ tok_pos,
                                                                       const float *__restrict__ part, int nc, float *__restrict__ core, int nh,
                                                                       int hd, __nv_bfloat16 *__restrict__ xs) {
+    GPU_DEP();
     int h = blockIdx.y, t = blockIdx.x, p = tok_pos[t];
     const float *src = part + ((size_t)t * nh + h) * nc * (hd + 2), *gate = proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd + hd;
 #pragma unroll
@@ -198,6 +199,7 @@ extern "C" __global__ void __launch_bounds__(GPU_ATT_NT) k_attn_merge(const floa
     extern "C" __global__ void __launch_bounds__(GPU_ATT_NT)                                                                        \
         NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, const void *kc, const void *vc, \
              const float *ks, const float *vs, float *core, int nh, int kvh, int hd, float scale, __nv_bfloat16 *xs) {              \
+        GPU_DEP();                                                                                                                  \
         attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale, xs); \
     }
 ATTENTION(k_attention_f32, kv_f32)
@@ -208,6 +210,7 @@ ATTENTION(k_attention_fp8, kv_fp8)
     extern "C" __global__ void __launch_bounds__(GPU_ATT_NT)                                                                        \
         NAME(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, const void *kc, const void *vc, \
              const float *ks, const float *vs, float *part, int nc, int nh, int kvh, int hd, float scale) {                        \
+        GPU_DEP();                                                                                                                  \
         attn_part<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, part, nc, nh, kvh, hd, scale); \
     }
 ATTN_PART(k_attn_part_f32, kv_f32)

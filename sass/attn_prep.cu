@@ -68,6 +68,7 @@ __device__ void attn_prep(float *__restrict__ proj, const float *__restrict__ kk
         NAME(float *proj, const float *kk, const float *vv, gpu_mat qn, gpu_mat kn, const float *inv_freq, int rot,              \
              const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, void *kc, void *vc, float *ks, float *vs,    \
              int nh, int kvh, int hd, float eps) {                                                                                \
+        GPU_DEP();                                                                                                                  \
         attn_prep<KV>(proj, kk, vv, qn, kn, inv_freq, rot, tok_pos, tok_slot, bt, bt_stride, (KV::T *)kc, (KV::T *)vc, ks, vs, nh, kvh, hd, eps); \
     }
 ATTN_PREP(k_attn_prep_f32, kv_f32)

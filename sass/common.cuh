@@ -14,6 +14,15 @@
 
 #define WARP 32
 
+// Programmatic dependent launch (sm_90 and newer; gpu/kernels.c: gpu_launch starts a kernel while
+// its predecessor in the stream still runs). GPU_DEP() waits until every earlier kernel of the
+// stream has finished and its writes are visible, then lets the next kernel's blocks start (they
+// load their weights while this one computes, then wait here in turn). Every kernel calls it
+// before it reads or writes anything another kernel writes or reads; only weights, written
+// before the first step and never after, may be loaded before it. Without the launch attribute
+// (the profiler's launches) both instructions return at once.
+#define GPU_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+
 // ---- exact element decoders ---------------------------------------------------------------
 
 __device__ __forceinline__ float dec_bf16(uint32_t b16) { return __uint_as_float(b16 << 16); }

@@ -4,6 +4,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_EMBED_NT) k_embed(gpu_mat E, const int *__restrict__ ids, float *__restrict__ x, int H) {
+    GPU_DEP();
     int t = blockIdx.x;
     const uint8_t *row = (const uint8_t *)E.w + (size_t)ids[t] * E.row_bytes;
     gpu_mat r = E;

@@ -7,6 +7,7 @@
 
 extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT) k_gated_norm(float *__restrict__ o, const float *__restrict__ z, gpu_mat w,
                                                                         int nv, int dv, float eps, __nv_bfloat16 *__restrict__ xs) {
+    GPU_DEP();
     __shared__ float red[32];
     size_t base = ((size_t)blockIdx.x * nv + blockIdx.y) * dv;
     float ss = 0.f;

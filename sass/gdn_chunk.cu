@@ -31,6 +31,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float
                                                                      const int *__restrict__ row_slot, const int *__restrict__ row_start,
                                                                      const int *__restrict__ row_len, const int *__restrict__ row_pos,
                                                                      const int *__restrict__ rows) {
+    GPU_DEP();
     extern __shared__ double smd[];
     const int KP = dk + 1, AP = GPU_GDN_C + 1, UP = GPU_GDN_VC + 1;   // padded row strides (no bank conflicts)
     double *gam = smd;                    // [GPU_GDN_C] γ

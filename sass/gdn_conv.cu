@@ -11,6 +11,7 @@
 extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__restrict__ qkv, int cd, gpu_mat w, int Kc, float *__restrict__ win_base,
                                                                      long long win_slot_stride, const int *__restrict__ row_slot,
                                                                      const int *__restrict__ row_start, const int *__restrict__ row_len) {
+    GPU_DEP();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (ch >= cd) return;
     float *win = win_base + (size_t)row_slot[r] * win_slot_stride;

@@ -21,6 +21,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_VC) k_gdn_rule(const float 
                                                                     int nk, int nv, int dk, int dv, const int *__restrict__ row_slot,
                                                                     const int *__restrict__ row_start, const int *__restrict__ row_len,
                                                                     const int *__restrict__ rows) {
+    GPU_DEP();
     extern __shared__ float sm[];
     float *S = sm;                 // [dk, GPU_GDN_VC]
     float *qs = sm + dk * GPU_GDN_VC;  // [dk]

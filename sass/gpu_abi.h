@@ -70,9 +70,11 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 // GPU_MM_TOK_B, _p beyond.
 #define GPU_MM_TOK_B 128
 // k_mm_v: steps of up to GPU_MM_TOK_V tokens (their parts in shared memory), GPU_MM_RING steps of
-// weights in flight per warp. The xs layout there is [part][token][K] (T·K elements per part).
+// weights in flight per warp (half for BF16), GPU_MM_V_BLOCKS blocks per multiprocessor (the
+// registers are capped for it). The xs layout there is [part][token][K] (T·K elements per part).
 #define GPU_MM_TOK_V 4
 #define GPU_MM_RING 4
+#define GPU_MM_V_BLOCKS 3
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_moe_sort: one block, a thread per expert for its scans.
 #define GPU_MOE_SORT_NT 1024

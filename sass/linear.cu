@@ -14,6 +14,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_linear(gpu_lin_set set, const float *__restrict__ x, int ldx, int T) {
+    GPU_DEP();
     int m = 0;
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const gpu_mat W = set.W[m];

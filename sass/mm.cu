@@ -51,7 +51,7 @@ __device__ __forceinline__ void mm_dense(const gpu_lin_set &set, const __nv_bflo
     mm_plane_lut(lut);
     __syncthreads();
     float acc[RT][NT][4];
-    mm_any<1, RT, NT, U>(&W, row0, K, xs, (size_t)T * K, brow, nact, lut, acc);
+    mm_any<1, RT, NT, U, false, true>(&W, row0, K, xs, (size_t)T * K, brow, nact, lut, acc);
     mm_reduce<RT, NT, ONE>(acc, red, nact);
     float *__restrict__ y = (float *)set.y[m];
     const int ldy = set.ldy[m];
@@ -64,13 +64,13 @@ __device__ __forceinline__ void mm_dense(const gpu_lin_set &set, const __nv_bflo
 
 // The grid shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 tokens, U 64-blocks of
 // weights in flight, ONE: the warps' sums meet in one shared buffer (else in turn).
-#define MM_DENSE(name, RT, NT, U, ONE)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) { \
+#define MM_DENSE(name, RT, NT, U, ONE, MINB)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) { \
         mm_dense<RT, NT, U, ONE>(set, xs, T);                                                                              \
     }
-MM_DENSE(k_mm_d, 1, 1, 4, true)
-MM_DENSE(k_mm_b, 1, 4, 2, true)
-MM_DENSE(k_mm_p, 2, 4, 1, false)
+MM_DENSE(k_mm_d, 1, 1, 4, true, 2)
+MM_DENSE(k_mm_b, 1, 4, 2, true, 1)
+MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 
 // ---- decode: a few tokens, each block streaming a run of row tiles ------------------------------
 //
@@ -81,22 +81,29 @@ MM_DENSE(k_mm_p, 2, 4, 1, false)
 // are on their way while the warps' sums of this one meet in shared memory (double-buffered: one
 // barrier per tile). The same steps and order as mm_core: the same bits as every other shape.
 template <int KIND>
-__device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *xsm, int T, float *red,
-                                          const uint32_t *lut, float *__restrict__ y, int ldy) {
+__device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *__restrict__ xs, __nv_bfloat16 *xsm,
+                                          int T, float *red, uint32_t *lut, float *__restrict__ y, int ldy) {
+    constexpr int RING = mm_ring<KIND, GPU_MM_RING>::n;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int K = W.cols, KB = K / 64, nk = (KB + GPU_MM_WARPS - 1) / GPU_MM_WARPS, njob = ntile * nk;
     const float post = mm_post(W);
     const bool tok = g < T;   // this lane's B column holds a token
-    mm_raw ring[GPU_MM_RING][1];
+    mm_raw ring[RING][1];
 #pragma unroll
-    for (int u = 0; u < GPU_MM_RING; u++) {
+    for (int u = 0; u < RING; u++) {
         int kb = w + GPU_MM_WARPS * (u % nk);
         if (u < njob && kb < KB) mm_load<KIND>(W, 16 * (tile0 + u / nk), kb, g, t, ring[u][0]);
     }
+    // the weights are on their way: wait for the activations, then copy them in
+    GPU_DEP();
+    const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
+    for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+    mm_plane_lut(lut);
+    __syncthreads();
     float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
-    for (int j0 = 0; j0 < njob; j0 += GPU_MM_RING) {
+    for (int j0 = 0; j0 < njob; j0 += RING) {
 #pragma unroll
-        for (int u = 0; u < GPU_MM_RING; u++) {
+        for (int u = 0; u < RING; u++) {
             const int j = j0 + u;
             if (j < njob) {   // uniform over the block: every warp has the same steps
                 const int kb = w + GPU_MM_WARPS * (j % nk);
@@ -117,7 +124,7 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
                         for (int e = 0; e < 4; e++) acc[0][0][e] += c[e];
                     }
                 }
-                const int jn = j + GPU_MM_RING, kn = w + GPU_MM_WARPS * (jn % nk);
+                const int jn = j + RING, kn = w + GPU_MM_WARPS * (jn % nk);
                 if (jn < njob && kn < KB) mm_load<KIND>(W, 16 * (tile0 + jn / nk), kn, g, t, ring[u][0]);
                 if (j % nk == nk - 1) {   // the tile's last step: the warps' sums meet
                     const int ti = j / nk;
@@ -133,25 +140,21 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
     __shared__ uint32_t lut[16];
     __shared__ float red[2 * GPU_MM_WARPS * 128];
     int m = 0;
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const gpu_mat W = set.W[m];
-    const int K = W.cols, per = set.pad[0], ntile_all = (W.rows + 15) / 16;
+    const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
     const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
     __nv_bfloat16 *xsm = (__nv_bfloat16 *)mm_smem;
-    const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
-    for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
-    mm_plane_lut(lut);
-    __syncthreads();
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
-    case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xsm, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xsm, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xsm, T, red, lut, y, set.ldy[m]); break;
-    default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xsm, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
+    default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
     }
 }
 

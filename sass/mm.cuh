@@ -192,14 +192,24 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
     }
 }
 
-// U: the 64-blocks whose weights are in flight at once (a ring of U; the next is loaded as soon
-// as one is multiplied). SB: xs is in shared memory (plain loads), else global (read-only loads).
-template <int KIND, int NM, int RT, int NT, int U, bool SB>
+// The 64-blocks of weights a lane keeps in flight for a launch shape's U: half as many for BF16
+// (twice the bytes of FP8 per block: the same bytes, half the registers). Only when loads are
+// issued depends on it, never a result.
+template <int KIND, int U>
+struct mm_ring {
+    static constexpr int n = KIND == GPU_W_BF16 && U > 1 ? U / 2 : U;
+};
+
+// U: the 64-blocks whose weights are in flight at once (a ring of mm_ring<KIND, U>::n; the next
+// is loaded as soon as one is multiplied). SB: xs is in shared memory (plain loads), else global
+// (read-only loads). DEP: the kernel has not yet passed GPU_DEP (sass/common.cuh): the first
+// weights are requested, then it waits for the activations.
+template <int KIND, int NM, int RT, int NT, int U0, bool SB, bool DEP>
 __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
                                         const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int KB = K / 64;
-    constexpr int NTL = NM * RT, S = GPU_MM_WARPS;
+    constexpr int NTL = NM * RT, S = GPU_MM_WARPS, U = mm_ring<KIND, U0>::n;
 #pragma unroll
     for (int i = 0; i < NTL; i++)
 #pragma unroll
@@ -212,6 +222,7 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
         if (w + S * u < KB)
 #pragma unroll
             for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], w + S * u, g, t, ring[u][i]);
+    if (DEP) GPU_DEP();
     for (int kb0 = w; kb0 < KB; kb0 += S * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -281,14 +292,14 @@ struct mm_red {
 };
 
 // Runs mm_core for the matrices' kind (every matrix of one call has the same kind).
-template <int NM, int RT, int NT, int U, bool SB = false>
+template <int NM, int RT, int NT, int U, bool SB = false, bool DEP = false>
 __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
     switch (M[0].kind) {
-    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    default: mm_core<GPU_W_PLANES, NM, RT, NT, U, SB>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    default: mm_core<GPU_W_PLANES, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
     }
 }
 

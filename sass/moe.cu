@@ -17,6 +17,7 @@
 
 extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_gate_up(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
                                                                        const float *__restrict__ xn, int ldx, int K, float *__restrict__ h, int I) {
+    GPU_DEP();
     int i = blockIdx.y * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.x;
     if (i >= I) return;
     int x = sel[p], t = p / K;
@@ -29,6 +30,7 @@ extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_gate_up(const gpu
 
 extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_down(const gpu_mat *__restrict__ experts, const int *__restrict__ sel,
                                                                     const float *__restrict__ h, int I, float *__restrict__ ye, int H) {
+    GPU_DEP();
     int j = blockIdx.y * GPU_LIN_ROWS + (threadIdx.x >> 5), p = blockIdx.x;
     if (j >= H) return;
     gpu_mat D = experts[3 * sel[p] + 2];
@@ -40,6 +42,7 @@ extern "C" __global__ void __launch_bounds__(GPU_LIN_NT) k_moe_down(const gpu_ma
 extern "C" __global__ void __launch_bounds__(GPU_COMBINE_NT) k_moe_combine(const float *__restrict__ ye, const int *__restrict__ sel,
                                                                            const float *__restrict__ selw, const float *__restrict__ sh,
                                                                            const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
+    GPU_DEP();
     int j = blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
     if (j >= H) return;
     const int *s = sel + (size_t)t * K;

@@ -24,6 +24,7 @@
 
 extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
                                                                          int items_bound) {
+    GPU_DEP();
     __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
     __shared__ int wsum[2][32];
     for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0, fill[x] = 0;
@@ -64,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
 template <int RT, int NT, int U, bool ONE>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
                                        const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
+    GPU_DEP();
     __shared__ uint32_t lut[16];
     __shared__ float red[mm_red<2 * RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
@@ -103,6 +105,7 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
 template <int RT, int NT, int U, bool ONE>
 __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
                                        const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H) {
+    GPU_DEP();
     __shared__ uint32_t lut[16];
     __shared__ float red[mm_red<RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
@@ -140,21 +143,21 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 // The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
 // in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T, 8)·width
 // bytes of dynamic shared memory.
-#define MOE_UP(name, RT, NT, U, ONE)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
+#define MOE_UP(name, RT, NT, U, ONE, MINB)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
                                                                  __nv_bfloat16 *__restrict__ hs, int I) {                             \
         moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I);                                                    \
     }
-MOE_UP(k_moe_up_d, 1, 1, 4, true)
-MOE_UP(k_moe_up_b, 1, 4, 2, true)
-MOE_UP(k_moe_up_p, 2, 4, 1, false)
-#define MOE_DN(name, RT, NT, U, ONE)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GPU_MM_NT) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
+MOE_UP(k_moe_up_d, 1, 1, 4, true, 2)
+MOE_UP(k_moe_up_b, 1, 4, 2, true, 1)
+MOE_UP(k_moe_up_p, 2, 4, 1, false, 1)
+#define MOE_DN(name, RT, NT, U, ONE, MINB)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
                                                                  float *__restrict__ ye, int H) {                                     \
         moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H);                                                       \
     }
-MOE_DN(k_moe_dn_d, 1, 1, 4, true)
-MOE_DN(k_moe_dn_b, 1, 4, 2, true)
-MOE_DN(k_moe_dn_p, 2, 4, 1, false)
+MOE_DN(k_moe_dn_d, 1, 1, 4, true, 2)
+MOE_DN(k_moe_dn_b, 1, 4, 2, true, 1)
+MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1)

@@ -9,6 +9,7 @@
 extern "C" __global__ void __launch_bounds__(GPU_NORM_NT) k_add_rmsnorm(float *__restrict__ x, const float *__restrict__ y, gpu_mat w,
                                                                         float *__restrict__ xn, __nv_bfloat16 *__restrict__ xs, const int *__restrict__ rows,
                                                                         int H, float eps) {
+    GPU_DEP();
     __shared__ float red[32];
     int i = blockIdx.x, r = rows ? rows[i] : i;
     float *xr = x + (size_t)r * H;

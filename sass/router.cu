@@ -7,6 +7,7 @@
 
 extern "C" __global__ void __launch_bounds__(GPU_ROUTER_NT) k_router(const float *__restrict__ logits, int E, int K, int *__restrict__ sel,
                                                                      float *__restrict__ selw) {
+    GPU_DEP();
     extern __shared__ float p[];   // [E]
     __shared__ float red[32];
     __shared__ int redi[32];

@@ -6,6 +6,7 @@
 
 extern "C" __global__ void __launch_bounds__(GPU_SILU_NT) k_silu_mul(const float *__restrict__ g, const float *__restrict__ u,
                                                                      float *__restrict__ h, int n, __nv_bfloat16 *__restrict__ xs) {
+    GPU_DEP();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = silu(g[i]) * u[i];
