@@ -110,7 +110,7 @@ static int gpu_mm_ok(const gpu_mat *W) {
 // (n ≤ GPU_MM_TOK_B), 2 _p; its row tiles of 16 per block and tokens per block. The sums are the
 // same bits in every shape (sass/mm.cuh: the order depends on K alone).
 static int gpu_mm_shape(long long n) { return n <= 8 ? 0 : n <= GPU_MM_TOK_B ? 1 : 2; }
-static const int gpu_mm_rt[3] = {1, 1, 2};   // the same for k_mm_*, k_moe_up_*, k_moe_dn_*
+static const int gpu_mm_rt[3] = {1, 1, 2};
 static const int gpu_mm_tok[3] = {8, GPU_MM_TOK, GPU_MM_TOK};
 
 // xs = the three bf16 parts of x [T, ldx]'s first K columns: bf16 [GPU_MM_SPLITS][T][K].
@@ -122,13 +122,14 @@ static void gpu_k_mm_split(gpu_kernels *k, CUstream s, CUdeviceptr x, int ldx, i
                GPU_ARGS(&x, &ldx, &K, &T, &xs));
 }
 
-// A kernel with static shared memory (at most 16 KiB of it) that asks for smem dynamic bytes:
+// A kernel with static shared memory (at most GPU_SMEM_STATIC of it) that asks for smem dynamic bytes:
 // past 48 KiB together they need its opt-in, taken once up to the device's limit less the static
 // room. Returns whether the launch fits.
+#define GPU_SMEM_STATIC 20480   // bytes: room for a kernel's static arrays (k_moe_dn_d: 16 KiB of sums and the table)
 static int gpu_smem_room(gpu_kernels *k, int fn, size_t smem) {
-    if (smem + 16384 > GPU_SMEM_DEFAULT && k->smem_max[fn] == GPU_SMEM_DEFAULT && k->smem_optin > 16384)
-        gpu_kernel_smem(k, fn, (size_t)k->smem_optin - 16384);
-    return k->smem_max[fn] == GPU_SMEM_DEFAULT ? smem + 16384 <= GPU_SMEM_DEFAULT : smem <= (size_t)k->smem_max[fn];
+    if (smem + GPU_SMEM_STATIC > GPU_SMEM_DEFAULT && k->smem_max[fn] == GPU_SMEM_DEFAULT && k->smem_optin > GPU_SMEM_STATIC)
+        gpu_kernel_smem(k, fn, (size_t)k->smem_optin - GPU_SMEM_STATIC);
+    return k->smem_max[fn] == GPU_SMEM_DEFAULT ? smem + GPU_SMEM_STATIC <= GPU_SMEM_DEFAULT : smem <= (size_t)k->smem_max[fn];
 }
 
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
@@ -162,19 +163,31 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
                GPU_MM_NT, 0, s, GPU_ARGS((void *)set, &xs, &T));
 }
 
-// The expert map of P = T·K pairs over E experts: how many items (runs of ≤ GPU_MM_TOK pairs of
-// one expert) a step can have, and the ints of the map (sass/moe_mm.cu).
+// The routed experts' launch shape for P = T·K pairs: 0 _d (P ≤ GPU_MM_TOK_B: items of at most
+// GPU_MOE_CAP_D pairs staged in shared memory), 1 _p; the pairs an item holds, and the row tiles of
+// 16 per block of k_moe_up and k_moe_dn.
+static int gpu_moe_shape(long long P) { return P <= GPU_MM_TOK_B ? 0 : 1; }
+static int gpu_moe_cap(long long P) { return gpu_moe_shape(P) == 0 ? GPU_MOE_CAP_D : GPU_MM_TOK; }
+static const int gpu_moe_rt_up[2] = {1, 2}, gpu_moe_rt_dn[2] = {4, 2};
+
+// The expert map of P = T·K pairs over E experts: how many items (runs of ≤ gpu_moe_cap(P) pairs of
+// one expert) a step can have, and the ints of the map (sass/moe_mm.cu) for any step of up to P
+// pairs (a smaller step may hold more items: its items are smaller).
 static int gpu_moe_items_bound(long long P, int E) {
-    long long b = gpu_cdiv(P, GPU_MM_TOK) + E;
+    long long b = gpu_cdiv(P, gpu_moe_cap(P)) + E;
     return (int)(b < P ? b : P);
 }
-static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_bound(P, E) + (size_t)P; }
+static int gpu_moe_items_max(long long P, int E) {
+    int a = gpu_moe_items_bound(P, E), b = gpu_moe_items_bound(P < GPU_MM_TOK_B ? P : GPU_MM_TOK_B, E);
+    return a > b ? a : b;
+}
+static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_max(P, E) + (size_t)P; }
 
 // map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu).
 static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
-    int bound = gpu_moe_items_bound(P, E);
-    gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound));
+    int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(P);
+    gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound, &cap));
 }
 
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
@@ -182,11 +195,11 @@ static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, i
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
                          CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
-    int sh = gpu_mm_shape(P), rt = gpu_mm_rt[sh], bound = gpu_moe_items_bound(P, E);
-    static const int fn[3] = {K_MOE_UP_D, K_MOE_UP_B, K_MOE_UP_P};
+    int sh = gpu_moe_shape(P), rt = gpu_moe_rt_up[sh], bound = gpu_moe_items_bound(P, E);
+    static const int fn[2] = {K_MOE_UP_D, K_MOE_UP_P};
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
-    // _d stages an item's tokens (distinct: at most min(T, 8)) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < 8 ? T : 8) * H : 0;
+    // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
+    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_up_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn[sh], (gpu_dim){bound, I / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
@@ -195,11 +208,11 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 // ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
 static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
                          int H) {
-    int sh = gpu_mm_shape(P), rt = gpu_mm_rt[sh], bound = gpu_moe_items_bound(P, E);
-    static const int fn[3] = {K_MOE_DN_D, K_MOE_DN_B, K_MOE_DN_P};
+    int sh = gpu_moe_shape(P), rt = gpu_moe_rt_dn[sh], bound = gpu_moe_items_bound(P, E);
+    static const int fn[2] = {K_MOE_DN_D, K_MOE_DN_P};
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
-    // _d stages an item's pairs' h (at most 8) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < 8 ? P : 8) * I : 0;
+    // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory
+    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn[sh], (gpu_dim){bound, H / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
@@ -374,7 +387,7 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, int 
         {"the shared expert's elements (k_silu_mul's int count, T · shared_intermediate)", T * c->shared_inter, X},
         {"k_mm's token tiles (grid.y = ceil(max-batch-tokens / 32))", gpu_cdiv(T, GPU_MM_TOK), Y},
         {"attention's chunks of a context (grid.z of k_attn_part)", gpu_cdiv(max_len, GPU_ATT_CHUNK), Y},
-        {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_bound(pairs, c->n_experts), X},
+        {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_max(pairs, c->n_experts), X},
         {"the expert rows per block (grid.y of k_moe_up / k_moe_dn)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, 16), Y},
         {"k_mm_split's quads of a step's widest input", gpu_cdiv(T * (c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim) * 2, GPU_MM_NT), X},
     };

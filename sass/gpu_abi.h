@@ -78,6 +78,9 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_moe_sort: one block, a thread per expert for its scans.
 #define GPU_MOE_SORT_NT 1024
+// The routed experts' _d shape (steps of up to GPU_MM_TOK_B pairs): items of at most GPU_MOE_CAP_D
+// pairs of one expert (one n-tile, staged in shared memory).
+#define GPU_MOE_CAP_D 8
 
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };

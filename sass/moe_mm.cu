@@ -1,6 +1,6 @@
 // sass/moe_mm.cu — the routed experts of one layer on the tensor cores (sass/mm.cuh), the step's
-// (token, choice) pairs grouped by expert so each chosen expert's weights are read once per tile of
-// up to GPU_MM_TOK of its pairs (MODEL.md §3.6):
+// (token, choice) pairs grouped by expert so each chosen expert's weights are read once per item
+// of up to cap of its pairs (MODEL.md §3.6):
 //   k_moe_sort: the pairs p = t·K + k of sel [T·K] grouped by expert into map (below)
 //   k_moe_up_*: hs = the bf16 parts of h[p, i] = SiLU(gate_x[i] · xn[t]) · (up_x[i] · xn[t]), i < I
 //   k_moe_dn_*: ye[p, j] = down_x[j] · h[p], j < H
@@ -10,20 +10,21 @@
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
 // GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, I or H / 16RT): a block
 // past the step's item count returns at once. The shape is picked by P = T·K, the same bits in each:
-// _d when P ≤ 8 (an item's ≤ 8 pairs' activations staged in dynamic shared memory), _b up to
-// GPU_MM_TOK_B pairs, _p beyond.
+// _d when P ≤ GPU_MM_TOK_B (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
+// shared memory; k_moe_dn_d four row tiles per warp), _p beyond (items of ≤ GPU_MM_TOK pairs).
 #include "mm.cuh"
 
 // ---- the routed experts, grouped by expert ------------------------------------------------------
 //
 // map (int32, gpu/launch.c: gpu_moe_map_ints): [0] the number of items; then items of 3 ints
-// (expert x, first position in perm, count ≤ GPU_MM_TOK), in ascending x; then perm [P]: the
+// (expert x, first position in perm, count ≤ cap: GPU_MOE_CAP_D pairs for the _d shape, GPU_MM_TOK
+// for _p), in ascending x; then perm [P]: the
 // pairs p = t·K + k sorted by expert. The order of pairs inside one expert's list varies from run
 // to run (atomic counters); no result depends on it: each pair's sums are its own column of the
 // products, whatever tile it shares.
 
 extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
-                                                                         int items_bound) {
+                                                                         int items_bound, int cap) {
     GPU_DEP();
     __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
     __shared__ int wsum[2][32];
@@ -33,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
     __syncthreads();
     // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each)
     const int x = threadIdx.x, lane = x & 31, w = x >> 5;
-    int c = x < E ? cnt[x] : 0, it = (c + GPU_MM_TOK - 1) / GPU_MM_TOK;
+    int c = x < E ? cnt[x] : 0, it = (c + cap - 1) / cap;
     int sc = c, si = it;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -51,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
     if (x < E)
         for (int j = 0; j < it; j++) {
             int *q = items + 3 * (ib[x] + j);
-            q[0] = x, q[1] = pos[x] + j * GPU_MM_TOK, q[2] = min(GPU_MM_TOK, c - j * GPU_MM_TOK);
+            q[0] = x, q[1] = pos[x] + j * cap, q[2] = min(cap, c - j * cap);
         }
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
         int e = sel[p];
@@ -61,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
 
 // h[p] = SiLU(gate_x · xn[t]) · (up_x · xn[t]) for the item's pairs p (t = p / K), rows
 // [16RT·blockIdx.y, +16RT) of both, written as its three bf16 parts hs [3][P][I] (what k_moe_dn reads).
-// An item holds at most 8·NT pairs (the _d shapes: every item when P ≤ 8).
+// An item holds at most 8·NT pairs (the _d shape: GPU_MOE_CAP_D).
 template <int RT, int NT, int U, bool ONE>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
                                        const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
@@ -141,8 +142,9 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 }
 
 // The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
-// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T, 8)·width
-// bytes of dynamic shared memory.
+// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T,
+// GPU_MOE_CAP_D)·width bytes of dynamic shared memory and caps its registers for two blocks per
+// multiprocessor.
 #define MOE_UP(name, RT, NT, U, ONE, MINB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
@@ -150,7 +152,6 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
         moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I);                                                    \
     }
 MOE_UP(k_moe_up_d, 1, 1, 4, true, 2)
-MOE_UP(k_moe_up_b, 1, 4, 2, true, 1)
 MOE_UP(k_moe_up_p, 2, 4, 1, false, 1)
 #define MOE_DN(name, RT, NT, U, ONE, MINB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
@@ -158,6 +159,5 @@ MOE_UP(k_moe_up_p, 2, 4, 1, false, 1)
                                                                  float *__restrict__ ye, int H) {                                     \
         moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H);                                                       \
     }
-MOE_DN(k_moe_dn_d, 1, 1, 4, true, 2)
-MOE_DN(k_moe_dn_b, 1, 4, 2, true, 1)
+MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2)
 MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1)

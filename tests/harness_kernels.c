@@ -15,7 +15,9 @@
 // 2-bit planes too (what `moet serve` reads). Random values of each format (kernel_data.h).
 // Two shapes per kernel: decode, T = 1 (attention at depth 4,096), and prefill, T = 512 (a
 // 512-token chunk from position 0; for k_gdn_rule, which serves one-token rows, 512 sequences
-// decoding). lm_head only at T = 1 (a prefill chunk takes the logits of its last token only).
+// decoding). lm_head only at T = 1 (a prefill chunk takes the logits of its last token only). The
+// routed experts also at T = 16 with every token choosing the same experts (the _d shape with
+// several items of one expert).
 //
 // Timing: HK_WARM launches, then HK_REPS launches each between two events on the stream, each
 // after a 256 MiB memset that leaves nothing of the data in L2 (a decode step reads its weights
@@ -242,7 +244,7 @@ static void hk_norm(void) {
 }
 
 // k_moe_sort: 0 when map groups the P pairs of sel by expert (items in ascending expert, each of
-// 1..GPU_MM_TOK pairs of its expert, every pair once), else INFINITY.
+// 1..gpu_moe_cap(P) pairs of its expert, every pair once), else INFINITY.
 static double hk_map_err(CUdeviceptr map, const int32_t *sel, int P, int E) {
     size_t ni = gpu_moe_map_ints(P, E);
     int bound = gpu_moe_items_bound(P, E), *m = hk_down(map, 4 * ni), *seen = calloc((size_t)P, sizeof(int)), ok = m[0] >= 1 && m[0] <= bound;
@@ -250,7 +252,7 @@ static double hk_map_err(CUdeviceptr map, const int32_t *sel, int P, int E) {
     int pos = 0, last = -1;
     for (int i = 0; ok && i < m[0]; i++) {
         const int *it = m + 1 + 3 * i;
-        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= GPU_MM_TOK;
+        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= gpu_moe_cap(P);
         for (int j = 0; ok && j < it[2]; j++) {
             int p = perm[it[1] + j];
             ok = p >= 0 && p < P && !seen[p] && sel[p] == it[0];
@@ -348,12 +350,14 @@ static void hk_linear(void) {
 }
 
 // T tokens' routing as the reference routes random logits: sel [T, K] (distinct experts), w [T, K].
-static void hk_route(int T, int32_t *sel, float *w) {
+// skew: every token picks among the first K experts (each then holds T pairs: a _d step of more
+// than GPU_MOE_CAP_D pairs per expert splits them into several items).
+static void hk_route(int T, int32_t *sel, float *w, int skew) {
     const ck_config *c = &hk.m.cfg;
     int E = c->n_experts, K = c->topk, s[GPU_ROUTER_MAX_K];
     float *p = malloc(sizeof(float) * E);
     for (int t = 0; t < T; t++) {
-        for (int x = 0; x < E; x++) p[x] = 2.0f * kt_normal();
+        for (int x = 0; x < E; x++) p[x] = 2.0f * kt_normal() + (skew && x < K ? 30.0f : 0.0f);
         ref_route(p, E, K, s, w + (size_t)t * K);
         for (int k = 0; k < K; k++) sel[(size_t)t * K + k] = s[k];
     }
@@ -405,11 +409,15 @@ static void hk_experts(int kind) {
     }
     CUdeviceptr ex = hk_up(tab, sizeof(gpu_mat) * 3 * (size_t)E);
     size_t used = hk.d.used;
-    for (int T = 1; T <= 512; T += 511) {
+    // decode (T = 1), a batch of 16 decoding sequences that all chose the same K experts (two
+    // items per expert in the _d shape), a 512-token prefill chunk
+    static const int Ts[] = {1, 16, 512};
+    for (int ti = 0; ti < 3; ti++) {
+        int T = Ts[ti], skew = T == 16;
         int P = T * K, *rows = malloc(sizeof(int) * P);
         int32_t *sel = malloc(sizeof(int32_t) * P);
         float *w = malloc(sizeof(float) * P), *xn = hk_normal((size_t)T * H, 1.0f);
-        hk_route(T, sel, w);
+        hk_route(T, sel, w, skew);
         float *href = malloc(sizeof(float) * (size_t)P * I), *yref = malloc(sizeof(float) * (size_t)P * H);
         float *gx = malloc(sizeof(float) * (size_t)T * (H > I ? H : I)), *hh = malloc(sizeof(float) * (size_t)T * I);
         float *uu = malloc(sizeof(float) * (size_t)T * I), *ed = malloc(sizeof(float) * (size_t)T * H);
@@ -436,10 +444,10 @@ static void hk_experts(int kind) {
         }
         double egu = check_nerr(gh, href, (size_t)P * I), ed_ = check_nerr(gy, yref, (size_t)P * H), us;
         char shape[64];
-        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
+        snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d] x 2", T, K, skew ? " (same)" : "", I, H);
         HK_TIME(us, gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T));
         hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
-        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
+        snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
         hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
         // the tensor cores: the pairs grouped by expert (k_moe_sort), k_moe_up writing h's parts,
@@ -468,12 +476,12 @@ static void hk_experts(int kind) {
             for (int i = 0; i < n; i++) memcpy(yref + (size_t)rows[i] * H, ed + (size_t)i * H, sizeof(float) * H);
         }
         egu = check_nerr(gh, href, (size_t)P * I), ed_ = check_nerr(gy2, yref, (size_t)P * H);
-        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] x 2", T, K, I, H);
+        snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d] x 2", T, K, skew ? " (same)" : "", I, H);
         HK_TIME(us, gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map));
         hk_row("k_moe_sort", shape, "i32", hk_map_err(map, sel, P, E), HK_TOL_EXACT, us, 4.0 * P + 4.0 * gpu_moe_map_ints(P, E));
         HK_TIME(us, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I));
         hk_row("k_moe_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 6.0 * T * H + 6.0 * P * I);
-        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d]", T, K, H, I);
+        snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
         hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
         free(hp), free(gy2);
@@ -495,7 +503,7 @@ static void hk_combine_silu(void) {
     for (int T = 1; T <= 512; T += 511) {
         int32_t *sel = malloc(sizeof(int32_t) * (size_t)T * K);
         float *w = malloc(sizeof(float) * (size_t)T * K);
-        hk_route(T, sel, w);
+        hk_route(T, sel, w, 0);
         float *ye = hk_normal((size_t)T * K * H, 1.0f), *sh = hk_normal((size_t)T * H, 1.0f), *sg = hk_normal(T, 2.0f);
         float *ref = malloc(sizeof(float) * (size_t)T * H);
         CUdeviceptr yed = hk_up(ye, sizeof(float) * (size_t)T * K * H), sd = hk_up(sel, 4 * (size_t)T * K), wd = hk_up(w, 4 * (size_t)T * K);
