@@ -694,6 +694,8 @@ typedef struct {
     const int32_t *prompt;     // [n_prompt] for the repetition penalty's "seen" set (may be NULL when 0)
     int n_prompt;
     int reserve;               // tokens this sequence may reach (prompt + max new tokens, <= max_len): KV room taken now
+    int spec;                  // 0..backend max_spec: draft tokens the MTP head proposes per decode row (0: none;
+                               // greedy only); a decode row then emits 1 .. spec + 1 tokens (engine_result)
 } engine_admit;
 
 // One step: row i appends ids[off[i] .. off[i+1]) to slot slots[i] (a prefill chunk or one
@@ -711,6 +713,16 @@ typedef struct {               // arrays owned by the backend, valid until the n
     const float *logprob;      // [n] its logprob (log-softmax of the raw logits), when the slot asked for logprobs
     const int32_t *top_ids;    // [n, MOET_MAX_LOGPROBS] the slot's top_logprobs most likely ids, most likely first
     const float *top_lp;       // [n, MOET_MAX_LOGPROBS]
+    // Speculation (slots admitted with spec > 0; NULL from a backend that never speculates): row i
+    // emitted n_tok[i] tokens, token[i] then more[i, 0 .. n_tok[i] − 1), each picked by the row's
+    // sampler in turn (its logprobs likewise), after verifying drafted[i] drafts of which
+    // n_tok[i] − 1 were accepted.
+    const int *n_tok;          // [n]
+    const int *drafted;        // [n]
+    const int32_t *more;       // [n, MOET_MAX_SPEC]
+    const float *more_lp;      // [n, MOET_MAX_SPEC]
+    const int32_t *more_top_ids; // [n, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
+    const float *more_top_lp;  // [n, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
 } engine_result;
 
 typedef struct {
@@ -750,6 +762,9 @@ typedef struct {
     int (*save)(void *self, int slot, int block, moet_err *e);
     // Block `block` is no longer kept (KV pages it shares return when no sequence holds them either).
     void (*drop)(void *self, int block);
+    // Speculative decoding with the model's MTP head (engine_admit.spec): the most draft tokens a
+    // slot may ask for (0: this backend or model does not speculate).
+    int max_spec;
 } engine_backend;
 
 // What launch and collect return when the device is lost (engine_backend.launch).
@@ -916,6 +931,13 @@ typedef struct {
     float *ssm;     // [n_gdn, lv_heads, lk_dim, lv_dim] Gated DeltaNet state S (fp32)
     int mtp_pos;    // rows already in the MTP head's own cache (the next row's RoPE position)
     float *mtp_k, *mtp_v;  // [max_len, kvh·hd] the MTP head's keys and values (models with a head)
+    // speculation (engine_admit.spec; models with a head): ref_be_spec_row
+    int spec;       // drafts per decode row (0: none)
+    int nd;         // drafts waiting for the next decode row
+    int32_t draft[MOET_MAX_SPEC];
+    int has_pend;   // pend is the hidden state of the last fed token, whose successor was not fed yet
+    float *pend;    // [H]
+    float *snap_conv, *snap_ssm;  // the recurrent state before a verification, restored past a rejection
 } ref_seq;
 
 typedef struct ref_engine_s {
@@ -946,6 +968,17 @@ typedef struct ref_engine_s {
     float *tmp;      // [max(conv_dim, 2·lv_dim, ...)] per-token temporaries
     float *inv_freq; // [rot_dim / 2]
     float *mtp_in;   // [Tm, 2H] the MTP head's fc input (models with a head)
+    float *hid_all;  // NULL, or [T, H]: ref_forward writes every token's hidden state after the final norm there
+    // speculation (models with a head; ref_be_spec_row)
+    int spec_max;         // the most drafts a slot may ask for: MOET_MAX_SPEC with a head, else 0
+    float *spec_hid;      // [Tm, H] a speculating row's hidden states (hid_all)
+    float *spec_logits;   // [MOET_MAX_SPEC + 1, V] a verification's logits, one row per fed token
+    float *spec_h;        // [H] the head's own output fed back for the drafts past the first
+    int32_t *spec_next;   // [Tm] the tokens after the head's rows
+    int32_t *spec_tok;    // [MOET_MAX_SPEC + 1] a verification's fed tokens
+    int *sub_slots, *sub_off, *sub_row;  // [max_seqs + 1] the step's other rows, run together
+    int32_t *sub_ids;     // [Tm]
+    uint8_t *sub_want;    // [max_seqs]
     // workers for the matrix products: threads − 1 pthreads started at init on stacks carved
     // from the engine's arena; a step hands them row ranges and waits (no allocation per call)
     struct ref_linear_job *jobs;   // [threads]
@@ -968,7 +1001,13 @@ typedef struct ref_engine_s {
     float *res_lp;       // [max_seqs] their logprobs
     int32_t *res_top_ids;// [max_seqs, MOET_MAX_LOGPROBS]
     float *res_top_lp;   // [max_seqs, MOET_MAX_LOGPROBS]
+    int *res_n, *res_drafted;      // [max_seqs] tokens each row emitted, drafts it verified (engine_result)
+    int32_t *res_more;             // [max_seqs, MOET_MAX_SPEC] the tokens after res_tok
+    float *res_more_lp;            // [max_seqs, MOET_MAX_SPEC]
+    int32_t *res_more_top_ids;     // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
+    float *res_more_top_lp;        // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
     int launched;        // a step waits for collect
+    int spec_step;       // it has speculating rows (engine_result's n_tok … are filled)
     engine_fault fault;  // MOET_FAULT (the backend's test hook)
     arena mem;
     // prefix blocks (engine_backend.save; ref_prefix_init): copies of a sequence's state after
@@ -1008,9 +1047,31 @@ static void ref_carve(ref_engine *r, arena *a) {
         if (r->m->mtp.present) {
             ARENA_TAKE(a, q->mtp_k, (size_t)r->max_len * kvd, "MTP head keys");
             ARENA_TAKE(a, q->mtp_v, (size_t)r->max_len * kvd, "MTP head values");
+            ARENA_TAKE(a, q->pend, H, "MTP head pending row");
+            ARENA_TAKE(a, q->snap_conv, (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim, "conv windows before a verification");
+            ARENA_TAKE(a, q->snap_ssm, (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim, "GDN states before a verification");
         }
     }
-    if (r->m->mtp.present) ARENA_TAKE(a, r->mtp_in, Tm * 2 * H, "MTP head input");
+    if (r->m->mtp.present) {
+        size_t V = (size_t)c->vocab, Sp = MOET_MAX_SPEC, S1 = MOET_MAX_SPEC + 1, B = (size_t)r->max_seqs;
+        ARENA_TAKE(a, r->mtp_in, Tm * 2 * H, "MTP head input");
+        ARENA_TAKE(a, r->spec_hid, Tm * H, "speculation hidden states");
+        ARENA_TAKE(a, r->spec_logits, S1 * V, "verification logits");
+        ARENA_TAKE(a, r->spec_h, H, "MTP head feedback");
+        ARENA_TAKE(a, r->spec_next, Tm, "MTP head next tokens");
+        ARENA_TAKE(a, r->spec_tok, S1, "verification tokens");
+        ARENA_TAKE(a, r->sub_slots, B + 1, "plain rows: slots");
+        ARENA_TAKE(a, r->sub_off, B + 1, "plain rows: offsets");
+        ARENA_TAKE(a, r->sub_row, B + 1, "plain rows: step rows");
+        ARENA_TAKE(a, r->sub_ids, Tm, "plain rows: ids");
+        ARENA_TAKE(a, r->sub_want, B, "plain rows: want");
+        ARENA_TAKE(a, r->res_n, B, "step token counts");
+        ARENA_TAKE(a, r->res_drafted, B, "step drafts");
+        ARENA_TAKE(a, r->res_more, B * Sp, "step tokens past the first");
+        ARENA_TAKE(a, r->res_more_lp, B * Sp, "their logprobs");
+        ARENA_TAKE(a, r->res_more_top_ids, B * Sp * MOET_MAX_LOGPROBS, "their top logprob ids");
+        ARENA_TAKE(a, r->res_more_top_lp, B * Sp * MOET_MAX_LOGPROBS, "their top logprobs");
+    }
     ARENA_TAKE(a, r->x, Tm * H, "residual");
     ARENA_TAKE(a, r->xn, Tm * H, "normed input");
     ARENA_TAKE(a, r->y, Tm * H, "sublayer output");
@@ -1048,6 +1109,7 @@ static void ref_reset(ref_engine *r, int slot) {
     ref_seq *q = &r->seqs[slot];
     q->pos = 0;
     q->mtp_pos = 0;
+    q->spec = q->nd = q->has_pend = 0;
     memset(q->conv, 0, sizeof(float) * (size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim);
     memset(q->ssm, 0, sizeof(float) * (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
 }
@@ -1123,6 +1185,7 @@ static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len,
     r->max_len = max_len;
     r->max_tokens = max_tokens;
     r->threads = threads < 1 ? 1 : threads > MOET_MAX_THREADS ? MOET_MAX_THREADS : threads;
+    r->spec_max = m->mtp.present ? MOET_MAX_SPEC : 0;
     if (max_seqs < 1 || max_len < 1 || max_tokens < 1) return err_set(e, "engine sizes must be positive");
     arena_plan p = arena_plan_begin(&r->mem, "reference engine", ARENA_HOST, e);
     while (arena_plan_pass(&p)) ref_carve(r, p.on);
@@ -1699,6 +1762,8 @@ static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *id
         if (hidden && l + 1 < c->n_layers) memcpy(hidden[l + 1], r->x, sizeof(float) * (size_t)T * H);
     }
     for (int i = 0; i < n; i++) r->seqs[slots[i]].pos += off[i + 1] - off[i];
+    if (r->hid_all)
+        for (int t = 0; t < T; t++) ref_rmsnorm1p(r->x + (size_t)t * H, &m->final_norm, H, c->eps, r->hid_all + (size_t)t * H);
     // final norm + lm_head, for every token or only the last one of each row that wants it
     int nrows = 0;
     for (int i = 0; i < (all_logits ? T : n); i++) {
@@ -1795,10 +1860,18 @@ static int ref_be_admit_from(void *self, int slot, const engine_admit *a, const 
     if (engine_check_admit(r->max_seqs, r->max_len, &r->bank, slot, a, e) ||
         engine_check_from(r->pfx_block, r->pfx_blocks, r->pfx_end, a, from, n_from, e))
         return -1;
+    if (a->spec < 0 || a->spec > r->spec_max)
+        return r->spec_max ? err_set(e, "admit: %d draft tokens per step; this backend drafts at most %d", a->spec, r->spec_max)
+                           : err_set(e, "admit: speculative decoding needs the model's multi-token-prediction head (mtp.*), which is not loaded");
+    if (a->spec && a->sp.temperature > 0)
+        return err_set(e, "admit: speculative decoding verifies greedy decoding only (temperature 0), not temperature %g", a->sp.temperature);
+    if (a->spec && n_from)
+        return err_set(e, "admit: a speculating sequence starts from its first token (the MTP head's cache is not in prefix blocks)");
     if (samp_bank_admit(&r->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
     ref_reset(r, slot);
     if (n_from) ref_prefix_restore(r, &r->seqs[slot], from, n_from);
     r->seqs[slot].limit = a->reserve;
+    r->seqs[slot].spec = a->spec;
     return 0;
 }
 
@@ -1826,6 +1899,103 @@ static void ref_be_release(void *self, int slot) {
     r->seqs[slot].limit = 0;
 }
 
+static int moet_argmax(const float *x, int n);   // (below, with moet run)
+
+// Row i of a step (slot `slot`, ids [c], want) on a speculating slot (sass/MODEL.md §6): the
+// fed tokens, then the slot's drafts when it is a decode row (c = 1) — one verification of
+// 1 + nd tokens, every hidden state after the final norm kept (hid_all). The sampler picks
+// token y_j after each fed token j in turn, while the fed draft j + 1 equals y_j; the first
+// mismatch (or the token after the last draft) ends the row: it emits y_0 .. y_m. Past a
+// rejection the recurrent state is restored (snap_*) and the kept tokens fed again, which
+// gives the verification's bits (the reference cuts anywhere: chunk_align 1), so the sequence
+// is the one non-speculative steps would have made, token for token.
+// The head then takes a row per fed token whose successor is known — (h_t, x_{t+1}); a prompt
+// chunk's last token waits in pend for the next chunk's first — and, after a picked token, the
+// last row's logits give the first draft (argmax); each further draft feeds the head's own
+// output back (its rows are undone afterwards: the next step's true rows replace them).
+// What a GDN layer costs this way: one copy of the slot's states and conv windows per
+// verification, and a second pass over the kept tokens after a rejection.
+static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, int c, int want, moet_err *e) {
+    const ck_config *cf = &r->m->cfg;
+    int H = cf->hidden, V = cf->vocab;
+    ref_seq *q = &r->seqs[slot];
+    int p = q->pos, nd = want && c == 1 ? q->nd : 0;
+    if (nd > q->limit - p - 1) nd = q->limit - p - 1;   // within the reserve
+    if (nd > r->max_tokens - 1) nd = r->max_tokens - 1;
+    if (nd < 0) nd = 0;
+    int32_t *ft = nd ? r->spec_tok : (int32_t *)ids;
+    if (nd) {
+        ft[0] = ids[0];
+        memcpy(ft + 1, q->draft, sizeof(int32_t) * nd);
+        memcpy(q->snap_conv, q->conv, sizeof(float) * ref_conv_floats(cf));
+        memcpy(q->snap_ssm, q->ssm, sizeof(float) * ref_ssm_floats(cf));
+    }
+    int off[2] = {0, c + nd};
+    uint8_t w1 = (uint8_t)want;
+    r->hid_all = r->spec_hid;
+    MOET_ASSERT(ref_forward(r, 1, &slot, ft, off, &w1, r->spec_logits, nd > 0, NULL, e) == 0, "speculation: %s", e->msg);
+    r->hid_all = NULL;
+    int m = 0;            // accepted drafts
+    int32_t ylast = -1;   // the last token picked
+    r->res_tok[i] = -1, r->res_n[i] = 0, r->res_drafted[i] = nd;
+    q->nd = 0;
+    if (want)
+        for (int j = 0;; j++) {
+            int32_t y;
+            float lp;
+            int32_t *ti = j ? r->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
+            float *tl = j ? r->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
+            samp_bank_pick(&r->bank, slot, r->spec_logits + (size_t)j * V, &y, &lp, ti, tl);
+            if (j) r->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, r->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
+            else r->res_tok[i] = y, r->res_lp[i] = lp;
+            r->res_n[i] = j + 1;
+            if (j == nd || ft[j + 1] != y) {
+                ylast = y;
+                break;
+            }
+            m++;
+        }
+    int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
+    if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again
+        memcpy(q->conv, q->snap_conv, sizeof(float) * ref_conv_floats(cf));
+        memcpy(q->ssm, q->snap_ssm, sizeof(float) * ref_ssm_floats(cf));
+        q->pos = p;
+        int off2[2] = {0, kept};
+        uint8_t w0 = 0;
+        MOET_ASSERT(ref_forward(r, 1, &slot, ft, off2, &w0, NULL, 0, NULL, e) == 0, "speculation: %s", e->msg);
+    }
+    // the head: the pending row (its successor is this row's first token), then the kept tokens
+    // whose successors are known: each fed token but the last, and the last when a token was picked
+    if (q->has_pend) {
+        ref_mtp(r, slot, 1, q->pend, &ft[0], NULL, NULL);
+        q->has_pend = 0;
+    }
+    for (int j = 0; j + 1 < kept; j++) r->spec_next[j] = ft[j + 1];   // (an accepted draft is the token picked there)
+    if (want) r->spec_next[kept - 1] = ylast;
+    int rows = want ? kept : kept - 1;
+    if (rows > 0) ref_mtp(r, slot, rows, r->spec_hid, r->spec_next, NULL, NULL);
+    if (!want) {
+        memcpy(q->pend, r->spec_hid + (size_t)(kept - 1) * H, sizeof(float) * H);
+        q->has_pend = 1;
+        return;
+    }
+    // drafts: the last row's prediction, then the head's output fed back with each draft
+    int mtp_end = q->mtp_pos;
+    const float *hl = r->xn + (size_t)(rows - 1) * H;   // the last row after the head's norm (ref_mtp)
+    for (int k = 0; k < q->spec; k++) {
+        if (k) {
+            if (q->mtp_pos + 1 > r->max_len) break;   // the head's cache is full: fewer drafts
+            memcpy(r->spec_h, hl, sizeof(float) * H);
+            ref_mtp(r, slot, 1, r->spec_h, &q->draft[k - 1], NULL, NULL);
+            hl = r->xn;
+        }
+        ref_linear(r, &r->m->lm_head, hl, H, 1, r->spec_logits, V);
+        q->draft[k] = moet_argmax(r->spec_logits, V);
+        q->nd = k + 1;
+    }
+    q->mtp_pos = mtp_end;
+}
+
 static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
     ref_engine *r = self;
     int V = r->m->cfg.vocab;
@@ -1834,14 +2004,41 @@ static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
     if (f) return f;
     if (engine_check_step("launch", r->max_seqs, r->max_tokens, V, &r->bank, ref_be_at, r, s->n, s->slots, s->ids, s->off, e))
         return -1;
-    if (ref_forward(r, s->n, s->slots, s->ids, s->off, s->want, r->step_logits, 0, NULL, e)) return -1;
-    for (int i = 0, j = 0; i < s->n; i++) {
+    // the rows of speculating slots one by one (ref_be_spec_row), the others in one forward
+    int n_spec = 0;
+    for (int i = 0; i < s->n; i++) n_spec += r->seqs[s->slots[i]].spec > 0;
+    const int *slots = s->slots, *off = s->off, *row = NULL;
+    const int32_t *ids = s->ids;
+    const uint8_t *want = s->want;
+    int n = s->n;
+    if (n_spec) {
+        n = 0;
+        r->sub_off[0] = 0;
+        for (int i = 0; i < s->n; i++) {
+            int c = s->off[i + 1] - s->off[i];
+            if (r->seqs[s->slots[i]].spec) continue;
+            memcpy(r->sub_ids + r->sub_off[n], s->ids + s->off[i], sizeof(int32_t) * c);
+            r->sub_slots[n] = s->slots[i], r->sub_want[n] = s->want[i], r->sub_row[n] = i;
+            r->sub_off[n + 1] = r->sub_off[n] + c;
+            n++;
+        }
+        slots = r->sub_slots, off = r->sub_off, ids = r->sub_ids, want = r->sub_want, row = r->sub_row;
+        for (int i = 0; i < s->n; i++) {
+            r->res_n[i] = 1, r->res_drafted[i] = 0;
+            if (r->seqs[s->slots[i]].spec)
+                ref_be_spec_row(r, i, s->slots[i], s->ids + s->off[i], s->off[i + 1] - s->off[i], s->want[i], e);
+        }
+    }
+    if (n && ref_forward(r, n, slots, ids, off, want, r->step_logits, 0, NULL, e)) return -1;
+    for (int k = 0, j = 0; k < n; k++) {
+        int i = row ? row[k] : k;
         r->res_tok[i] = -1;   // no token for a mid-prompt chunk
-        if (!s->want[i]) continue;
-        samp_bank_pick(&r->bank, s->slots[i], r->step_logits + (size_t)j++ * V, &r->res_tok[i], &r->res_lp[i],
+        if (!want[k]) continue;
+        samp_bank_pick(&r->bank, slots[k], r->step_logits + (size_t)j++ * V, &r->res_tok[i], &r->res_lp[i],
                        r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
     }
     r->launched = 1;
+    r->spec_step = n_spec > 0;
     return 0;
 }
 
@@ -1849,7 +2046,10 @@ static int ref_be_collect(void *self, engine_result *out, moet_err *e) {
     ref_engine *r = self;
     if (!r->launched) return err_set(e, "collect: no step was launched");
     r->launched = 0;
-    *out = (engine_result){r->res_tok, r->res_lp, r->res_top_ids, r->res_top_lp};
+    *out = (engine_result){.token = r->res_tok, .logprob = r->res_lp, .top_ids = r->res_top_ids, .top_lp = r->res_top_lp};
+    if (r->spec_step)
+        out->n_tok = r->res_n, out->drafted = r->res_drafted, out->more = r->res_more, out->more_lp = r->res_more_lp,
+        out->more_top_ids = r->res_more_top_ids, out->more_top_lp = r->res_more_top_lp;
     return 0;
 }
 
@@ -1872,7 +2072,7 @@ static engine_backend ref_backend(ref_engine *r) {
     engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, 1, ref_be_admit, ref_be_release,
                         ref_be_launch, ref_be_collect, ref_be_forward_all, r->pfx_block, r->pfx_blocks,
                         r->pfx_blocks ? ref_be_admit_from : NULL, r->pfx_blocks ? ref_be_save : NULL,
-                        r->pfx_blocks ? ref_be_drop : NULL};
+                        r->pfx_blocks ? ref_be_drop : NULL, r->spec_max};
     return b;
 }
 
@@ -2863,7 +3063,7 @@ static void serve_admit(serve_ctx *S) {
             if (serve_prefix_pending(S, r, nb)) break;
             if (nb) prefix_hold(&S->pfx, S->chain[nb - 1]);   // not evicted below (nor its parents: they have a child)
         }
-        engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve};
+        engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve, 0};
         moet_err e = {{0}};
         int rc = S->pfx.cap ? S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e) : S->be.admit(S->be.self, slot, &a, &e);
         while (rc == 1 && S->pfx.cap && prefix_evict(&S->pfx, &S->be)) rc = S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e);
@@ -3761,7 +3961,7 @@ static int cmd_run(int argc, char **argv) {
     // through the backend interface's test entry (forward_all: the logits of every token), so
     // the same command runs on any backend
     engine_backend be = E.be;
-    engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + greedy};   // greedy; KV room for everything
+    engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + greedy, 0};   // greedy; KV room for everything
     int slot = 0;
     if (be.admit(be.self, slot, &ad, &e)) goto fail;
     double t0 = moet_now();

@@ -57,6 +57,7 @@
 #define MOET_MAX_STOP_IDS      16       // stop_token_ids of one request (besides the model's eos)
 #define MOET_MAX_EOS_IDS       8        // eos_token_id entries of generation_config.json
 #define MOET_MAX_LOGPROBS      20       // top_logprobs per position (OpenAI's limit)
+#define MOET_MAX_SPEC          8        // draft tokens the MTP head proposes per verification step
 #define MOET_MAX_SEQS          4096     // --max-num-seqs
 #define MOET_HOST_MARGIN_GB    4.0      // --host-margin-gb: on a GPU that shares the host's memory (GB10), what the plan leaves the host
 #define MOET_MAX_QUEUE         65536    // --max-queue (requests read and waiting for a slot)

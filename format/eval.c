@@ -736,7 +736,7 @@ static int eval_run(eval_ctx *E, const engine_backend *be, moet_err *e) {
                 q->next = E->win[q->w].first;
                 if (q->taken) be->release(be->self, s);
                 // greedy parameters (nothing is sampled); room for the longest window
-                engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, E->longest};
+                engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, E->longest, 0};
                 int ar = be->admit(be->self, s, &ad, e);
                 if (ar) return ar > 0 ? err_set(e, "the backend has no room for a window of %d tokens", E->longest) : -1;
                 q->taken = 1;

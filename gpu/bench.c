@@ -144,7 +144,7 @@ static int cmd_bench(int argc, char **argv) {
     for (int bi = 0; bi < o.batch.n; bi++) {
         int B = o.batch.v[bi];
         for (int s = 0; s < B; s++) {
-            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len};   // greedy
+            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len, 0};   // greedy
             int ar = be->admit(be->self, s, &ad, &e);
             if (ar) {
                 fprintf(stderr, "moet bench: %s\n", ar > 0 ? "the KV cache has no room for every sequence" : e.msg);

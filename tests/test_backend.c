@@ -210,7 +210,7 @@ static int suite_build(engine_backend *be, const suite_env *env) {
 }
 
 static engine_admit suite_greedy(int reserve) {
-    engine_admit a = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, reserve};
+    engine_admit a = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, reserve, 0};
     return a;
 }
 

@@ -87,7 +87,7 @@ static void pbe_check_empty(pbe *p, const char *tag) {
 static const char *bname;
 
 static engine_admit greedy_admit(const int32_t *prompt, int n_prompt, int reserve) {
-    engine_admit a = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, prompt, n_prompt, reserve};
+    engine_admit a = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, prompt, n_prompt, reserve, 0};
     return a;
 }
 
