@@ -2396,6 +2396,7 @@ typedef struct {
     int thinking;           // enable_thinking of requests that do not set it
     int max_new_tokens;     // max_tokens of requests that give none (generation_config.json); 0: to the context limit
     uint64_t prefix_identity;   // the prefix cache's chain seed (prefix_identity); the cache is on when the backend keeps blocks
+    int spec;               // drafts per decode step for greedy requests (--speculative-tokens; 0: none)
 } serve_config;
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
@@ -2439,6 +2440,9 @@ typedef struct {
     int pfx_depth;          // its chain's blocks so far: pfx_at's depth
     uint64_t pfx_hash;      // the chain hash through pfx_at
     int pfx_off;            // saves no more blocks (the table had no room, or a save failed)
+    // speculation (cfg.spec, greedy requests)
+    int spec;               // drafts per decode step it was admitted with
+    int drafted, accepted;  // drafts verified; those emitted in its answer
 } serve_rec;
 
 typedef struct {
@@ -2482,6 +2486,7 @@ typedef struct {
     prefix_table pfx;
     int32_t *chain;         // [max_len / prefix_block] one admission's cached blocks
     uint64_t cached_tokens; // prompt tokens restored from the cache
+    uint64_t spec_drafted, spec_accepted;   // drafts verified, and emitted, over every request
     arena mem;
 } serve_ctx;
 
@@ -2608,8 +2613,12 @@ static void serve_usage_timing(serve_ctx *S, const serve_rec *r) {
     proto_out *o = &S->out;
     int gen = r->n_tok - r->n_prompt;
     po_fmt(o, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
-              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}",
            r->n_prompt, gen, r->n_tok, r->n_cached);
+    if (r->spec)   // drafted by the MTP head: those in the answer, and the others
+        po_fmt(o, ",\"completion_tokens_details\":{\"accepted_prediction_tokens\":%d,\"rejected_prediction_tokens\":%d}", r->accepted,
+               r->drafted - r->accepted);
+    po_s(o, "}");
     double t_first = r->t_first > 0 ? r->t_first : r->t_done;
     double admit = r->t_admit > 0 ? r->t_admit : r->t_done;
     double decode = r->t_done - t_first;
@@ -2898,6 +2907,8 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
     po_fmt(o, ",\"cached_prompt_tokens\":%" PRIu64 ",\"prefix_cache\":{\"block_tokens\":%d,\"blocks\":%d,\"blocks_used\":%d,"
               "\"blocks_held\":%d,\"hits\":%" PRIu64 ",\"saves\":%" PRIu64 ",\"evictions\":%" PRIu64 "}",
            S->cached_tokens, T->block, T->cap, T->n_live, T->cap ? prefix_held(T) : 0, T->hits, T->saves, T->evictions);
+    po_fmt(o, ",\"speculation\":{\"draft_tokens\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 "}", S->cfg.spec, S->spec_drafted,
+           S->spec_accepted);
     po_s(o, "}");
     po_end_line(o);
 }
@@ -2981,15 +2992,18 @@ static int serve_is_stop_id(const serve_ctx *S, const serve_rec *r, int32_t id) 
 
 // Takes the token the backend picked for r (row `row` of the step's results) with its
 // logprobs, and applies every stop rule.
-static void serve_sample(serve_ctx *S, serve_rec *r, const engine_result *res, int row) {
-    int32_t id = res->token[row];
+static void serve_sample(serve_ctx *S, serve_rec *r, const engine_result *res, int row, int j) {
+    size_t mj = (size_t)row * MOET_MAX_SPEC + (size_t)(j - 1);   // (j > 0: the row's j-th token, engine_result.more)
+    int32_t id = j ? res->more[mj] : res->token[row];
     MOET_ASSERT(id >= 0 && id < S->V, "backend picked token %d outside the vocabulary of %d", id, S->V);
     int gen = r->n_tok - r->n_prompt;   // index of this token among the generated ones
     if (r->logprobs) {
-        size_t K = (size_t)S->cfg.max_logprobs, src = (size_t)row * MOET_MAX_LOGPROBS;
-        r->lp[gen] = res->logprob[row];
-        memcpy(r->lp_ids + (size_t)gen * K, res->top_ids + src, sizeof(int32_t) * (size_t)r->top_logprobs);
-        memcpy(r->lp_vals + (size_t)gen * K, res->top_lp + src, sizeof(float) * (size_t)r->top_logprobs);
+        size_t K = (size_t)S->cfg.max_logprobs;
+        const int32_t *ti = j ? res->more_top_ids + mj * MOET_MAX_LOGPROBS : res->top_ids + (size_t)row * MOET_MAX_LOGPROBS;
+        const float *tl = j ? res->more_top_lp + mj * MOET_MAX_LOGPROBS : res->top_lp + (size_t)row * MOET_MAX_LOGPROBS;
+        r->lp[gen] = j ? res->more_lp[mj] : res->logprob[row];
+        memcpy(r->lp_ids + (size_t)gen * K, ti, sizeof(int32_t) * (size_t)r->top_logprobs);
+        memcpy(r->lp_vals + (size_t)gen * K, tl, sizeof(float) * (size_t)r->top_logprobs);
     }
     if (r->t_first == 0) r->t_first = moet_now();
     r->tok[r->n_tok++] = id;
@@ -3058,12 +3072,15 @@ static void serve_admit(serve_ctx *S) {
         int reserve = r->max_tokens && r->max_tokens < S->max_len - r->n_prompt ? r->n_prompt + r->max_tokens : S->max_len;
         int nb = 0;
         uint64_t h = 0;
-        if (S->pfx.cap) {
+        // greedy requests draft with the MTP head (--speculative-tokens); they start from their
+        // first token (the head's cache is not in prefix blocks), and save blocks as any other
+        int spec = S->cfg.spec > 0 && r->sp.temperature == 0 ? S->cfg.spec : 0;
+        if (S->pfx.cap && !spec) {
             nb = prefix_match(&S->pfx, r->tok, (r->n_prompt - 1) / S->pfx.block, S->chain, &h);
             if (serve_prefix_pending(S, r, nb)) break;
             if (nb) prefix_hold(&S->pfx, S->chain[nb - 1]);   // not evicted below (nor its parents: they have a child)
         }
-        engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve, 0};
+        engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve, spec};
         moet_err e = {{0}};
         int rc = S->pfx.cap ? S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e) : S->be.admit(S->be.self, slot, &a, &e);
         while (rc == 1 && S->pfx.cap && prefix_evict(&S->pfx, &S->be)) rc = S->be.admit_from(S->be.self, slot, &a, S->chain, nb, &e);
@@ -3080,6 +3097,8 @@ static void serve_admit(serve_ctx *S) {
         S->n_free_slots--;
         r->slot = slot;
         r->state = REC_PREFILL;
+        r->spec = spec;
+        r->drafted = r->accepted = 0;
         r->t_admit = moet_now();
         if (nb) {
             r->pfx_at = S->chain[nb - 1];
@@ -3195,7 +3214,17 @@ static int serve_step(serve_ctx *S) {
         if (S->pfx.cap && !r->pfx_off && r->n_fed <= r->n_prompt && r->n_fed % S->pfx.block == 0) serve_prefix_save(S, r);
         if (!S->want[i]) continue;   // more prompt to go
         r->state = REC_DECODE;
-        serve_sample(S, r, &res, i);
+        // with drafts: the accepted ones were fed in this step too, each followed by the token
+        // picked after it; a request that finishes early leaves the rest unemitted (the sequence
+        // ends with it)
+        int nt = res.n_tok ? res.n_tok[i] : 1;
+        if (res.n_tok) r->drafted += res.drafted[i], S->spec_drafted += (uint64_t)res.drafted[i];
+        serve_sample(S, r, &res, i, 0);
+        for (int j = 1; j < nt && r->state == REC_DECODE; j++) {
+            r->n_fed++;
+            r->accepted++, S->spec_accepted++;
+            serve_sample(S, r, &res, i, j);
+        }
     }
     return 0;
 }
@@ -3615,10 +3644,17 @@ static const char serve_usage[] =
     "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
     "                          the model's template; off for the bundled demo model, which was\n"
     "                          trained on answers without a thinking block)\n"
+    "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
+    "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
+    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step of a greedy\n"
+    "                          request (sampled ones never draft); every answer is the one without\n"
+    "                          drafts, token for token. auto (default): 0 on every backend today\n"
+    "                          (the CPU reference computes each verified token in full, so drafts\n"
+    "                          cost more than they save; the GPU backend does not draft yet)\n"
     "  -h, --help              this text\n";
 
 typedef struct {
-    const char *model, *planes, *name, *backend, *kv_dtype, *thinking;
+    const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec;
     int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
     double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
     int prefix_block;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
@@ -3645,7 +3681,11 @@ static const moet_flag serve_flag_table[] = {
     FLAG_STR("--served-model-name", serve_flags, name, MOET_MAX_ID),
     FLAG_U64("--seed", serve_flags, seed, have_seed),
     FLAG_CHOICE("--default-thinking", serve_flags, thinking, "on|off"),
+    FLAG_FILE("--mtp", serve_flags, mtp),
+    FLAG_CHOICE("--speculative-tokens", serve_flags, spec, "auto|0|1|2|3|4|5|6|7|8"),
 };
+
+_Static_assert(MOET_MAX_SPEC == 8, "--speculative-tokens lists 0..MOET_MAX_SPEC");
 
 static int cmd_serve(int argc, char **argv) {
     serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
@@ -3704,6 +3744,10 @@ static int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "moet serve: loading %s\n", model);
     if (ck_open(&m, model, &e)) goto fail;
     have_m = 1;
+    if (fl.mtp && ck_mtp_open(&m, fl.mtp, &e)) goto fail;
+    // --speculative-tokens: auto drafts nowhere yet (see the usage); a number needs the head
+    int spec = !fl.spec || !strcmp(fl.spec, "auto") ? 0 : atoi(fl.spec);
+    if (spec && ck_mtp_need(&m, &e)) goto fail;
     if (ck_path(tpath, sizeof tpath, model, "tokenizer.json") || ck_path(cpath, sizeof cpath, model, "tokenizer_config.json")) {
         err_set(&e, "%s: path too long", model);
         goto fail;
@@ -3733,6 +3777,13 @@ static int cmd_serve(int argc, char **argv) {
     engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb};
     if (engine_open_prefix(&E, backend, &m, &eo, pblock, prefix_gb, "moet serve", &e)) goto fail;
     have_r = 1;
+    if (spec > E.be.max_spec) {
+        err_set(&e, "--speculative-tokens %d: the %s backend %s", spec, E.is_gpu ? "GPU" : "CPU",
+                E.be.max_spec ? "drafts fewer tokens per step" : "does not draft (yet)");
+        goto fail;
+    }
+    cfg.spec = spec;
+    if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step for greedy requests\n", spec);
     if (E.be.prefix_blocks) {
         cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
         size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);

@@ -126,7 +126,7 @@ static int tb_collect(void *self, engine_result *out, moet_err *e) {
     tb_state *t = self;
     if (!t->launched) return err_set(e, "collect without launch");
     t->launched = 0;
-    *out = (engine_result){t->tok, t->lp, t->top_ids, t->top_lp};
+    *out = (engine_result){.token = t->tok, .logprob = t->lp, .top_ids = t->top_ids, .top_lp = t->top_lp};
     return 0;
 }
 
@@ -204,9 +204,9 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.capacity = tb_capacity;
     tb.align = tb_align;
     engine_backend be = {&tb, TB_V, 64, max_len, tb_align > 1 ? tb_align : 1, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all,
-                         0, 0, NULL, NULL, NULL};   // no prefix blocks
+                         0, 0, NULL, NULL, NULL, 0};   // no prefix blocks, no drafts
     serve_codec codec = {NULL, tb_encode, tb_piece};
-    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens, 0};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens, 0, 0};
     moet_err e = {{0}};
     if (samp_bank_init(&tb.bank, TB_V, 64, max_len, &e) != 0 || serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);

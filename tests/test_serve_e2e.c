@@ -580,6 +580,57 @@ static void test_faults(void) {
     }
 }
 
+// Speculative decoding with the demo's trained MTP head (--mtp, --speculative-tokens 3): greedy
+// requests (one with a stop string, one with a token budget that ends inside a verified row)
+// give the tokens and logprobs of the run without drafts, and say in usage how many drafts
+// made it into the answer; a sampled request does not draft. The GPU backend refuses drafts.
+static void test_speculation(void) {
+    static char texts[2][6][4096];
+    size_t at = 0;
+    for (int k = 0; k < 4; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"id\":\"s%d\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
+                               "\"max_tokens\":%d,\"logprobs\":true,\"top_logprobs\":2,\"return_token_ids\":true%s}\n",
+                               k, questions[k % 3], k == 3 ? 5 : 40, k == 2 ? ",\"stop\":[\"(\"]" : "");
+    at += (size_t)snprintf(input + at, sizeof input - at,
+                           "{\"id\":\"s4\",\"prompt\":\"def add(a, b):\",\"temperature\":0.8,\"seed\":5,\"max_tokens\":20,"
+                           "\"return_token_ids\":true}\n");
+    const char *mtp = "tests/fixtures/demo_mtp/mtp.safetensors";
+    if (e2e_on_gpu()) {
+        const char *args[] = {"--mtp", mtp, "--speculative-tokens", "2", NULL};
+        int rc = run_moet(input, args);
+        CHECK(rc != 0, "the GPU backend does not draft: --speculative-tokens 2 refused (exit %d)", rc);
+        return;
+    }
+    long long accepted = 0, rejected = 0;
+    for (int run = 0; run < 2; run++) {
+        const char *args[] = {"--mtp", mtp, "--speculative-tokens", run ? "3" : "0", "--max-num-seqs", "3", NULL};
+        int rc = run_moet(input, args);
+        parse_answers();
+        CHECK(rc == 0, "speculation run %d: exit %d", run, rc);
+        for (int k = 0; k < 5; k++) {
+            char id[8];
+            snprintf(id, sizeof id, "s%d", k);
+            int a = find_answer(id, NULL);
+            CHECK(a >= 0 && path(a, "choices", "0", "token_ids", 0), "speculation run %d: %s answered: %.300s", run, id, a >= 0 ? ans_line[a] : "");
+            if (a < 0) continue;
+            const char *c = strstr(ans_line[a], "\"choices\""), *u = strstr(ans_line[a], "\"usage\"");
+            snprintf(texts[run][k], sizeof texts[run][k], "%.*s", c && u && u > c ? (int)(u - c) : 0, c ? c : "");
+            const js_node *acc = path(a, "usage", "completion_tokens_details", "accepted_prediction_tokens", 0),
+                          *rej = path(a, "usage", "completion_tokens_details", "rejected_prediction_tokens", 0);
+            if (run && k < 4) {
+                CHECK(acc && rej && acc->type == JS_NUM && rej->type == JS_NUM, "%s: drafts counted in usage: %.400s", id, ans_line[a]);
+                if (acc && rej) accepted += acc->i64, rejected += rej->i64;
+            } else
+                CHECK(!acc && !rej, "%s (run %d%s): no completion_tokens_details without drafts", id, run, k == 4 ? ", sampled" : "");
+            if (run) CHECK(!strcmp(texts[0][k], texts[1][k]), "%s: with drafts %.600s\nwithout %.600s", id, texts[1][k], texts[0][k]);
+        }
+    }
+    CHECK(accepted > 0 && rejected >= 0, "greedy answers with drafts: %lld accepted, %lld rejected", accepted, rejected);
+    printf("serve: speculative decoding, 4 greedy requests, 3 drafts a step: %lld drafts in the answers, %lld not; the answers as "
+           "without drafts\n", accepted, rejected);
+}
+
 int main(void) {
     if (access("./moet", X_OK) != 0) {
         CHECK(0, "./moet is missing: build it first (./build.sh)");
@@ -594,6 +645,7 @@ int main(void) {
     TIMED(test_tools);
     TIMED(test_signals);
     TIMED(test_faults);
+    TIMED(test_speculation);
     TIMED(test_soak);
     check_prop_end(&e2e_ran);
     return check_report("test_serve_e2e");
