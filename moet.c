@@ -466,7 +466,12 @@ static void samp_top(samp_cand *c, int n, int k) {
 
 // The draw from the candidates c[0..n) (id order, probabilities relative to the most likely
 // token): top_k, top_p, then one number of the generator, as the plain algorithm.
-static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rng) {
+// draft >= 0 (speculative decoding): the token is the draft with probability p(draft) under the
+// final distribution, else a draw from that distribution without the draft (renormalised). For
+// a draft that is one fixed token, as the MTP head's greedy draft is, the token is then
+// distributed as without a draft: P(d) = p(d), P(x) = (1 − p(d)) · p(x) / (1 − p(d)) = p(x).
+// It costs the generator one uniform more on a rejection.
+static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rng, int32_t draft) {
     MOET_ASSERT(n > 0, "sampler: no candidate token");
     int sorted = 0;
     if (p->top_k > 0 && p->top_k < n) {
@@ -503,19 +508,27 @@ static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rn
         }
         n = k;
     }
-    double total = 0;
-    for (int i = 0; i < n; i++) total += c[i].p;
+    double total = 0, pd = 0;
+    for (int i = 0; i < n; i++) total += c[i].p, pd += c[i].id == draft ? c[i].p : 0;
+    if (draft >= 0) {
+        if (samp_uniform(rng) * total < pd) return draft;
+        total -= pd;
+        if (!(total > 0)) return draft;   // nothing else has any probability (rounding)
+    }
     double u = samp_uniform(rng) * total, acc = 0;
+    int last = -1;
     for (int i = 0; i < n; i++) {
+        if (c[i].id == draft) continue;
         acc += c[i].p;
+        last = i;
         if (u < acc) return c[i].id;
     }
-    return c[n - 1].id;   // u within rounding of the total
+    return c[last].id;   // u within rounding of the total
 }
 
 // One token id from the (penalized) logits x[0..V) with block maxima bmax and maximum mx.
 static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng *rng, const float *x, const float *bmax,
-                         float mx) {
+                         float mx, int32_t draft) {
     if (p->temperature == 0) return samp_first_max(x, V, bmax, mx);
     // probabilities relative to the most likely token, f(x) = exp((x − top) / T): f(top) = 1
     const float inv_t = 1.0f / p->temperature, top = mx;
@@ -536,9 +549,9 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng
             n += f > 0 && f >= floor_p;
         }
         float out = expf((lo - top) * inv_t);   // no logit left out has a larger probability
-        if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng);   // none of them is a candidate
+        if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng, draft);   // none of them is a candidate
         if (k > 0 && n > k && k <= nb && samp_kth_cand(c, n, k, sc->heap) > out)
-            return samp_draw(c, n, p, rng);   // none of them can be among the top k
+            return samp_draw(c, n, p, rng, draft);   // none of them can be among the top k
     }
     int n = 0;
     for (int t = 0; t < V; t++) {
@@ -546,7 +559,7 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng
         c[n] = (samp_cand){f, t};
         n += f > 0 && f >= floor_p;
     }
-    return samp_draw(c, n, p, rng);
+    return samp_draw(c, n, p, rng, draft);
 }
 
 // ---- logprobs ----------------------------------------------------------------------------
@@ -622,8 +635,10 @@ static float samp_logprobs(samp_scratch *sc, const float *logits, int V, const f
 // Picks the next token of the sequence in slot from its logits row [V] and notes it in the
 // slot's penalty counts. When the slot asked for logprobs, *lp gets the token's logprob and
 // top_ids / top_lp [top_logprobs] the most likely tokens; otherwise they are not written.
-static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids,
-                           float *top_lp) {
+// draft >= 0: speculative decoding's verification of that token (samp_draw); greedy picks the
+// first maximum whatever the draft.
+static void samp_bank_verify(samp_bank *b, int slot, const float *row, int32_t draft, int32_t *token, float *lp, int32_t *top_ids,
+                             float *top_lp) {
     samp_slot *s = &b->slot[slot];
     samp_scratch *sc = &b->sc;
     const samp_params *p = &s->sp;
@@ -647,10 +662,14 @@ static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *to
         bmax = sc->bmax;
         mx = samp_block_max(w, V, sc->bmax);
     }
-    int32_t id = samp_pick(sc, V, p, &s->rng, x, bmax, mx);
+    int32_t id = samp_pick(sc, V, p, &s->rng, x, bmax, mx, draft);
     if (s->logprobs) *lp = samp_logprobs(sc, row, V, sc->bmax_raw, mx_raw, id, s->top_logprobs, top_ids, top_lp);
     if (s->penalized) samp_note(b, s, id, 1);
     *token = id;
+}
+
+static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids, float *top_lp) {
+    samp_bank_verify(b, slot, row, -1, token, lp, top_ids, top_lp);
 }
 
 // ==========================================================================================
@@ -694,8 +713,8 @@ typedef struct {
     const int32_t *prompt;     // [n_prompt] for the repetition penalty's "seen" set (may be NULL when 0)
     int n_prompt;
     int reserve;               // tokens this sequence may reach (prompt + max new tokens, <= max_len): KV room taken now
-    int spec;                  // 0..backend max_spec: draft tokens the MTP head proposes per decode row (0: none;
-                               // greedy only); a decode row then emits 1 .. spec + 1 tokens (engine_result)
+    int spec;                  // 0..backend max_spec: draft tokens the MTP head proposes per decode row (0: none);
+                               // a decode row then emits 1 .. spec + 1 tokens (engine_result)
 } engine_admit;
 
 // One step: row i appends ids[off[i] .. off[i+1]) to slot slots[i] (a prefill chunk or one
@@ -1863,8 +1882,6 @@ static int ref_be_admit_from(void *self, int slot, const engine_admit *a, const 
     if (a->spec < 0 || a->spec > r->spec_max)
         return r->spec_max ? err_set(e, "admit: %d draft tokens per step; this backend drafts at most %d", a->spec, r->spec_max)
                            : err_set(e, "admit: speculative decoding needs the model's multi-token-prediction head (mtp.*), which is not loaded");
-    if (a->spec && a->sp.temperature > 0)
-        return err_set(e, "admit: speculative decoding verifies greedy decoding only (temperature 0), not temperature %g", a->sp.temperature);
     if (a->spec && n_from)
         return err_set(e, "admit: a speculating sequence starts from its first token (the MTP head's cache is not in prefix blocks)");
     if (samp_bank_admit(&r->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) return -1;
@@ -1903,12 +1920,14 @@ static int moet_argmax(const float *x, int n);   // (below, with moet run)
 
 // Row i of a step (slot `slot`, ids [c], want) on a speculating slot (sass/MODEL.md §6): the
 // fed tokens, then the slot's drafts when it is a decode row (c = 1) — one verification of
-// 1 + nd tokens, every hidden state after the final norm kept (hid_all). The sampler picks
-// token y_j after each fed token j in turn, while the fed draft j + 1 equals y_j; the first
-// mismatch (or the token after the last draft) ends the row: it emits y_0 .. y_m. Past a
-// rejection the recurrent state is restored (snap_*) and the kept tokens fed again, which
-// gives the verification's bits (the reference cuts anywhere: chunk_align 1), so the sequence
-// is the one non-speculative steps would have made, token for token.
+// 1 + nd tokens, every hidden state after the final norm kept (hid_all). After each fed token j
+// the slot's sampler picks y_j, verifying the draft fed next (samp_bank_verify: greedy keeps it
+// when it is the first maximum; sampling keeps it with its probability, else draws without it,
+// which leaves the token's distribution as it is); a token other than the draft (or the token
+// after the last draft) ends the row: it emits y_0 .. y_m. Past a rejection the recurrent
+// state is restored (snap_*) and the kept tokens fed again, which gives the verification's
+// bits (the reference cuts anywhere: chunk_align 1), so a greedy sequence is the one
+// non-speculative steps would have made, token for token.
 // The head then takes a row per fed token whose successor is known — (h_t, x_{t+1}); a prompt
 // chunk's last token waits in pend for the next chunk's first — and, after a picked token, the
 // last row's logits give the first draft (argmax); each further draft feeds the head's own
@@ -1945,7 +1964,7 @@ static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, 
             float lp;
             int32_t *ti = j ? r->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
             float *tl = j ? r->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
-            samp_bank_pick(&r->bank, slot, r->spec_logits + (size_t)j * V, &y, &lp, ti, tl);
+            samp_bank_verify(&r->bank, slot, r->spec_logits + (size_t)j * V, j < nd ? ft[j + 1] : -1, &y, &lp, ti, tl);
             if (j) r->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, r->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
             else r->res_tok[i] = y, r->res_lp[i] = lp;
             r->res_n[i] = j + 1;
@@ -2396,7 +2415,7 @@ typedef struct {
     int thinking;           // enable_thinking of requests that do not set it
     int max_new_tokens;     // max_tokens of requests that give none (generation_config.json); 0: to the context limit
     uint64_t prefix_identity;   // the prefix cache's chain seed (prefix_identity); the cache is on when the backend keeps blocks
-    int spec;               // drafts per decode step for greedy requests (--speculative-tokens; 0: none)
+    int spec;               // drafts per decode step (--speculative-tokens; 0: none)
 } serve_config;
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
@@ -2440,7 +2459,7 @@ typedef struct {
     int pfx_depth;          // its chain's blocks so far: pfx_at's depth
     uint64_t pfx_hash;      // the chain hash through pfx_at
     int pfx_off;            // saves no more blocks (the table had no room, or a save failed)
-    // speculation (cfg.spec, greedy requests)
+    // speculation (cfg.spec)
     int spec;               // drafts per decode step it was admitted with
     int drafted, accepted;  // drafts verified; those emitted in its answer
 } serve_rec;
@@ -3072,9 +3091,9 @@ static void serve_admit(serve_ctx *S) {
         int reserve = r->max_tokens && r->max_tokens < S->max_len - r->n_prompt ? r->n_prompt + r->max_tokens : S->max_len;
         int nb = 0;
         uint64_t h = 0;
-        // greedy requests draft with the MTP head (--speculative-tokens); they start from their
-        // first token (the head's cache is not in prefix blocks), and save blocks as any other
-        int spec = S->cfg.spec > 0 && r->sp.temperature == 0 ? S->cfg.spec : 0;
+        // requests draft with the MTP head (--speculative-tokens); they start from their first
+        // token (the head's cache is not in prefix blocks), and save blocks as any other
+        int spec = S->cfg.spec;
         if (S->pfx.cap && !spec) {
             nb = prefix_match(&S->pfx, r->tok, (r->n_prompt - 1) / S->pfx.block, S->chain, &h);
             if (serve_prefix_pending(S, r, nb)) break;
@@ -3646,9 +3665,9 @@ static const char serve_usage[] =
     "                          trained on answers without a thinking block)\n"
     "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
     "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
-    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step of a greedy\n"
-    "                          request (sampled ones never draft); every answer is the one without\n"
-    "                          drafts, token for token. auto (default): 0 on every backend today\n"
+    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; a greedy\n"
+    "                          answer is the one without drafts, token for token, a sampled one\n"
+    "                          has its distribution. auto (default): 0 on every backend today\n"
     "                          (the CPU reference computes each verified token in full, so drafts\n"
     "                          cost more than they save; the GPU backend does not draft yet)\n"
     "  -h, --help              this text\n";
@@ -3783,7 +3802,7 @@ static int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     cfg.spec = spec;
-    if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step for greedy requests\n", spec);
+    if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
     if (E.be.prefix_blocks) {
         cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
         size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);

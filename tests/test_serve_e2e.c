@@ -583,7 +583,8 @@ static void test_faults(void) {
 // Speculative decoding with the demo's trained MTP head (--mtp, --speculative-tokens 3): greedy
 // requests (one with a stop string, one with a token budget that ends inside a verified row)
 // give the tokens and logprobs of the run without drafts, and say in usage how many drafts
-// made it into the answer; a sampled request does not draft. The GPU backend refuses drafts.
+// made it into the answer; a sampled request drafts too (its tokens may differ: only their
+// distribution is kept). The GPU backend refuses drafts.
 static void test_speculation(void) {
     static char texts[2][6][4096];
     size_t at = 0;
@@ -618,12 +619,12 @@ static void test_speculation(void) {
             snprintf(texts[run][k], sizeof texts[run][k], "%.*s", c && u && u > c ? (int)(u - c) : 0, c ? c : "");
             const js_node *acc = path(a, "usage", "completion_tokens_details", "accepted_prediction_tokens", 0),
                           *rej = path(a, "usage", "completion_tokens_details", "rejected_prediction_tokens", 0);
-            if (run && k < 4) {
+            if (run) {
                 CHECK(acc && rej && acc->type == JS_NUM && rej->type == JS_NUM, "%s: drafts counted in usage: %.400s", id, ans_line[a]);
-                if (acc && rej) accepted += acc->i64, rejected += rej->i64;
+                if (acc && rej && k < 4) accepted += acc->i64, rejected += rej->i64;
             } else
-                CHECK(!acc && !rej, "%s (run %d%s): no completion_tokens_details without drafts", id, run, k == 4 ? ", sampled" : "");
-            if (run) CHECK(!strcmp(texts[0][k], texts[1][k]), "%s: with drafts %.600s\nwithout %.600s", id, texts[1][k], texts[0][k]);
+                CHECK(!acc && !rej, "%s: no completion_tokens_details without drafts", id);
+            if (run && k < 4) CHECK(!strcmp(texts[0][k], texts[1][k]), "%s: with drafts %.600s\nwithout %.600s", id, texts[1][k], texts[0][k]);
         }
     }
     CHECK(accepted > 0 && rejected >= 0, "greedy answers with drafts: %lld accepted, %lld rejected", accepted, rejected);
