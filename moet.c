@@ -1025,6 +1025,8 @@ typedef struct ref_engine_s {
     float *res_more_lp;            // [max_seqs, MOET_MAX_SPEC]
     int32_t *res_more_top_ids;     // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
     float *res_more_top_lp;        // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
+    int failed;          // the expert cache failed inside the step (ref_moe): fail says why
+    moet_err fail;
     int launched;        // a step waits for collect
     int spec_step;       // it has speculating rows (engine_result's n_tok … are filled)
     engine_fault fault;  // MOET_FAULT (the backend's test hook)
@@ -1717,8 +1719,17 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
                 n++;
             }
         if (!n) continue;
-        ref_moe_gate_up(r, &L->gate[x], &L->up[x], r->gx, n, r->eg, r->eu);
-        ref_moe_down(r, &L->down[x], r->eg, n, r->ed);
+        const ck_mat *G = &L->gate[x], *U = &L->up[x], *D = &L->down[x];
+        ck_mat cg, cu, cd;
+        if (r->m->xcache && L != &r->m->mtp.layer) {   // the expert cache: read now if not held (format/planes_model.c)
+            if (pf_cache_get(r->m->xcache, (uint32_t)layer, (uint32_t)x, &cg, &cu, &cd, &r->fail)) {
+                r->failed = 1;
+                return;
+            }
+            G = &cg, U = &cu, D = &cd;
+        }
+        ref_moe_gate_up(r, G, U, r->gx, n, r->eg, r->eu);
+        ref_moe_down(r, D, r->eg, n, r->ed);
         for (int i = 0; i < n; i++) memcpy(r->ye + (size_t)r->rows[i] * H, r->ed + (size_t)i * H, sizeof(float) * H);
     }
     // the shared expert, and each token's output
@@ -1738,13 +1749,13 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
 // hidden: NULL, or L + 1 buffers [off[n], H] receiving the residual stream as transformers'
 // output_hidden_states (0: embeddings, i: after layer i − 1, L: after the final norm).
 // The step was checked by engine_check_step (the backend's launch or forward_all, or a test
-// that feeds valid steps): returns 0.
+// that feeds valid steps): returns 0, or -1 with e set when the expert cache could not read an
+// expert (the step's sequences are then part-way through it: their callers end them).
 static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want,
                        float *logits, int all_logits, float **hidden, moet_err *e) {
     const ck_model *m = r->m;
     const ck_config *c = &m->cfg;
     int H = c->hidden, V = c->vocab, T = off[n];
-    (void)e;
     // the step was checked (engine_check_step); what would break memory is asserted
     MOET_ASSERT(n >= 1 && n <= r->max_seqs && off[0] == 0 && T <= r->max_tokens, "step of %d tokens in %d rows", T, n);
     for (int i = 0; i < n; i++)
@@ -1777,6 +1788,11 @@ static int ref_forward(ref_engine *r, int n, const int *slots, const int32_t *id
         for (size_t i = 0; i < (size_t)T * H; i++) r->x[i] += r->y[i];
         for (int t = 0; t < T; t++) ref_rmsnorm1p(r->x + (size_t)t * H, &L->post_norm, H, c->eps, r->xn + (size_t)t * H);
         ref_moe(r, L, l, T);
+        if (r->failed) {   // an expert the cache could not read: the step fails (its rows' state is part-way)
+            r->failed = 0;
+            *e = r->fail;
+            return -1;
+        }
         for (size_t i = 0; i < (size_t)T * H; i++) r->x[i] += r->y[i];
         if (hidden && l + 1 < c->n_layers) memcpy(hidden[l + 1], r->x, sizeof(float) * (size_t)T * H);
     }
@@ -1934,7 +1950,7 @@ static int moet_argmax(const float *x, int n);   // (below, with moet run)
 // output back (its rows are undone afterwards: the next step's true rows replace them).
 // What a GDN layer costs this way: one copy of the slot's states and conv windows per
 // verification, and a second pass over the kept tokens after a rejection.
-static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, int c, int want, moet_err *e) {
+static int ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, int c, int want, moet_err *e) {
     const ck_config *cf = &r->m->cfg;
     int H = cf->hidden, V = cf->vocab;
     ref_seq *q = &r->seqs[slot];
@@ -1952,8 +1968,9 @@ static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, 
     int off[2] = {0, c + nd};
     uint8_t w1 = (uint8_t)want;
     r->hid_all = r->spec_hid;
-    MOET_ASSERT(ref_forward(r, 1, &slot, ft, off, &w1, r->spec_logits, nd > 0, NULL, e) == 0, "speculation: %s", e->msg);
+    int rc = ref_forward(r, 1, &slot, ft, off, &w1, r->spec_logits, nd > 0, NULL, e);
     r->hid_all = NULL;
+    if (rc) return -1;
     int m = 0;            // accepted drafts
     int32_t ylast = -1;   // the last token picked
     r->res_tok[i] = -1, r->res_n[i] = 0, r->res_drafted[i] = nd;
@@ -1981,7 +1998,7 @@ static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, 
         q->pos = p;
         int off2[2] = {0, kept};
         uint8_t w0 = 0;
-        MOET_ASSERT(ref_forward(r, 1, &slot, ft, off2, &w0, NULL, 0, NULL, e) == 0, "speculation: %s", e->msg);
+        if (ref_forward(r, 1, &slot, ft, off2, &w0, NULL, 0, NULL, e)) return -1;
     }
     // the head: the pending row (its successor is this row's first token), then the kept tokens
     // whose successors are known: each fed token but the last, and the last when a token was picked
@@ -1996,7 +2013,7 @@ static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, 
     if (!want) {
         memcpy(q->pend, r->spec_hid + (size_t)(kept - 1) * H, sizeof(float) * H);
         q->has_pend = 1;
-        return;
+        return 0;
     }
     // drafts: the last row's prediction, then the head's output fed back with each draft
     int mtp_end = q->mtp_pos;
@@ -2013,6 +2030,7 @@ static void ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, 
         q->nd = k + 1;
     }
     q->mtp_pos = mtp_end;
+    return 0;
 }
 
 static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
@@ -2044,8 +2062,9 @@ static int ref_be_launch(void *self, const engine_step *s, moet_err *e) {
         slots = r->sub_slots, off = r->sub_off, ids = r->sub_ids, want = r->sub_want, row = r->sub_row;
         for (int i = 0; i < s->n; i++) {
             r->res_n[i] = 1, r->res_drafted[i] = 0;
-            if (r->seqs[s->slots[i]].spec)
-                ref_be_spec_row(r, i, s->slots[i], s->ids + s->off[i], s->off[i + 1] - s->off[i], s->want[i], e);
+            if (r->seqs[s->slots[i]].spec &&
+                ref_be_spec_row(r, i, s->slots[i], s->ids + s->off[i], s->off[i + 1] - s->off[i], s->want[i], e))
+                return -1;
         }
     }
     if (n && ref_forward(r, n, slots, ids, off, want, r->step_logits, 0, NULL, e)) return -1;
@@ -2928,6 +2947,11 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
            S->cached_tokens, T->block, T->cap, T->n_live, T->cap ? prefix_held(T) : 0, T->hits, T->saves, T->evictions);
     po_fmt(o, ",\"speculation\":{\"draft_tokens\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 "}", S->cfg.spec, S->spec_drafted,
            S->spec_accepted);
+    po_fmt(o, ",\"expert_cache\":{\"pool_slots\":%" PRIu64 ",\"file_slots\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
+              ",\"bytes_read\":%" PRIu64 ",\"read_s\":",
+           pf_cache_stats.pool_slots, pf_cache_stats.file_slots, pf_cache_stats.hits, pf_cache_stats.misses, pf_cache_stats.bytes);
+    po_num(o, round(pf_cache_stats.read_s * 1e6) / 1e6);
+    po_s(o, "}");
     po_s(o, "}");
     po_end_line(o);
 }
@@ -3663,6 +3687,9 @@ static const char serve_usage[] =
     "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
     "                          the model's template; off for the bundled demo model, which was\n"
     "                          trained on answers without a thinking block)\n"
+    "  --expert-cache-gb G     with --planes on the CPU: hold at most G GiB of expert slots, reading\n"
+    "                          (and hashing) a missing one when a step needs it (default: every slot,\n"
+    "                          read at boot); the answers are the same bits either way\n"
     "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
     "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
     "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; a greedy\n"
@@ -3676,6 +3703,7 @@ typedef struct {
     const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec;
     int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
     double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
+    double expert_cache_gb;    // > 0: the CPU reference holds at most this many GiB of plane slots
     int prefix_block;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
     double prefix_gb;          // < 0: room for MOET_PREFIX_BLOCKS blocks
     uint64_t seed;
@@ -3701,6 +3729,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_U64("--seed", serve_flags, seed, have_seed),
     FLAG_CHOICE("--default-thinking", serve_flags, thinking, "on|off"),
     FLAG_FILE("--mtp", serve_flags, mtp),
+    FLAG_NUM("--expert-cache-gb", serve_flags, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--speculative-tokens", serve_flags, spec, "auto|0|1|2|3|4|5|6|7|8"),
 };
 
@@ -3719,7 +3748,7 @@ static int cmd_serve(int argc, char **argv) {
     uint64_t seed = fl.seed;
     int prefix_block = fl.prefix_block;
     double prefix_gb = fl.prefix_gb;
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb};   // progress on stderr
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
     if (batch < seqs) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
@@ -3916,6 +3945,8 @@ static const char run_usage[] =
     "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
     "  --host-margin-gb G   on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                       memory plan leaves the host (default 4)\n"
+    "  --expert-cache-gb G  with --planes on the CPU: hold at most G GiB of expert slots, reading a\n"
+    "                       missing one when a step needs it (default: every slot, read at boot)\n"
     "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
     "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
     "  -h, --help           this text\n";
@@ -3923,7 +3954,7 @@ static const char run_usage[] =
 typedef struct {
     const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes;
     int greedy, dump_hidden, threads, chunk, no_verify, strict_revision;
-    double host_margin_gb;
+    double host_margin_gb, expert_cache_gb;
 } run_flags;
 
 static const moet_flag run_flag_table[] = {
@@ -3938,6 +3969,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_INT("--threads", run_flags, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", run_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
+    FLAG_NUM("--expert-cache-gb", run_flags, expert_cache_gb, 0, 1 << 20),
     FLAG_FILE("--planes", run_flags, planes),
     FLAG_SWITCH("--no-verify", run_flags, no_verify),
     FLAG_SWITCH("--strict-revision", run_flags, strict_revision),
@@ -3952,7 +3984,7 @@ static int cmd_run(int argc, char **argv) {
     const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
     int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb};   // progress on stderr
     moet_err e = {{0}};
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;

@@ -369,6 +369,7 @@ typedef struct {
     ck_mat lm_head;                  // [V, H]
     ck_layer *layers;                // [L]
     ck_mtp mtp;                      // the multi-token-prediction head, when present
+    struct pf_cache_s *xcache;       // NULL, or the expert cache the routed experts come from (format/planes_model.c)
     uint8_t *mem;                    // layers + expert matrices (and the head's), one allocation
     size_t mem_bytes;
 } ck_model;

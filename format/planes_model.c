@@ -28,6 +28,7 @@ typedef struct {
     int strict_revision;    // a source revision mismatch refuses instead of warning (--strict-revision)
     int threads;            // hashing threads; 0: a default from the core count
     int progress;           // progress bar on stderr
+    double cache_gb;        // > 0: the CPU reference holds at most this many GiB of slots (pf_cache); else every slot
 } pf_serve_opts;
 
 // Opens the plane file `path` to serve the routed experts of the model in model_dir (config c):
@@ -84,18 +85,131 @@ static void pf_expert_mats(const pf_layout *L, const uint8_t *slot /* [slot_byte
     down->scale = slot + L->sec_off[PF_W2_SCALES];
 }
 
+// ---- the expert cache (--expert-cache-gb) ----------------------------------------------------
+//
+// The CPU reference served from a plane file larger than the memory it may take: a pool of
+// n_pool slots, filled as experts are used. An expert the step needs and the pool lacks is read
+// then and there (O_DIRECT into its page-aligned place) and hashed against the table unless
+// no_verify — every time it is read, so a slot changed on disk after boot is caught when it is
+// next fetched; the read is waited for, never skipped, so the step computes what it would with
+// every slot in memory, bit for bit. The least recently used slot makes room. The reference
+// multiplies one expert at a time (ref_moe), so a pool of one slot would do; a pool of a
+// layer's experts or more keeps a step's own experts between its tokens' uses.
+typedef struct pf_cache_s {
+    pf_file f;              // open for the run
+    int verify;             // hash each slot read
+    pf_sha sha;
+    int n_pool;             // slots held
+    uint8_t *pool;          // [n_pool · slot_stride], page-aligned
+    size_t pool_bytes;
+    int32_t *where;         // [n_slots] the pool place of each slot, −1: not held
+    int32_t *owner;         // [n_pool] the slot held there, −1: free
+    uint64_t *used;         // [n_pool] last use (a tick)
+    uint64_t tick;
+    uint64_t fault_read;    // MOET_FAULT=read:N (tests): the N-th read fails as an I/O error
+    uint64_t reads;
+} pf_cache;
+
+// Over the run (the server's stats line): pool and file sizes in slots, hits, misses, bytes read
+// and the seconds spent reading (the compute waits for every read).
+static struct {
+    uint64_t pool_slots, file_slots, hits, misses, bytes;
+    double read_s;
+} pf_cache_stats;
+
+// gate, up, down = the matrices of (layer, expert) from the pool, reading the slot first when
+// it is not there. -1 with e naming the slot when the read or its hash fails (the pool place
+// is then free: nothing half-read is ever used).
+static int pf_cache_get(pf_cache *c, uint32_t layer, uint32_t x, ck_mat *gate, ck_mat *up, ck_mat *down, moet_err *e) {
+    const pf_layout *L = &c->f.h.L;
+    int64_t i = pf_slot_index(L, layer, x);
+    if (i < 0) return err_set(e, "%s: no slot for layer %u, expert %u", c->f.path, layer, x);
+    int s = c->where[i];
+    if (s >= 0) pf_cache_stats.hits++;
+    else {
+        for (int k = 0; k < c->n_pool; k++)   // a free place, else the least recently used
+            if (s < 0 || c->owner[k] < 0 || (c->owner[s] >= 0 && c->used[k] < c->used[s])) {
+                s = k;
+                if (c->owner[k] < 0) break;
+            }
+        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
+        c->owner[s] = -1;
+        double t0 = moet_now();
+        if (c->fault_read && ++c->reads == c->fault_read)
+            return err_set(e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
+                           layer, x, strerror(EIO), c->fault_read);
+        if (pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha : NULL, e))
+            return -1;
+        c->where[i] = s;
+        c->owner[s] = (int32_t)i;
+        pf_cache_stats.misses++;
+        pf_cache_stats.bytes += L->slot_bytes;
+        pf_cache_stats.read_s += moet_now() - t0;
+    }
+    c->used[s] = ++c->tick;
+    pf_expert_mats(L, c->pool + (size_t)s * L->slot_stride, gate, up, down);
+    return 0;
+}
+
 // Routed experts of a model served from a plane file by the CPU reference: every slot read once
 // into host memory (page-aligned, O_DIRECT when the filesystem allows), each checked against
-// its table hash unless no_verify, and the model's gate/up/down matrices pointed at them.
+// its table hash unless no_verify, and the model's gate/up/down matrices pointed at them — or,
+// with cache_gb smaller than the file, a pool of that size (pf_cache) the model reads through.
 typedef struct {
     uint8_t *slots;      // [n_slots · slot_stride]
     size_t bytes;
+    int cached;          // the model reads its experts through cache
+    pf_cache cache;
 } pf_attached;
 
 static void pf_detach(pf_attached *a) {
     if (a->slots) arena_sys_free(a->slots, a->bytes);
     a->slots = NULL;
     a->bytes = 0;
+    if (a->cached) {
+        pf_cache *c = &a->cache;
+        const pf_layout *L = &c->f.h.L;
+        if (c->pool) arena_sys_free(c->pool, c->pool_bytes);
+        if (c->where) arena_sys_free(c->where, sizeof(int32_t) * L->n_slots);
+        if (c->owner) arena_sys_free(c->owner, sizeof(int32_t) * (size_t)c->n_pool);
+        if (c->used) arena_sys_free(c->used, sizeof(uint64_t) * (size_t)c->n_pool);
+        pf_sha_free(&c->sha);
+        pf_close(&c->f);
+        a->cached = 0;
+    }
+    memset(&a->cache, 0, sizeof a->cache);
+}
+
+// The cache path of pf_attach_planes: the file f (opened, not verified whole) kept open, a pool
+// of n_pool slots. On failure f is closed.
+static int pf_attach_cache(ck_model *m, pf_file *f, int n_pool, const pf_serve_opts *o, pf_attached *a, moet_err *e) {
+    pf_cache *c = &a->cache;
+    const pf_layout *L = &f->h.L;
+    memset(c, 0, sizeof *c);
+    c->f = *f;
+    a->cached = 1;
+    c->verify = !o->no_verify;
+    c->n_pool = n_pool;
+    c->pool_bytes = (size_t)n_pool * L->slot_stride;
+    c->pool = arena_sys_alloc(c->pool_bytes, "expert cache pool");
+    c->where = arena_sys_alloc(sizeof(int32_t) * L->n_slots, "expert cache map");
+    c->owner = arena_sys_alloc(sizeof(int32_t) * (size_t)n_pool, "expert cache owners");
+    c->used = arena_sys_alloc(sizeof(uint64_t) * (size_t)n_pool, "expert cache ticks");
+    if (!c->pool || !c->where || !c->owner || !c->used || (c->verify && pf_sha_init(&c->sha, e))) {
+        if (!e->msg[0]) err_set(e, "%s: cannot allocate an expert cache of %d slots (%.2f GiB)", f->path, n_pool, c->pool_bytes / 1073741824.0);
+        pf_detach(a);
+        return -1;
+    }
+    for (uint64_t i = 0; i < L->n_slots; i++) c->where[i] = -1;
+    for (int k = 0; k < n_pool; k++) c->owner[k] = -1, c->used[k] = 0;
+    const char *fault = getenv("MOET_FAULT");
+    if (fault && !strncmp(fault, "read:", 5)) c->fault_read = strtoull(fault + 5, NULL, 10);
+    memset(&pf_cache_stats, 0, sizeof pf_cache_stats);
+    pf_cache_stats.pool_slots = (uint64_t)n_pool;
+    pf_cache_stats.file_slots = L->n_slots;
+    m->xcache = c;
+    snprintf(m->expert_format, sizeof m->expert_format, "planes");
+    return 0;
 }
 
 // One loader thread: claims slot indices from a shared counter and reads each one (O_DIRECT into
@@ -139,6 +253,15 @@ static int pf_attach_planes(ck_model *m, const char *path, const pf_serve_opts *
     pf_file f;
     if (pf_open_for_model(&f, path, &m->cfg, m->dir, &open_opts, e)) return -1;
     const pf_layout *L = &f.h.L;
+    if (o->cache_gb > 0) {   // a pool smaller than the file: its slots read as they are used
+        double n = floor(o->cache_gb * 1073741824.0 / (double)L->slot_stride);
+        if (n < 1) {
+            err_set(e, "--expert-cache-gb %g holds no expert slot of %.2f MiB", o->cache_gb, L->slot_stride / 1048576.0);
+            pf_close(&f);
+            return -1;
+        }
+        if (n < (double)L->n_slots) return pf_attach_cache(m, &f, (int)n, o, a, e);
+    }
     int rc = -1, T = o->threads > 0 ? o->threads : pf_ncpu() + 2, started = 0;
     if (T > MOET_PF_MAX_THREADS) T = MOET_PF_MAX_THREADS;
     if ((uint64_t)T > L->n_slots) T = (int)L->n_slots;

@@ -255,6 +255,10 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         }
         moet_err ge = {{0}};
         if (gpu_be_init_prefix(&E->g, m, &go, blocks ? prefix_block : 0, blocks, o->planes, &o->popt, &ge) == 0) {
+            if (o->planes && o->popt.cache_gb > 0) {   // an error where there is a GPU, not a fallback
+                gpu_be_free(&E->g);
+                return err_set(e, "--expert-cache-gb: the GPU backend holds every expert slot (its cache mode is not built yet)");
+            }
             E->is_gpu = 1;
             E->be = gpu_backend_of(&E->g);
             gpu_describe(&E->g.g.dev, stderr);
@@ -269,6 +273,10 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
     if (o->planes) {
         fprintf(stderr, "%s: reading the routed experts from %s%s\n", who, o->planes, o->popt.no_verify ? " (not verified)" : "");
         if (pf_attach_planes(m, o->planes, &o->popt, &E->pa, e)) return -1;
+        if (E->pa.cached)
+            fprintf(stderr, "%s: expert cache: %" PRIu64 " of %" PRIu64 " slots (%.1f MiB), a missing slot read%s when a step needs it\n", who,
+                    pf_cache_stats.pool_slots, pf_cache_stats.file_slots, E->pa.cache.pool_bytes / 1048576.0,
+                    o->popt.no_verify ? "" : " and hashed");
     }
     int pfx_blocks;
     if (engine_prefix_blocks(prefix_block, prefix_gb, ref_prefix_bytes(&m->cfg, prefix_block), &pfx_blocks, e) ||

@@ -445,7 +445,7 @@ static void test_round_trip(const char *path) {
     ck_config c;
     CHECK(ck_config_read(&c, FIX "/nvfp4/config.json", &e) == 0, "%s", e.msg);
     pf_file g;
-    pf_serve_opts so = {0, 0, 2, 0};
+    pf_serve_opts so = {0, 0, 2, 0, 0};
     CHECK(pf_open_for_model(&g, path, &c, FIX "/nvfp4", &so, &e) == 0, "%s", e.msg);
     pf_close(&g);
     CHECK(pf_check_source(&f.h, NULL, 1, &e) == 0, "unknown revision passes");
@@ -634,7 +634,7 @@ static void test_corruption(const char *path) {
     pf_file f;
     ck_config c;
     CHECK(pf_model_config(cpath, &c, &e) == 0, "%s", e.msg);
-    pf_serve_opts so = {1, 0, 1, 0};
+    pf_serve_opts so = {1, 0, 1, 0, 0};
     CHECK(pf_open_for_model(&f, path, &c, cdir, &so, &e) == -1 && strstr(e.msg, "geometry mismatch"), "serving refuses: %s", e.msg);
     // a source that is not qwen3_5_moe: verify --model, build-planes --plan and build-planes
     at = strstr(cfg, "\"model_type\": \"qwen3_5_moe\"");
@@ -915,6 +915,95 @@ static void test_run_planes(const char *fix) {
     st_close(&g);
 }
 
+// The expert cache (--expert-cache-gb, pf_cache) on the demo model and its plane file: a pool of a
+// quarter of the slots gives the logits of every slot held, bit for bit, over a prompt and a
+// greedy decode (slots evicted and read again); a slot changed on disk after boot is caught by
+// its hash when it is next read, the step failing with the slot named, and the engine serves
+// again once the file is right; a failed read (simulated) fails its step alone.
+static void test_expert_cache(void) {
+    const char *model = "tests/fixtures/demo";
+    char path[96];
+    tpath(path, sizeof path, "cache.planes");
+    moet_err e = {{0}};
+    arena_map mm;
+    if (arena_map_file(&mm, "build/demo.planes", &e)) { CHECK(0, "build/demo.planes (run ./build.sh): %s", e.msg); return; }
+    size_t sz = mm.size;
+    uint8_t *bytes = arena_sys_alloc(sz, "t");
+    memcpy(bytes, mm.data, sz);
+    arena_unmap(&mm);
+    write_variant(path, bytes, sz);
+    static ck_model m1, m2;
+    if (ck_open(&m1, model, &e) || ck_open(&m2, model, &e)) { CHECK(0, "%s", e.msg); arena_sys_free(bytes, sz); return; }
+    pf_attached a1, a2;
+    pf_serve_opts o = {0, 0, 2, 0, 0};
+    CHECK(pf_attach_planes(&m1, path, &o, &a1, &e) == 0 && !a1.cached, "resident: %s", e.msg);
+    pf_file pf;
+    if (pf_open(&pf, path, &e)) { CHECK(0, "%s", e.msg); return; }
+    size_t stride = pf.h.L.slot_stride, body = pf.h.L.body_offset;
+    int n_slots = (int)pf.h.L.n_slots, quarter = n_slots / 4;
+    pf_close(&pf);
+    o.cache_gb = ((double)quarter + 0.5) * (double)stride / 1073741824.0;
+    CHECK(pf_attach_planes(&m2, path, &o, &a2, &e) == 0 && a2.cached && a2.cache.n_pool == quarter, "a pool of %d slots: %s", quarter, e.msg);
+    static ref_engine r1, r2;
+    if (ref_init(&r1, &m1, 1, 64, 64, 1, &e) || ref_init(&r2, &m2, 1, 64, 64, 1, &e)) { CHECK(0, "%s", e.msg); return; }
+    engine_backend b1 = ref_backend(&r1), b2 = ref_backend(&r2);
+    const int V = m1.cfg.vocab, T = 20, N = 12;
+    int32_t ids[64];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % V);
+    float *l1 = malloc(sizeof(float) * (size_t)T * V), *l2 = malloc(sizeof(float) * (size_t)T * V);
+    engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + N, 0};
+    int slot = 0, same = 1, ok = b1.admit(b1.self, 0, &ad, &e) == 0 && b2.admit(b2.self, 0, &ad, &e) == 0;
+    for (int step = 0; ok && step <= N; step++) {   // the prompt, then one greedy token a step
+        int n = step ? 1 : T, off[2] = {0, n};
+        const int32_t *in = step ? &ids[T + step - 1] : ids;
+        ok = b1.forward_all(b1.self, 1, &slot, in, off, l1, NULL, NULL, NULL, &e) == 0 &&
+             b2.forward_all(b2.self, 1, &slot, in, off, l2, NULL, NULL, NULL, &e) == 0;
+        same = same && ok && !memcmp(l1, l2, sizeof(float) * (size_t)n * V);
+        ids[T + step] = moet_argmax(l1 + (size_t)(n - 1) * V, V);
+    }
+    CHECK(ok && same, "a pool of a quarter of the slots: the logits differ from every slot held (%s)", e.msg);
+    CHECK(pf_cache_stats.misses > (uint64_t)quarter && pf_cache_stats.hits > 0 && pf_cache_stats.bytes == pf_cache_stats.misses * 27648,
+          "cache counters: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " bytes", pf_cache_stats.hits, pf_cache_stats.misses,
+          pf_cache_stats.bytes);
+    printf("expert cache, demo, %d of %d slots: %d prompt + %d greedy tokens with the logits of every slot held; %" PRIu64 " hits, %" PRIu64
+           " misses\n", quarter, n_slots, T, N, pf_cache_stats.hits, pf_cache_stats.misses);
+    // every slot changed on disk after boot: the next read fails its hash, naming the slot
+    uint8_t *bad = arena_sys_alloc(sz, "t");
+    memcpy(bad, bytes, sz);
+    for (int i = 0; i < n_slots; i++) bad[body + (size_t)i * stride + 7] ^= 0x40;
+    write_variant(path, bad, sz);
+    b2.release(b2.self, 0);
+    ok = b2.admit(b2.self, 0, &ad, &e) == 0;
+    int off[2] = {0, T};
+    int rc = ok ? b2.forward_all(b2.self, 1, &slot, ids, off, l2, NULL, NULL, NULL, &e) : 0;
+    CHECK(rc != 0 && strstr(e.msg, "SHA-256 mismatch") && strstr(e.msg, "slot (layer "), "a slot changed after boot: %s", e.msg);
+    write_variant(path, bytes, sz);   // the file right again: the engine serves
+    b2.release(b2.self, 0);
+    ok = b2.admit(b2.self, 0, &ad, &e) == 0 && b2.forward_all(b2.self, 1, &slot, ids, off, l2, NULL, NULL, NULL, &e) == 0;
+    b1.release(b1.self, 0);
+    ok = ok && b1.admit(b1.self, 0, &ad, &e) == 0 && b1.forward_all(b1.self, 1, &slot, ids, off, l1, NULL, NULL, NULL, &e) == 0;
+    CHECK(ok && !memcmp(l1, l2, sizeof(float) * (size_t)T * V), "after the file was restored: %s", e.msg);
+    // a read error (simulated: the second read from now) fails that step only
+    a2.cache.fault_read = a2.cache.reads + 2;
+    uint64_t misses = pf_cache_stats.misses;
+    b2.release(b2.self, 0);
+    ok = b2.admit(b2.self, 0, &ad, &e) == 0;
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 104729 + 5) % V);   // another prompt: other experts to read
+    rc = ok ? b2.forward_all(b2.self, 1, &slot, ids, off, l2, NULL, NULL, NULL, &e) : 0;
+    CHECK(rc != 0 && strstr(e.msg, "Input/output error") && strstr(e.msg, "slot (layer "), "a failed read: %s (%" PRIu64 " misses before)",
+          e.msg, misses);
+    b2.release(b2.self, 0);
+    ok = b2.admit(b2.self, 0, &ad, &e) == 0 && b2.forward_all(b2.self, 1, &slot, ids, off, l2, NULL, NULL, NULL, &e) == 0;
+    CHECK(ok, "the step after a failed read: %s", e.msg);
+    b1.release(b1.self, 0), b2.release(b2.self, 0);
+    ref_free(&r1), ref_free(&r2);
+    pf_detach(&a1), pf_detach(&a2);
+    ck_close(&m1), ck_close(&m2);
+    free(l1), free(l2);
+    arena_sys_free(bytes, sz), arena_sys_free(bad, sz);
+    unlink(path);
+}
+
 int main(void) {
     snprintf(tdir, sizeof tdir, "/tmp/moet_test_planes.XXXXXX");
     MOET_ASSERT(mkdtemp(tdir), "mkdtemp");
@@ -934,6 +1023,7 @@ int main(void) {
     test_commands(planes);
     test_run_planes(FIX);
     test_run_planes("tests/fixtures/check");
+    test_expert_cache();
 
     unlink(planes);
     rmdir(tdir);
