@@ -794,6 +794,7 @@ typedef struct {
 // A test hook of every backend: MOET_FAULT=step:N makes the backend's N-th launch fail as a step
 // the device recovers from (a failed launch, a non-sticky error); MOET_FAULT=lost:N makes it fail
 // as a lost device (a sticky error), and every launch after it. Read when a backend is made.
+// (MOET_FAULT=read:N is the expert cache's: its N-th slot read fails, format/planes_model.c.)
 enum { FAULT_NONE, FAULT_STEP, FAULT_LOST };
 typedef struct {
     int kind;            // FAULT_*
@@ -804,12 +805,12 @@ typedef struct {
 static void engine_fault_init(engine_fault *f) {
     memset(f, 0, sizeof *f);
     const char *v = getenv("MOET_FAULT");
-    if (!v || !*v) return;
+    if (!v || !*v || !strncmp(v, "read:", 5)) return;
     char *end;
     if (!strncmp(v, "step:", 5)) f->kind = FAULT_STEP, f->at = strtoll(v + 5, &end, 10);
     else if (!strncmp(v, "lost:", 5)) f->kind = FAULT_LOST, f->at = strtoll(v + 5, &end, 10);
     else end = (char *)v;
-    MOET_ASSERT(f->kind && *end == 0 && f->at >= 1, "MOET_FAULT=%s: step:N or lost:N with N >= 1", v);
+    MOET_ASSERT(f->kind && *end == 0 && f->at >= 1, "MOET_FAULT=%s: step:N, lost:N or read:N with N >= 1", v);
 }
 
 // At the start of a launch: 0, or the simulated failure (-1 or ENGINE_LOST with e set).

@@ -202,8 +202,12 @@ static int pf_attach_cache(ck_model *m, pf_file *f, int n_pool, const pf_serve_o
     }
     for (uint64_t i = 0; i < L->n_slots; i++) c->where[i] = -1;
     for (int k = 0; k < n_pool; k++) c->owner[k] = -1, c->used[k] = 0;
-    const char *fault = getenv("MOET_FAULT");
-    if (fault && !strncmp(fault, "read:", 5)) c->fault_read = strtoull(fault + 5, NULL, 10);
+    const char *fault = getenv("MOET_FAULT");   // the test hook (moet.c: engine_fault)
+    if (fault && !strncmp(fault, "read:", 5)) {
+        char *end;
+        c->fault_read = strtoull(fault + 5, &end, 10);
+        MOET_ASSERT(*end == 0 && c->fault_read >= 1, "MOET_FAULT=%s: read:N with N >= 1", fault);
+    }
     memset(&pf_cache_stats, 0, sizeof pf_cache_stats);
     pf_cache_stats.pool_slots = (uint64_t)n_pool;
     pf_cache_stats.file_slots = L->n_slots;

@@ -89,6 +89,19 @@ static int bp_run(ck_model *m, const char *backend, const char *planes, pf_serve
     return rc || S.n_errors ? -1 : 0;
 }
 
+// --flag N: an integer in [lo, hi] into *out; 2 with a message otherwise (a bench's own flags).
+static int moet_arg_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || n < lo || n > hi) {
+        fprintf(stderr, "%s: %s %s: expected an integer in %ld..%ld\n", cmd, flag, v ? v : "(missing)", lo, hi);
+        return 2;
+    }
+    *out = (int)n;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model = NULL, *planes = NULL, *backend = "auto", *only = NULL;
     int R = 256, P = 2048, Q = 64, G = 16, seqs = 16, batch = 2048, block = MOET_PREFIX_BLOCK, threads = 0, kv_dtype = GPU_KV_BF16;

@@ -632,6 +632,49 @@ static void test_speculation(void) {
            "without drafts\n", accepted, rejected);
 }
 
+// The expert cache (--expert-cache-gb, CPU): a pool of a quarter of the demo's slots gives the
+// answers of every slot held; a failed read (MOET_FAULT=read:N) fails the requests of that step
+// with the slot named, and the server goes on: the request read after it is answered. The GPU
+// backend refuses the flag.
+static void test_expert_cache(void) {
+    const char *pool[] = {"--expert-cache-gb", "0.000428", "--max-num-seqs", "1", NULL};   // 16 of the demo's 64 slots of 28,672 bytes
+    size_t at = 0;
+    for (int k = 0; k < 3; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"id\":\"c%d\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
+                               "\"max_tokens\":24,\"return_token_ids\":true}\n", k, questions[k]);
+    if (e2e_on_gpu()) {
+        CHECK(run_moet(input, pool) != 0, "the GPU backend refuses --expert-cache-gb");
+        return;
+    }
+    static char held[3][2048];
+    const char *all[] = {"--max-num-seqs", "1", NULL};
+    for (int run = 0; run < 3; run++) {
+        if (run == 2) setenv("MOET_FAULT", "read:30", 1);   // a read during the first request (16 slots, 64 in the file)
+        int rc = run_moet(input, run ? pool : all);
+        unsetenv("MOET_FAULT");
+        parse_answers();
+        CHECK(rc == 0, "expert cache run %d: exit %d", run, rc);
+        for (int k = 0; k < 3; k++) {
+            char id[8];
+            snprintf(id, sizeof id, "c%d", k);
+            int a = find_answer(id, NULL);
+            const js_node *ids = a >= 0 ? path(a, "choices", "0", "token_ids", 0) : NULL;
+            const char *t = ids ? strstr(ans_line[a], "\"token_ids\"") : NULL;
+            if (run == 0) snprintf(held[k], sizeof held[k], "%.*s", t ? (int)(strchr(t, ']') - t) : 0, t ? t : "");
+            else if (run == 1)
+                CHECK(t && !strncmp(t, held[k], strlen(held[k])), "%s: with a quarter of the slots the tokens differ: %.300s", id,
+                      a >= 0 ? ans_line[a] : "");
+            else if (k == 0)
+                CHECK(a >= 0 && error_is(a, "server_error") && strstr(ans_line[a], "slot (layer ") && strstr(ans_line[a], "Input/output error"),
+                      "a failed read: the request of its step answered with the slot named: %.400s", a >= 0 ? ans_line[a] : "");
+            else
+                CHECK(t && !strncmp(t, held[k], strlen(held[k])), "%s after a failed read: not answered as before: %.300s", id,
+                      a >= 0 ? ans_line[a] : "");
+        }
+    }
+}
+
 int main(void) {
     if (access("./moet", X_OK) != 0) {
         CHECK(0, "./moet is missing: build it first (./build.sh)");
@@ -647,6 +690,7 @@ int main(void) {
     TIMED(test_signals);
     TIMED(test_faults);
     TIMED(test_speculation);
+    TIMED(test_expert_cache);
     TIMED(test_soak);
     check_prop_end(&e2e_ran);
     return check_report("test_serve_e2e");
