@@ -979,6 +979,15 @@ typedef struct ref_engine_s {
     int *sel;        // [Tm, K] chosen experts, by descending weight
     float *selw;     // [Tm, K] their renormalised weights
     int *rows;       // [Tm] the (token, choice) pairs t·K + k routed to one expert
+    // the expert cache's prefetch (ref_moe): layer l + 1's router on layer l's input, the experts
+    // it names, and what the last layer named (guess) for the counters
+    float *rl2;      // [Tm, E]
+    int *sel2;       // [Tm, K]
+    float *selw2;    // [Tm, K]
+    int *xlist;      // [E] a layer's experts, ascending
+    uint8_t *guess;  // [E] named for the layer to come
+    uint8_t *xmark;  // [E] chosen in this layer
+    int guess_for;   // the layer guess was made for (−1: none)
     float *ye;       // [Tm·K, H] the routed experts' outputs, one row per pair
     float *gx;       // [Tm, H] gathered expert inputs
     float *eg, *eu;  // [Tm, max(I, SI)] gate / up projections
@@ -1108,6 +1117,12 @@ static void ref_carve(ref_engine *r, arena *a) {
     ARENA_TAKE(a, r->sel, Tm * c->topk, "routing");
     ARENA_TAKE(a, r->selw, Tm * c->topk, "routing weights");
     ARENA_TAKE(a, r->rows, Tm, "expert rows");
+    ARENA_TAKE(a, r->rl2, Tm * c->n_experts, "next layer's router");
+    ARENA_TAKE(a, r->sel2, Tm * c->topk, "next layer's routing");
+    ARENA_TAKE(a, r->selw2, Tm * c->topk, "next layer's routing weights");
+    ARENA_TAKE(a, r->xlist, c->n_experts, "a layer's experts");
+    ARENA_TAKE(a, r->guess, c->n_experts, "experts named ahead");
+    ARENA_TAKE(a, r->xmark, c->n_experts, "experts of a layer");
     ARENA_TAKE(a, r->ye, Tm * c->topk * H, "expert outputs");
     ARENA_TAKE(a, r->gx, Tm * H, "expert inputs");
     ARENA_TAKE(a, r->eg, Tm * ew, "expert gate");
@@ -1208,6 +1223,7 @@ static int ref_init(ref_engine *r, const ck_model *m, int max_seqs, int max_len,
     r->max_tokens = max_tokens;
     r->threads = threads < 1 ? 1 : threads > MOET_MAX_THREADS ? MOET_MAX_THREADS : threads;
     r->spec_max = m->mtp.present ? MOET_MAX_SPEC : 0;
+    r->guess_for = -1;
     if (max_seqs < 1 || max_len < 1 || max_tokens < 1) return err_set(e, "engine sizes must be positive");
     arena_plan p = arena_plan_begin(&r->mem, "reference engine", ARENA_HOST, e);
     while (arena_plan_pass(&p)) ref_carve(r, p.on);
@@ -1709,6 +1725,36 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
         if (r->trace_ids) memcpy(r->trace_ids[layer] + (size_t)t * Kt, sel, sizeof(int32_t) * Kt);
         if (r->trace_w) memcpy(r->trace_w[layer] + (size_t)t * Kt, w, sizeof(float) * Kt);
     }
+    // the expert cache: this layer's experts the pool lacks, and those layer + 1's router picks on
+    // this layer's input, are read ahead while the experts below compute (format/planes_model.c)
+    pf_cache *xc = L != &r->m->mtp.layer ? r->m->xcache : NULL;
+    if (xc) {
+        pf_cache_layer(xc);
+        int n = 0;
+        memset(r->xmark, 0, (size_t)E);
+        for (int p = 0; p < T * Kt; p++) r->xmark[r->sel[p]] = 1;
+        for (int x = 0; x < E; x++) {
+            if (!r->xmark[x]) continue;
+            r->xlist[n++] = x;
+            if (r->guess_for == layer) pf_cache_stats.guess_needed++, pf_cache_stats.guess_named += r->guess[x];
+        }
+        pf_cache_prefetch(xc, (uint32_t)layer, r->xlist, n);
+        r->guess_for = -1;
+        if (layer + 1 < c->n_layers) {
+            const ck_layer *N = &r->m->layers[layer + 1];
+            ref_linear(r, &N->router, r->xn, H, T, r->rl2, E);
+            memset(r->guess, 0, (size_t)E);
+            for (int t = 0; t < T; t++) {
+                ref_route(r->rl2 + (size_t)t * E, E, Kt, r->sel2 + (size_t)t * Kt, r->selw2 + (size_t)t * Kt);
+                for (int k = 0; k < Kt; k++) r->guess[r->sel2[(size_t)t * Kt + k]] = 1;
+            }
+            n = 0;
+            for (int x = 0; x < E; x++)
+                if (r->guess[x]) r->xlist[n++] = x;
+            pf_cache_prefetch(xc, (uint32_t)layer + 1, r->xlist, n);
+            r->guess_for = layer + 1;
+        }
+    }
     // routed experts in ascending id, each over the tokens that chose it (as transformers' loop);
     // row i of an expert's batch is the pair r->rows[i] = t·K + k
     for (int x = 0; x < E; x++) {
@@ -1722,8 +1768,8 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
         if (!n) continue;
         const ck_mat *G = &L->gate[x], *U = &L->up[x], *D = &L->down[x];
         ck_mat cg, cu, cd;
-        if (r->m->xcache && L != &r->m->mtp.layer) {   // the expert cache: read now if not held (format/planes_model.c)
-            if (pf_cache_get(r->m->xcache, (uint32_t)layer, (uint32_t)x, &cg, &cu, &cd, &r->fail)) {
+        if (xc) {   // the expert cache: waited for, or read now, when not held (format/planes_model.c)
+            if (pf_cache_get(xc, (uint32_t)layer, (uint32_t)x, &cg, &cu, &cd, &r->fail)) {
                 r->failed = 1;
                 return;
             }
@@ -2952,7 +2998,8 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
               ",\"bytes_read\":%" PRIu64 ",\"read_s\":",
            pf_cache_stats.pool_slots, pf_cache_stats.file_slots, pf_cache_stats.hits, pf_cache_stats.misses, pf_cache_stats.bytes);
     po_num(o, round(pf_cache_stats.read_s * 1e6) / 1e6);
-    po_s(o, "}");
+    po_fmt(o, ",\"prefetched\":%" PRIu64 ",\"prefetch_used\":%" PRIu64 ",\"next_layer_used\":%" PRIu64 ",\"next_layer_named\":%" PRIu64 "}",
+           pf_cache_stats.prefetched, pf_cache_stats.prefetch_used, pf_cache_stats.guess_needed, pf_cache_stats.guess_named);
     po_s(o, "}");
     po_end_line(o);
 }
@@ -3691,6 +3738,9 @@ static const char serve_usage[] =
     "  --expert-cache-gb G     with --planes on the CPU: hold at most G GiB of expert slots, reading\n"
     "                          (and hashing) a missing one when a step needs it (default: every slot,\n"
     "                          read at boot); the answers are the same bits either way\n"
+    "  --expert-prefetch on|off  with --expert-cache-gb: a reader thread reads a layer's missing\n"
+    "                          experts, and those the next layer's router picks on this layer's\n"
+    "                          input, while the layer computes (default on)\n"
     "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
     "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
     "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; a greedy\n"
@@ -3701,7 +3751,7 @@ static const char serve_usage[] =
     "  -h, --help              this text\n";
 
 typedef struct {
-    const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec;
+    const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec, *prefetch;
     int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
     double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
     double expert_cache_gb;    // > 0: the CPU reference holds at most this many GiB of plane slots
@@ -3731,6 +3781,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_CHOICE("--default-thinking", serve_flags, thinking, "on|off"),
     FLAG_FILE("--mtp", serve_flags, mtp),
     FLAG_NUM("--expert-cache-gb", serve_flags, expert_cache_gb, 0, 1 << 20),
+    FLAG_CHOICE("--expert-prefetch", serve_flags, prefetch, "on|off"),
     FLAG_CHOICE("--speculative-tokens", serve_flags, spec, "auto|0|1|2|3|4|5|6|7|8"),
 };
 
@@ -3749,7 +3800,7 @@ static int cmd_serve(int argc, char **argv) {
     uint64_t seed = fl.seed;
     int prefix_block = fl.prefix_block;
     double prefix_gb = fl.prefix_gb;
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, !fl.prefetch || strcmp(fl.prefetch, "off")};   // progress on stderr
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
     if (batch < seqs) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
@@ -3948,12 +3999,14 @@ static const char run_usage[] =
     "                       memory plan leaves the host (default 4)\n"
     "  --expert-cache-gb G  with --planes on the CPU: hold at most G GiB of expert slots, reading a\n"
     "                       missing one when a step needs it (default: every slot, read at boot)\n"
+    "  --expert-prefetch on|off  with --expert-cache-gb: read a layer's missing experts, and those\n"
+    "                       the next layer's router picks on this layer's input, ahead (default on)\n"
     "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
     "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
     "  -h, --help           this text\n";
 
 typedef struct {
-    const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes;
+    const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes, *prefetch;
     int greedy, dump_hidden, threads, chunk, no_verify, strict_revision;
     double host_margin_gb, expert_cache_gb;
 } run_flags;
@@ -3971,6 +4024,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_NUM("--host-margin-gb", run_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
     FLAG_NUM("--expert-cache-gb", run_flags, expert_cache_gb, 0, 1 << 20),
+    FLAG_CHOICE("--expert-prefetch", run_flags, prefetch, "on|off"),
     FLAG_FILE("--planes", run_flags, planes),
     FLAG_SWITCH("--no-verify", run_flags, no_verify),
     FLAG_SWITCH("--strict-revision", run_flags, strict_revision),
@@ -3985,7 +4039,7 @@ static int cmd_run(int argc, char **argv) {
     const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
     int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, !fl.prefetch || strcmp(fl.prefetch, "off")};   // progress on stderr
     moet_err e = {{0}};
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;

@@ -29,6 +29,7 @@ typedef struct {
     int threads;            // hashing threads; 0: a default from the core count
     int progress;           // progress bar on stderr
     double cache_gb;        // > 0: the CPU reference holds at most this many GiB of slots (pf_cache); else every slot
+    int prefetch;           // with the cache: a reader thread fills the slots steps are expected to use (pf_cache_prefetch)
 } pf_serve_opts;
 
 // Opens the plane file `path` to serve the routed experts of the model in model_dir (config c):
@@ -95,27 +96,126 @@ static void pf_expert_mats(const pf_layout *L, const uint8_t *slot /* [slot_byte
 // every slot in memory, bit for bit. The least recently used slot makes room. The reference
 // multiplies one expert at a time (ref_moe), so a pool of one slot would do; a pool of a
 // layer's experts or more keeps a step's own experts between its tokens' uses.
+//
+// Prefetch (pf_cache_prefetch, a reader thread started with the cache): once a layer's router
+// has chosen, the layer's experts the pool lacks are queued, and so are those layer l + 1's
+// router picks on layer l's input (a guess: the residual stream changes little over a layer);
+// the thread reads them while the layer computes. A place being filled is never handed out:
+// get waits for it (and reads the slot itself if that read failed). Prefetch takes only places
+// not used since the current layer began, and never the place of the expert being multiplied.
+enum { PF_PLACE_FREE, PF_PLACE_READY, PF_PLACE_LOADING };
 typedef struct pf_cache_s {
     pf_file f;              // open for the run
     int verify;             // hash each slot read
-    pf_sha sha;
+    pf_sha sha;             // the caller's; the reader thread has sha_pf
     int n_pool;             // slots held
     uint8_t *pool;          // [n_pool · slot_stride], page-aligned
     size_t pool_bytes;
     int32_t *where;         // [n_slots] the pool place of each slot, −1: not held
     int32_t *owner;         // [n_pool] the slot held there, −1: free
     uint64_t *used;         // [n_pool] last use (a tick)
-    uint64_t tick;
+    uint8_t *state;         // [n_pool] PF_PLACE_*
+    uint8_t *ahead;         // [n_pool] filled by prefetch and not yet used
+    uint64_t tick, mark;    // mark: the tick when the current layer began (pf_cache_layer)
+    int in_use;             // the place of the expert being multiplied (−1: none)
     uint64_t fault_read;    // MOET_FAULT=read:N (tests): the N-th read fails as an I/O error
     uint64_t reads;
+    // the reader thread
+    int prefetch;           // it runs
+    pthread_t tid;
+    uint8_t *stack;         // [PF_PREFETCH_STACK]
+    pthread_mutex_t mu;
+    pthread_cond_t work, ready;
+    int32_t *queue;         // [n_pool] places to fill, a ring
+    int q_head, q_n, stop;
+    pf_sha sha_pf;
 } pf_cache;
 
-// Over the run (the server's stats line): pool and file sizes in slots, hits, misses, bytes read
-// and the seconds spent reading (the compute waits for every read).
+#define PF_PREFETCH_STACK (256u << 10)   // the reader thread's stack: pf_read_slot and the hash need little
+
+// Over the run (the server's stats line): pool and file sizes in slots, hits, misses (read by
+// the step itself), bytes read, the seconds steps spent reading or waiting for a prefetch, the
+// slots prefetched and those of them a step then used, and how well layer l + 1's router on
+// layer l's input guessed: of the experts layers ≥ 1 used, those it had named.
 static struct {
     uint64_t pool_slots, file_slots, hits, misses, bytes;
     double read_s;
+    uint64_t prefetched, prefetch_used, guess_needed, guess_named;
 } pf_cache_stats;
+
+static void pf_cache_lock(pf_cache *c) {
+    if (c->prefetch) pthread_mutex_lock(&c->mu);
+}
+static void pf_cache_unlock(pf_cache *c) {
+    if (c->prefetch) pthread_mutex_unlock(&c->mu);
+}
+
+// A place for a new slot: a free one, else the least recently used one that is neither being
+// filled nor multiplied (and, for prefetch, not used since the current layer began). −1: none.
+static int pf_cache_victim(const pf_cache *c, int for_prefetch) {
+    int s = -1;
+    for (int k = 0; k < c->n_pool; k++) {
+        if (c->state[k] == PF_PLACE_LOADING || k == c->in_use || (for_prefetch && c->owner[k] >= 0 && c->used[k] > c->mark)) continue;
+        if (c->owner[k] < 0) return k;
+        if (s < 0 || c->used[k] < c->used[s]) s = k;
+    }
+    return s;
+}
+
+static void *pf_cache_reader(void *arg) {
+    pf_cache *c = arg;
+    const pf_layout *L = &c->f.h.L;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stop && c->q_n == 0) pthread_cond_wait(&c->work, &c->mu);
+        if (c->stop) break;
+        int s = c->queue[c->q_head];
+        c->q_head = (c->q_head + 1) % c->n_pool, c->q_n--;
+        int64_t i = c->owner[s];
+        uint32_t layer = L->g.first_layer + (uint32_t)(i / L->g.n_experts), x = (uint32_t)(i % L->g.n_experts);
+        pthread_mutex_unlock(&c->mu);
+        moet_err e = {{0}};
+        int rc = pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha_pf : NULL, &e);
+        pthread_mutex_lock(&c->mu);
+        if (rc) {   // left to the step that needs it, which reads it and says why it failed
+            c->where[i] = -1, c->owner[s] = -1, c->state[s] = PF_PLACE_FREE, c->ahead[s] = 0;
+        } else {
+            c->state[s] = PF_PLACE_READY;
+            pf_cache_stats.prefetched++;
+            pf_cache_stats.bytes += L->slot_bytes;
+        }
+        pthread_cond_broadcast(&c->ready);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+// Queues the slots of (layer, xs[0..n)) the pool lacks, while places allow (no-op without the
+// reader thread).
+static void pf_cache_prefetch(pf_cache *c, uint32_t layer, const int *xs, int n) {
+    if (!c->prefetch) return;
+    const pf_layout *L = &c->f.h.L;
+    pthread_mutex_lock(&c->mu);
+    for (int j = 0; j < n && c->q_n < c->n_pool; j++) {
+        int64_t i = pf_slot_index(L, layer, (uint32_t)xs[j]);
+        if (i < 0 || c->where[i] >= 0) continue;
+        int s = pf_cache_victim(c, 1);
+        if (s < 0) break;
+        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
+        c->owner[s] = (int32_t)i, c->where[i] = s, c->state[s] = PF_PLACE_LOADING, c->ahead[s] = 1, c->used[s] = ++c->tick;
+        c->queue[(c->q_head + c->q_n++) % c->n_pool] = s;
+    }
+    pthread_cond_signal(&c->work);
+    pthread_mutex_unlock(&c->mu);
+}
+
+// A layer begins (ref_moe): what is used from now on is protected from prefetch.
+static void pf_cache_layer(pf_cache *c) {
+    pf_cache_lock(c);
+    c->mark = c->tick;
+    c->in_use = -1;
+    pf_cache_unlock(c);
+}
 
 // gate, up, down = the matrices of (layer, expert) from the pool, reading the slot first when
 // it is not there. -1 with e naming the slot when the read or its hash fails (the pool place
@@ -124,29 +224,49 @@ static int pf_cache_get(pf_cache *c, uint32_t layer, uint32_t x, ck_mat *gate, c
     const pf_layout *L = &c->f.h.L;
     int64_t i = pf_slot_index(L, layer, x);
     if (i < 0) return err_set(e, "%s: no slot for layer %u, expert %u", c->f.path, layer, x);
+    pf_cache_lock(c);
+    c->in_use = -1;   // the expert asked for before is done
     int s = c->where[i];
-    if (s >= 0) pf_cache_stats.hits++;
-    else {
-        for (int k = 0; k < c->n_pool; k++)   // a free place, else the least recently used
-            if (s < 0 || c->owner[k] < 0 || (c->owner[s] >= 0 && c->used[k] < c->used[s])) {
-                s = k;
-                if (c->owner[k] < 0) break;
-            }
-        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
-        c->owner[s] = -1;
+    if (s >= 0 && c->state[s] == PF_PLACE_LOADING) {   // on its way: wait (a failed prefetch unmaps it)
         double t0 = moet_now();
+        while (c->where[i] == s && c->state[s] == PF_PLACE_LOADING) pthread_cond_wait(&c->ready, &c->mu);
+        pf_cache_stats.read_s += moet_now() - t0;
+        s = c->where[i];
+    }
+    if (s >= 0) {
+        pf_cache_stats.hits++;
+        if (c->ahead[s]) pf_cache_stats.prefetch_used++, c->ahead[s] = 0;
+    } else {
+        double t0w = moet_now();
+        while ((s = pf_cache_victim(c, 0)) < 0) {   // every place being filled: wait for one
+            MOET_ASSERT(c->prefetch, "expert cache: no place for a slot (%d places)", c->n_pool);
+            pthread_cond_wait(&c->ready, &c->mu);
+        }
+        pf_cache_stats.read_s += moet_now() - t0w;
+        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
+        c->owner[s] = -1, c->state[s] = PF_PLACE_LOADING, c->ahead[s] = 0;
+        pf_cache_unlock(c);
+        double t0 = moet_now();
+        int rc = 0;
         if (c->fault_read && ++c->reads == c->fault_read)
-            return err_set(e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
-                           layer, x, strerror(EIO), c->fault_read);
-        if (pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha : NULL, e))
+            rc = err_set(e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
+                         layer, x, strerror(EIO), c->fault_read);
+        else rc = pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha : NULL, e);
+        pf_cache_lock(c);
+        if (rc) {   // the place stays free: nothing half-read is used
+            c->state[s] = PF_PLACE_FREE;
+            if (c->prefetch) pthread_cond_broadcast(&c->ready);
+            pf_cache_unlock(c);
             return -1;
-        c->where[i] = s;
-        c->owner[s] = (int32_t)i;
+        }
+        c->where[i] = s, c->owner[s] = (int32_t)i, c->state[s] = PF_PLACE_READY;
         pf_cache_stats.misses++;
         pf_cache_stats.bytes += L->slot_bytes;
         pf_cache_stats.read_s += moet_now() - t0;
     }
     c->used[s] = ++c->tick;
+    c->in_use = s;
+    pf_cache_unlock(c);
     pf_expert_mats(L, c->pool + (size_t)s * L->slot_stride, gate, up, down);
     return 0;
 }
@@ -169,6 +289,22 @@ static void pf_detach(pf_attached *a) {
     if (a->cached) {
         pf_cache *c = &a->cache;
         const pf_layout *L = &c->f.h.L;
+        if (c->prefetch) {
+            pthread_mutex_lock(&c->mu);
+            c->stop = 1;
+            pthread_cond_signal(&c->work);
+            pthread_mutex_unlock(&c->mu);
+            pthread_join(c->tid, NULL);
+            pthread_mutex_destroy(&c->mu);
+            pthread_cond_destroy(&c->work);
+            pthread_cond_destroy(&c->ready);
+            pf_sha_free(&c->sha_pf);
+            c->prefetch = 0;
+        }
+        if (c->stack) arena_sys_free(c->stack, PF_PREFETCH_STACK);
+        if (c->queue) arena_sys_free(c->queue, sizeof(int32_t) * (size_t)c->n_pool);
+        if (c->state) arena_sys_free(c->state, (size_t)c->n_pool);
+        if (c->ahead) arena_sys_free(c->ahead, (size_t)c->n_pool);
         if (c->pool) arena_sys_free(c->pool, c->pool_bytes);
         if (c->where) arena_sys_free(c->where, sizeof(int32_t) * L->n_slots);
         if (c->owner) arena_sys_free(c->owner, sizeof(int32_t) * (size_t)c->n_pool);
@@ -195,13 +331,41 @@ static int pf_attach_cache(ck_model *m, pf_file *f, int n_pool, const pf_serve_o
     c->where = arena_sys_alloc(sizeof(int32_t) * L->n_slots, "expert cache map");
     c->owner = arena_sys_alloc(sizeof(int32_t) * (size_t)n_pool, "expert cache owners");
     c->used = arena_sys_alloc(sizeof(uint64_t) * (size_t)n_pool, "expert cache ticks");
-    if (!c->pool || !c->where || !c->owner || !c->used || (c->verify && pf_sha_init(&c->sha, e))) {
+    c->state = arena_sys_alloc((size_t)n_pool, "expert cache states");
+    c->ahead = arena_sys_alloc((size_t)n_pool, "expert cache prefetch marks");
+    c->queue = arena_sys_alloc(sizeof(int32_t) * (size_t)n_pool, "expert cache prefetch queue");
+    if (!c->pool || !c->where || !c->owner || !c->used || !c->state || !c->ahead || !c->queue || (c->verify && pf_sha_init(&c->sha, e))) {
         if (!e->msg[0]) err_set(e, "%s: cannot allocate an expert cache of %d slots (%.2f GiB)", f->path, n_pool, c->pool_bytes / 1073741824.0);
         pf_detach(a);
         return -1;
     }
     for (uint64_t i = 0; i < L->n_slots; i++) c->where[i] = -1;
-    for (int k = 0; k < n_pool; k++) c->owner[k] = -1, c->used[k] = 0;
+    for (int k = 0; k < n_pool; k++) c->owner[k] = -1, c->used[k] = 0, c->state[k] = PF_PLACE_FREE, c->ahead[k] = 0;
+    c->in_use = -1;
+    if (o->prefetch) {   // the reader thread, on a stack of its own taken now (nothing is allocated after boot)
+        pthread_attr_t at;
+        c->stack = arena_sys_alloc(PF_PREFETCH_STACK, "expert prefetch stack");
+        if (!c->stack || (c->verify && pf_sha_init(&c->sha_pf, e))) {
+            if (!e->msg[0]) err_set(e, "cannot allocate the expert prefetch thread's stack");
+            pf_detach(a);
+            return -1;
+        }
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->work, NULL);
+        pthread_cond_init(&c->ready, NULL);
+        pthread_attr_init(&at);
+        pthread_attr_setstack(&at, c->stack, PF_PREFETCH_STACK);
+        int rc = pthread_create(&c->tid, &at, pf_cache_reader, c);
+        pthread_attr_destroy(&at);
+        if (rc) {
+            err_set(e, "cannot start the expert prefetch thread: %s", strerror(rc));
+            pthread_mutex_destroy(&c->mu), pthread_cond_destroy(&c->work), pthread_cond_destroy(&c->ready);
+            if (c->verify) pf_sha_free(&c->sha_pf);
+            pf_detach(a);
+            return -1;
+        }
+        c->prefetch = 1;
+    }
     const char *fault = getenv("MOET_FAULT");   // the test hook (moet.c: engine_fault)
     if (fault && !strncmp(fault, "read:", 5)) {
         char *end;

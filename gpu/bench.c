@@ -103,7 +103,7 @@ static int cmd_bench(int argc, char **argv) {
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!o.model) return moet_usage_error("bench", bench_usage, "need --model DIR");
     MOET_ASSERT(engine_kv_dtype(o.kv_dtype_name, &o.kv_dtype) == 0, "kv dtype %s", o.kv_dtype_name);
-    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, 0};   // progress on stderr; every slot held
+    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, 0, 0};   // progress on stderr; every slot held
     if (o.depth < 0) o.depth = o.prompt;
     if (o.depth < o.prompt) { fprintf(stderr, "moet bench: --depth %d is shorter than --prompt %d\n", o.depth, o.prompt); return 2; }
     int maxB = 0;

@@ -445,7 +445,7 @@ static void test_round_trip(const char *path) {
     ck_config c;
     CHECK(ck_config_read(&c, FIX "/nvfp4/config.json", &e) == 0, "%s", e.msg);
     pf_file g;
-    pf_serve_opts so = {0, 0, 2, 0, 0};
+    pf_serve_opts so = {0, 0, 2, 0, 0, 0};
     CHECK(pf_open_for_model(&g, path, &c, FIX "/nvfp4", &so, &e) == 0, "%s", e.msg);
     pf_close(&g);
     CHECK(pf_check_source(&f.h, NULL, 1, &e) == 0, "unknown revision passes");
@@ -634,7 +634,7 @@ static void test_corruption(const char *path) {
     pf_file f;
     ck_config c;
     CHECK(pf_model_config(cpath, &c, &e) == 0, "%s", e.msg);
-    pf_serve_opts so = {1, 0, 1, 0, 0};
+    pf_serve_opts so = {1, 0, 1, 0, 0, 0};
     CHECK(pf_open_for_model(&f, path, &c, cdir, &so, &e) == -1 && strstr(e.msg, "geometry mismatch"), "serving refuses: %s", e.msg);
     // a source that is not qwen3_5_moe: verify --model, build-planes --plan and build-planes
     at = strstr(cfg, "\"model_type\": \"qwen3_5_moe\"");
@@ -917,9 +917,45 @@ static void test_run_planes(const char *fix) {
 
 // The expert cache (--expert-cache-gb, pf_cache) on the demo model and its plane file: a pool of a
 // quarter of the slots gives the logits of every slot held, bit for bit, over a prompt and a
-// greedy decode (slots evicted and read again); a slot changed on disk after boot is caught by
-// its hash when it is next read, the step failing with the slot named, and the engine serves
-// again once the file is right; a failed read (simulated) fails its step alone.
+// greedy decode (slots evicted and read again), and so do pools of one slot and of a quarter with
+// the prefetch thread (pf_cache_prefetch); a slot changed on disk after boot is caught by its
+// hash when it is next read, the step failing with the slot named, and the engine serves again
+// once the file is right; a failed read (simulated) fails its step alone.
+#define EC_T 20
+#define EC_N 12
+static int32_t ec_ids[64];
+static float *ec_held;   // [EC_T + EC_N steps][EC_T, V]: the logits with every slot held
+
+// The prompt and EC_N greedy steps (ec_ids) on a cache of `pool` slots (prefetch on or off): 1
+// when every step's logits are ec_held's.
+static int ec_same(const char *path, int pool, size_t stride, int prefetch, const char *what) {
+    static ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, "tests/fixtures/demo", &e)) { CHECK(0, "%s", e.msg); return 0; }
+    pf_attached a;
+    pf_serve_opts o = {0, 0, 2, 0, ((double)pool + 0.5) * (double)stride / 1073741824.0, prefetch};
+    int ok = pf_attach_planes(&m, path, &o, &a, &e) == 0 && a.cached && a.cache.n_pool == pool && a.cache.prefetch == prefetch;
+    CHECK(ok, "%s: a pool of %d slots: %s", what, pool, e.msg);
+    static ref_engine r;
+    if (!ok || ref_init(&r, &m, 1, 64, 64, 1, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return 0; }
+    engine_backend b = ref_backend(&r);
+    const int V = m.cfg.vocab;
+    float *l = malloc(sizeof(float) * (size_t)EC_T * V);
+    engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, EC_T + EC_N, 0};
+    int slot = 0, same = b.admit(b.self, 0, &ad, &e) == 0;
+    for (int step = 0; same && step <= EC_N; step++) {
+        int n = step ? 1 : EC_T, off[2] = {0, n};
+        same = b.forward_all(b.self, 1, &slot, step ? &ec_ids[EC_T + step - 1] : ec_ids, off, l, NULL, NULL, NULL, &e) == 0 &&
+               !memcmp(l, ec_held + (size_t)step * EC_T * V, sizeof(float) * (size_t)n * V);
+    }
+    CHECK(same, "%s, a pool of %d slots: the logits differ from every slot held (%s)", what, pool, e.msg);
+    b.release(b.self, 0);
+    ref_free(&r);
+    pf_detach(&a);
+    ck_close(&m);
+    free(l);
+    return same;
+}
 static void test_expert_cache(void) {
     const char *model = "tests/fixtures/demo";
     char path[96];
@@ -935,7 +971,7 @@ static void test_expert_cache(void) {
     static ck_model m1, m2;
     if (ck_open(&m1, model, &e) || ck_open(&m2, model, &e)) { CHECK(0, "%s", e.msg); arena_sys_free(bytes, sz); return; }
     pf_attached a1, a2;
-    pf_serve_opts o = {0, 0, 2, 0, 0};
+    pf_serve_opts o = {0, 0, 2, 0, 0, 0};
     CHECK(pf_attach_planes(&m1, path, &o, &a1, &e) == 0 && !a1.cached, "resident: %s", e.msg);
     pf_file pf;
     if (pf_open(&pf, path, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -947,9 +983,10 @@ static void test_expert_cache(void) {
     static ref_engine r1, r2;
     if (ref_init(&r1, &m1, 1, 64, 64, 1, &e) || ref_init(&r2, &m2, 1, 64, 64, 1, &e)) { CHECK(0, "%s", e.msg); return; }
     engine_backend b1 = ref_backend(&r1), b2 = ref_backend(&r2);
-    const int V = m1.cfg.vocab, T = 20, N = 12;
-    int32_t ids[64];
+    const int V = m1.cfg.vocab, T = EC_T, N = EC_N;
+    int32_t *ids = ec_ids;
     for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % V);
+    ec_held = malloc(sizeof(float) * (size_t)(T + N + 1) * T * V);
     float *l1 = malloc(sizeof(float) * (size_t)T * V), *l2 = malloc(sizeof(float) * (size_t)T * V);
     engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, T + N, 0};
     int slot = 0, same = 1, ok = b1.admit(b1.self, 0, &ad, &e) == 0 && b2.admit(b2.self, 0, &ad, &e) == 0;
@@ -959,6 +996,7 @@ static void test_expert_cache(void) {
         ok = b1.forward_all(b1.self, 1, &slot, in, off, l1, NULL, NULL, NULL, &e) == 0 &&
              b2.forward_all(b2.self, 1, &slot, in, off, l2, NULL, NULL, NULL, &e) == 0;
         same = same && ok && !memcmp(l1, l2, sizeof(float) * (size_t)n * V);
+        memcpy(ec_held + (size_t)step * T * V, l1, sizeof(float) * (size_t)n * V);
         ids[T + step] = moet_argmax(l1 + (size_t)(n - 1) * V, V);
     }
     CHECK(ok && same, "a pool of a quarter of the slots: the logits differ from every slot held (%s)", e.msg);
@@ -967,6 +1005,17 @@ static void test_expert_cache(void) {
           pf_cache_stats.bytes);
     printf("expert cache, demo, %d of %d slots: %d prompt + %d greedy tokens with the logits of every slot held; %" PRIu64 " hits, %" PRIu64
            " misses\n", quarter, n_slots, T, N, pf_cache_stats.hits, pf_cache_stats.misses);
+    // with the prefetch thread: a quarter of the slots, then one slot (every read waited for)
+    if (ec_same(path, quarter, stride, 1, "prefetch")) {
+        CHECK(pf_cache_stats.prefetched > 0 && pf_cache_stats.prefetch_used > 0 && pf_cache_stats.guess_needed > 0,
+              "prefetch counters: %" PRIu64 " prefetched, %" PRIu64 " used, %" PRIu64 " of %" PRIu64 " guessed", pf_cache_stats.prefetched,
+              pf_cache_stats.prefetch_used, pf_cache_stats.guess_named, pf_cache_stats.guess_needed);
+        printf("expert cache + prefetch, %d of %d slots: the same logits; %" PRIu64 " slots prefetched, %" PRIu64 " of them used, %" PRIu64
+               " read by the step; layer l + 1's router on layer l's input named %" PRIu64 " of the %" PRIu64 " experts layers >= 1 used (%.0f %%)\n",
+               quarter, n_slots, pf_cache_stats.prefetched, pf_cache_stats.prefetch_used, pf_cache_stats.misses, pf_cache_stats.guess_named,
+               pf_cache_stats.guess_needed, 100.0 * pf_cache_stats.guess_named / (double)(pf_cache_stats.guess_needed ? pf_cache_stats.guess_needed : 1));
+    }
+    ec_same(path, 1, stride, 1, "prefetch, one slot");
     // every slot changed on disk after boot: the next read fails its hash, naming the slot
     uint8_t *bad = arena_sys_alloc(sz, "t");
     memcpy(bad, bytes, sz);
@@ -999,7 +1048,7 @@ static void test_expert_cache(void) {
     ref_free(&r1), ref_free(&r2);
     pf_detach(&a1), pf_detach(&a2);
     ck_close(&m1), ck_close(&m2);
-    free(l1), free(l2);
+    free(l1), free(l2), free(ec_held);
     arena_sys_free(bytes, sz), arena_sys_free(bad, sz);
     unlink(path);
 }
