@@ -135,8 +135,9 @@ typedef struct pf_cache_s {
 
 // Over the run (the server's stats line): pool and file sizes in slots, hits, misses (read by
 // the step itself), bytes read, the seconds steps spent reading or waiting for a prefetch, the
-// slots prefetched and those of them a step then used, and how well layer l + 1's router on
-// layer l's input guessed: of the experts layers ≥ 1 used, those it had named.
+// slots queued for the reader thread and those of them a step then used, and how well layer
+// l + 1's router on layer l's input guessed: of the experts layers ≥ 1 used, those it had named.
+// Only the thread that runs the steps writes them.
 static struct {
     uint64_t pool_slots, file_slots, hits, misses, bytes;
     double read_s;
@@ -177,13 +178,9 @@ static void *pf_cache_reader(void *arg) {
         moet_err e = {{0}};
         int rc = pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha_pf : NULL, &e);
         pthread_mutex_lock(&c->mu);
-        if (rc) {   // left to the step that needs it, which reads it and says why it failed
+        if (rc)   // left to the step that needs it, which reads it and says why it failed
             c->where[i] = -1, c->owner[s] = -1, c->state[s] = PF_PLACE_FREE, c->ahead[s] = 0;
-        } else {
-            c->state[s] = PF_PLACE_READY;
-            pf_cache_stats.prefetched++;
-            pf_cache_stats.bytes += L->slot_bytes;
-        }
+        else c->state[s] = PF_PLACE_READY;
         pthread_cond_broadcast(&c->ready);
     }
     pthread_mutex_unlock(&c->mu);
@@ -204,6 +201,8 @@ static void pf_cache_prefetch(pf_cache *c, uint32_t layer, const int *xs, int n)
         if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
         c->owner[s] = (int32_t)i, c->where[i] = s, c->state[s] = PF_PLACE_LOADING, c->ahead[s] = 1, c->used[s] = ++c->tick;
         c->queue[(c->q_head + c->q_n++) % c->n_pool] = s;
+        pf_cache_stats.prefetched++;   // (counted here, on the caller's thread: the reader thread writes no counter)
+        pf_cache_stats.bytes += L->slot_bytes;
     }
     pthread_cond_signal(&c->work);
     pthread_mutex_unlock(&c->mu);
