@@ -1740,7 +1740,7 @@ static void ref_moe(ref_engine *r, const ck_layer *L, int layer, int T) {
         }
         pf_cache_prefetch(xc, (uint32_t)layer, r->xlist, n);
         r->guess_for = -1;
-        if (layer + 1 < c->n_layers) {
+        if (xc->prefetch && layer + 1 < c->n_layers) {   // (only a reader thread can use the guess)
             const ck_layer *N = &r->m->layers[layer + 1];
             ref_linear(r, &N->router, r->xn, H, T, r->rl2, E);
             memset(r->guess, 0, (size_t)E);
@@ -2005,10 +2005,10 @@ static int ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, i
     if (nd > q->limit - p - 1) nd = q->limit - p - 1;   // within the reserve
     if (nd > r->max_tokens - 1) nd = r->max_tokens - 1;
     if (nd < 0) nd = 0;
-    int32_t *ft = nd ? r->spec_tok : (int32_t *)ids;
+    const int32_t *ft = nd ? r->spec_tok : ids;   // the fed tokens: the row's, then the drafts
     if (nd) {
-        ft[0] = ids[0];
-        memcpy(ft + 1, q->draft, sizeof(int32_t) * nd);
+        r->spec_tok[0] = ids[0];
+        memcpy(r->spec_tok + 1, q->draft, sizeof(int32_t) * nd);
         memcpy(q->snap_conv, q->conv, sizeof(float) * ref_conv_floats(cf));
         memcpy(q->snap_ssm, q->ssm, sizeof(float) * ref_ssm_floats(cf));
     }

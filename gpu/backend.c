@@ -244,21 +244,21 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
             return -1;
-        if (blocks && prefix_block % GPU_GDN_C) {   // a flag the GPU cannot take is an error where there is one, not a fallback
+        // a flag the GPU cannot take is an error where there is one (asked before anything is
+        // loaded), not a fallback
+        int bad_block = blocks && prefix_block % GPU_GDN_C, bad_cache = o->planes && o->popt.cache_gb > 0;
+        if (bad_block || bad_cache) {
             gpu_device d;
             moet_err pe = {{0}};
             if (gpu_open(&d, &pe) == 0) {
                 gpu_close(&d);
-                return err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
-                               prefix_block, GPU_GDN_C);
+                return bad_block ? err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
+                                           prefix_block, GPU_GDN_C)
+                                 : err_set(e, "--expert-cache-gb: the GPU backend holds every expert slot (its cache mode is not built yet)");
             }
         }
         moet_err ge = {{0}};
         if (gpu_be_init_prefix(&E->g, m, &go, blocks ? prefix_block : 0, blocks, o->planes, &o->popt, &ge) == 0) {
-            if (o->planes && o->popt.cache_gb > 0) {   // an error where there is a GPU, not a fallback
-                gpu_be_free(&E->g);
-                return err_set(e, "--expert-cache-gb: the GPU backend holds every expert slot (its cache mode is not built yet)");
-            }
             E->is_gpu = 1;
             E->be = gpu_backend_of(&E->g);
             gpu_describe(&E->g.g.dev, stderr);

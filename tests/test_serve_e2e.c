@@ -627,7 +627,7 @@ static void test_speculation(void) {
             if (run && k < 4) CHECK(!strcmp(texts[0][k], texts[1][k]), "%s: with drafts %.600s\nwithout %.600s", id, texts[1][k], texts[0][k]);
         }
     }
-    CHECK(accepted > 0 && rejected >= 0, "greedy answers with drafts: %lld accepted, %lld rejected", accepted, rejected);
+    CHECK(accepted > 0, "greedy answers with drafts: %lld accepted, %lld rejected", accepted, rejected);
     printf("serve: speculative decoding, 4 greedy requests, 3 drafts a step: %lld drafts in the answers, %lld not; the answers as "
            "without drafts\n", accepted, rejected);
 }
