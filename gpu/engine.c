@@ -69,6 +69,7 @@ typedef struct {
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;
+    CUdeviceptr shs;                 // the shared expert's SiLU·up as bf16 parts [GPU_MM_SPLITS][T][shared_inter]
     size_t mm_width;
     // attention's partial states for steps of up to att_split_T tokens (gpu_k_attn_split):
     // [att_split_T, nh, att_nc, hd + 2] f32, att_nc = ceil(max_len / GPU_ATT_CHUNK); 0 without
@@ -247,6 +248,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     if ((size_t)c->shared_inter > mw) mw = (size_t)c->shared_inter;
     g->mm_width = mw;
     g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
+    g->shs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * (size_t)c->shared_inter, 256, "shared expert activations (bf16 parts)");
     if (g->moe_mm) {
         g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
         g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
@@ -675,8 +677,9 @@ typedef struct {
 
 // y_i = x W_iᵀ for the n ≤ GPU_LIN_SET matrices of outs (the same K columns each), x [T, ldx],
 // in one k_linear launch: the same bits as one launch each.
-// parts: g->xs already holds x's bf16 parts (x is the normed input gpu_norm just wrote).
-static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T, int parts) {
+// parts: the buffer that already holds x's bf16 parts (g->xs after gpu_norm, the attention and the
+// gated norm; g->shs after the shared expert's SiLU·up), or 0: they are made into g->xs first.
+static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdeviceptr x, int ldx, int T, CUdeviceptr parts) {
     MOET_ASSERT(n >= 1 && n <= GPU_LIN_SET, "%d matrices in one k_linear launch", n);
     gpu_lin_set set;
     memset(&set, 0, sizeof set);
@@ -693,13 +696,13 @@ static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdevice
     int K = outs[0].W->cols;
     if (mm && (size_t)K <= g->mm_width) {   // tensor cores: the input's parts, then one k_mm launch
         if (!parts) gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
-        gpu_k_mm(&g->k, g->compute, &set, g->xs, T);
+        gpu_k_mm(&g->k, g->compute, &set, parts ? parts : g->xs, T);
         return;
     }
     gpu_k_linear(&g->k, g->compute, &set, x, ldx, T);
 }
 
-static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy, int parts) {
+static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, int T, CUdeviceptr y, int ldy, CUdeviceptr parts) {
     gpu_lin_out o = {W, y, ldy};
     gpu_linear_n(g, 1, &o, x, ldx, T, parts);
 }
@@ -714,7 +717,7 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     const ck_config *c = &g->m->cfg;
     int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, qd = nh * hd, kvd = kvh * hd, H = c->hidden, rot = c->rot_dim;
     gpu_lin_out qkv[3] = {{&G->q, g->proj, 2 * qd}, {&G->k, g->kk, kvd}, {&G->v, g->vv, kvd}};
-    gpu_linear_n(g, 3, qkv, g->xn, H, T, 1);
+    gpu_linear_n(g, 3, qkv, g->xn, H, T, g->xs);
     size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
     size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
@@ -727,7 +730,7 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, in
     else
         gpu_k_attention(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->core, nh, kvh, hd,
                         1.0f / sqrtf((float)hd), g->xs, T);
-    gpu_linear(g, &G->o, g->core, qd, T, g->y, H, 1);   // core's parts from the attention kernel
+    gpu_linear(g, &G->o, g->core, qd, T, g->y, H, g->xs);   // core's parts from the attention kernel
 }
 
 // The GDN layer; n1 rows of one token take the recurrent kernel, nm longer rows the chunked one
@@ -737,7 +740,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     int H = c->hidden, cd = c->conv_dim, vd = c->value_dim, nv = c->lv_heads, nk = c->lk_heads, dk = c->lk_dim, dv = c->lv_dim,
         Kc = c->conv_k;
     gpu_lin_out in[4] = {{&G->qkv, g->proj, cd}, {&G->z, g->zz, vd}, {&G->b, g->bb, nv}, {&G->a, g->aa, nv}};
-    gpu_linear_n(g, 4, in, g->xn, H, T, 1);
+    gpu_linear_n(g, 4, in, g->xn, H, T, g->xs);
     size_t gi = (size_t)g->kind_index[layer];
     CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
     long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
@@ -751,7 +754,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
         gpu_k_gdn_chunk(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
                         r0, rn, rp, many, nm);
     gpu_k_gated_norm(&g->k, g->compute, g->core, g->zz, G->gnorm, nv, dv, (float)c->eps, g->xs, T);   // with core's parts
-    gpu_linear(g, &G->out, g->core, vd, T, g->y, H, 1);
+    gpu_linear(g, &G->out, g->core, vd, T, g->y, H, g->xs);
 }
 
 static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
@@ -759,18 +762,23 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     int H = c->hidden, E = c->n_experts, K = c->topk, I = c->inter, SI = c->shared_inter;
     // the router and the shared expert's gate, up and sigmoid gate read the same normed input
     gpu_lin_out in[4] = {{&G->router, g->rl, E}, {&G->sh_gate, g->sg, SI}, {&G->sh_up, g->su, SI}, {&G->sh_gate_w, g->sgate, 1}};
-    gpu_linear_n(g, 4, in, g->xn, H, T, 1);
-    gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
+    gpu_linear_n(g, 4, in, g->xn, H, T, g->xs);
+    // a decode step: the router, the shared expert's SiLU·up (h into sg, its parts into shs) and the
+    // grouping by expert in one launch (the same bits as the three below)
+    int routed = g->moe_mm && gpu_k_route(&g->k, g->compute, g->rl, E, K, T, g->sel, g->selw, g->sg, g->su, g->sg, T * SI, g->shs, g->moe_map);
+    if (!routed) {
+        gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
+        gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI, g->shs);
+    }
     if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
-        gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
+        if (!routed) gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
         gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
         gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, T * K, I, g->ye, H);
     } else {
         gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
         gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
     }
-    gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI, g->xs);   // with h's parts (xn's are read by then)
-    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, 1);
+    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
     gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
 }
 
@@ -867,7 +875,7 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(hidden[c->n_layers], g->xn, sizeof(float) * (size_t)nr * H));
     }
-    gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab, 1);
+    gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab, g->xs);
     return 0;
 }
 

@@ -23,7 +23,7 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
 #define GPU_KERNELS(X)                                                                               \
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
-    X(K_SILU_MUL, "k_silu_mul") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
+    X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
     X(K_GDN_CHUNK, "k_gdn_chunk")                                                                            \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
@@ -49,7 +49,9 @@ static size_t gpu_gdn_chunk_smem(int dk) {
 }
 
 // Dynamic shared memory of k_gdn_rule for key heads of dk: S [dk, GPU_GDN_VC], q and k [dk] (f32).
-static size_t gpu_gdn_rule_smem(int dk) { return sizeof(float) * ((size_t)dk * GPU_GDN_VC + 2 * (size_t)dk); }
+static size_t gpu_gdn_rule_smem(int dk) {
+    return sizeof(float) * GPU_GDN_RULE_W * ((GPU_GDN_RULE_REGS(dk) ? 0 : (size_t)dk * GPU_GDN_VC) + 2 * (size_t)dk);
+}
 
 // The dynamic shared memory a launch may ask for until the kernel opts in to more
 // (cuFuncSetAttribute: gpu_kernel_smem).

@@ -143,11 +143,12 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
                     set->W[i].rows, set->W[i].cols);
         set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, 16 * rt);
     }
-    // k_mm_v: runs of row tiles per block, GPU_MM_V_BLOCKS blocks per multiprocessor, the tokens' parts
-    // in shared memory (where they fit: 96 KiB at T = 4 and K = 4,096; a GB10 block takes 99 KiB).
+    // k_mm_v: runs of row tiles per block, GPU_MM_V_BLOCKS blocks per multiprocessor, the ring of
+    // weights and the tokens' parts in shared memory, where they fit (48 + 96 KiB at T = 4 and
+    // K = 4,096; a GB10 block takes 99 KiB: there such a step takes k_mm_d, the same bits).
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
-    size_t smem = (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
+    size_t smem = GPU_MM_RING_BYTES + (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
     if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
         long long tiles = 0;
         for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
@@ -188,6 +189,22 @@ static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, i
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
     int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(P);
     gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound, &cap));
+}
+
+// A step of T ≤ GPU_ROUTE_T tokens in one launch (sass/route.cu): the router of logits [T, E]
+// into sel, selw [T, K]; h = SiLU(g) · u [n = T·SI] and its parts hs; map = the pairs grouped by
+// expert (gpu_k_moe_sort's). Returns 0 (nothing launched) when the routers' shared memory does not
+// fit: the caller then launches the three kernels.
+static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, int K, int T, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr g,
+                       CUdeviceptr u, CUdeviceptr h, int n, CUdeviceptr hs, CUdeviceptr map) {
+    size_t smem = sizeof(float) * (size_t)T * (E + K);
+    if (T < 1 || T > GPU_ROUTE_T || !gpu_smem_room(k, K_ROUTE, smem)) return 0;
+    MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
+                "k_route: top-%d of %d experts", K, E);
+    int P = T * K, bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(P);
+    gpu_launch(k, K_ROUTE, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, smem, s,
+               GPU_ARGS(&logits, &E, &K, &T, &sel, &selw, &g, &u, &h, &n, &hs, &map, &bound, &cap));
+    return 1;
 }
 
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
@@ -251,6 +268,7 @@ static void gpu_k_moe_down(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUde
 // y[t, j] = Σ_k selw[t, k] · ye[t·K + k, j] (ascending expert id) + σ(sg[t]) · sh[t, j], t < T.
 static void gpu_k_moe_combine(gpu_kernels *k, CUstream s, CUdeviceptr ye, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr sh, CUdeviceptr sg,
                               CUdeviceptr y, int K, int H, int T) {
+    MOET_ASSERT(K >= 1 && K <= GPU_ROUTER_MAX_K && K <= GPU_COMBINE_NT, "k_moe_combine: top-%d", K);
     gpu_launch(k, K_MOE_COMBINE, (gpu_dim){T, gpu_cdiv(H, GPU_COMBINE_NT), 1, "(tokens, blocks of H, 1)"}, GPU_COMBINE_NT, 0, s,
                GPU_ARGS(&ye, &sel, &selw, &sh, &sg, &y, &K, &H));
 }
@@ -282,7 +300,8 @@ static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                            CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr rows, int n_rows) {
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule: %d key heads, %d value heads of %d, %d, conv dim %d",
                 nk, nv, dk, dv, cd);
-    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_VC,
+    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_RULE_W * GPU_GDN_VC), "(value heads, rows, value column blocks)"},
+               GPU_GDN_RULE_NT,
                gpu_gdn_rule_smem(dk), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &rows));

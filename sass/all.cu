@@ -8,6 +8,7 @@
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "silu_mul.cu"
+#include "route.cu"
 #include "gdn_conv.cu"
 #include "gdn_rule.cu"
 #include "gdn_chunk.cu"

@@ -53,3 +53,43 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
     __syncwarp();
     return out;
 }
+
+// gdn_token with this lane's state column S[0 .. DK) in registers (k_gdn_rule for DK of
+// GPU_GDN_RULE_REGS): the same operations in the same order, so the same bits.
+template <int DK>
+__device__ __forceinline__ float gdn_token_regs(float (&S)[DK], float *qs, float *ks, const float *row, int key_dim, int hk, float vt, float beta,
+                                                float g, float qscale, int lane) {
+    float sq = 0.f, sk = 0.f;
+    for (int d = lane; d < DK; d += GPU_GDN_VC) {
+        float qv = row[hk * DK + d], kv = row[key_dim + hk * DK + d];
+        qs[d] = qv;
+        ks[d] = kv;
+        sq = __fmaf_rn(qv, qv, sq);
+        sk = __fmaf_rn(kv, kv, sk);
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    float rq = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sq, 1e-6f))), qscale);
+    float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+    // q̂ and k̂ in place, each lane its own elements (the products gdn_token forms at each use);
+    // read back through volatile so that the compiler keeps none of the 2·DK in registers
+    for (int d = lane; d < DK; d += GPU_GDN_VC) qs[d] = __fmul_rn(qs[d], rq), ks[d] = __fmul_rn(ks[d], rk);
+    __syncwarp();
+    const volatile float *qh = qs, *kh = ks;
+    float decay = expf(g);
+    float kS = 0.f;
+#pragma unroll
+    for (int d = 0; d < DK; d++) {
+        S[d] = __fmul_rn(S[d], decay);
+        kS = __fmaf_rn(S[d], kh[d], kS);
+    }
+    float u = __fmul_rn(__fsub_rn(vt, kS), beta);
+    float out = 0.f;
+#pragma unroll
+    for (int d = 0; d < DK; d++) {
+        S[d] = __fmaf_rn(kh[d], u, S[d]);
+        out = __fmaf_rn(S[d], qh[d], out);
+    }
+    __syncwarp();
+    return out;
+}

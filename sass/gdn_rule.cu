@@ -4,35 +4,71 @@
 //   q, k ← L2-normalised (eps 1e-6 inside the sqrt), q · 1/sqrt(dk)
 //   β = σ(b[t, j]),  g = −exp(A_log[j]) · softplus(a[t, j] + dt_bias[j]),  S ← exp(g) · S
 //   u = β (v − Sᵀk),  S ← S + k uᵀ,  o = Sᵀq
-// Each value column of S evolves on its own, so a block takes GPU_GDN_VC columns of one head of one
-// row and runs its tokens in order (gdn_token, sass/gdn.cuh). It serves the rows of one token
-// (decode); longer rows go to k_gdn_chunk. CPU twin: ref_gdn_rule (moet.c; one token, every value
-// head, called for a row's tokens in order).
+// Each value column of S evolves on its own, so a warp takes GPU_GDN_VC columns of one head of one
+// row and runs its tokens in order (gdn_token, sass/gdn.cuh), each lane one column: in registers
+// where dk is one of GPU_GDN_RULE_REGS (its dk loads in flight at once, the state read and
+// written once per step), else in shared memory. It serves the rows of one token (decode); longer
+// rows go to k_gdn_chunk. CPU twin: ref_gdn_rule (moet.c; one token, every value head, called for
+// a row's tokens in order).
 // In: qkv [T, cd] after conv + SiLU (q [key_dim] | k [key_dim] | v [value_dim]), b, a [T, nv].
 // Out: o [T, nv·dv] (before the gated norm). State of slot s: S_base + s·S_slot_stride.
 // Rows: the step's rows rows[0 .. gridDim.y), each row_slot / row_start / row_len.
-// Launch (gpu_k_gdn_rule): block GPU_GDN_VC threads, grid (nv, rows, ceil(dv / GPU_GDN_VC));
-// dynamic shared memory (dk·GPU_GDN_VC + 2·dk) floats.
+// Launch (gpu_k_gdn_rule): block GPU_GDN_RULE_NT threads (GPU_GDN_RULE_W warps), grid (nv, rows,
+// ceil(dv / (GPU_GDN_RULE_W · GPU_GDN_VC))); dynamic shared memory gpu_gdn_rule_smem(dk): per warp
+// q̂ and k̂ [dk] (and, for the shared-memory state, S [dk, GPU_GDN_VC]).
 #include "gdn.cuh"
 
-extern "C" __global__ void __launch_bounds__(GPU_GDN_VC) k_gdn_rule(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
-                                                                    const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
-                                                                    float *__restrict__ S_base, long long S_slot_stride, float *__restrict__ o,
-                                                                    int nk, int nv, int dk, int dv, const int *__restrict__ row_slot,
-                                                                    const int *__restrict__ row_start, const int *__restrict__ row_len,
-                                                                    const int *__restrict__ rows) {
+// One warp's columns v0 + lane of head j of row r, the state in registers.
+template <int DK>
+__device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
+                                              float Aexp, float dtb, float *__restrict__ Sg, float *__restrict__ o, int nk, int nv, int dv,
+                                              int j, int v, int t0, int n, float *qs, float *ks, int lane) {
+    const bool live = v < dv;
+    float S[DK];
+#pragma unroll
+    for (int d = 0; d < DK; d++) S[d] = live ? Sg[(size_t)d * dv + v] : 0.f;
+    const float qscale = 1.f / sqrtf((float)DK);
+    const int key_dim = nk * DK, hk = j / (nv / nk);
+    for (int t = t0; t < t0 + n; t++) {
+        const float *row = qkv + (size_t)t * cd;
+        float beta, g;
+        gdn_gates(bb[(size_t)t * nv + j], aa[(size_t)t * nv + j], Aexp, dtb, &beta, &g);
+        float vt = live ? row[2 * key_dim + j * dv + v] : 0.f;
+        float out = gdn_token_regs<DK>(S, qs, ks, row, key_dim, hk, vt, beta, g, qscale, lane);
+        if (live) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
+    }
+    if (live)
+#pragma unroll
+        for (int d = 0; d < DK; d++) Sg[(size_t)d * dv + v] = S[d];
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
+                                                                         const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
+                                                                         float *__restrict__ S_base, long long S_slot_stride,
+                                                                         float *__restrict__ o, int nk, int nv, int dk, int dv,
+                                                                         const int *__restrict__ row_slot, const int *__restrict__ row_start,
+                                                                         const int *__restrict__ row_len, const int *__restrict__ rows) {
     GPU_DEP();
     extern __shared__ float sm[];
-    float *S = sm;                 // [dk, GPU_GDN_VC]
-    float *qs = sm + dk * GPU_GDN_VC;  // [dk]
-    float *ks = qs + dk;           // [dk]
-    int j = blockIdx.x, r = rows[blockIdx.y], v0 = blockIdx.z * GPU_GDN_VC, lane = threadIdx.x;
-    int v = v0 + lane, live = v < dv, hk = j / (nv / nk);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = blockIdx.x, r = rows[blockIdx.y], v0 = (blockIdx.z * GPU_GDN_RULE_W + w) * GPU_GDN_VC;
+    if (v0 >= dv) return;   // a warp past the head's columns (no barrier spans warps)
+    const int v = v0 + lane, t0 = row_start[r], n = row_len[r];
     float *Sg = S_base + (size_t)row_slot[r] * S_slot_stride + (size_t)j * dk * dv;
+    const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
+    if (GPU_GDN_RULE_REGS(dk)) {
+        float *qs = sm + w * 2 * dk, *ks = qs + dk;
+        switch (dk) {
+        case 32: gdn_rule_regs<32>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
+        case 64: gdn_rule_regs<64>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
+        default: gdn_rule_regs<128>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
+        }
+    }
+    float *S = sm + (size_t)w * (dk * GPU_GDN_VC + 2 * dk);   // [dk, GPU_GDN_VC]
+    float *qs = S + dk * GPU_GDN_VC, *ks = qs + dk;          // [dk] each
+    const int live = v < dv, hk = j / (nv / nk), key_dim = nk * dk;
     for (int d = 0; d < dk; d++) S[d * GPU_GDN_VC + lane] = live ? Sg[(size_t)d * dv + v] : 0.f;
-    float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
-    float qscale = 1.f / sqrtf((float)dk);
-    int key_dim = nk * dk, t0 = row_start[r], n = row_len[r];
+    const float qscale = 1.f / sqrtf((float)dk);
     for (int t = t0; t < t0 + n; t++) {
         const float *row = qkv + (size_t)t * cd;
         float beta, g;

@@ -24,6 +24,11 @@
 // k_gdn_rule, k_gdn_chunk: value columns per block, one per lane of a warp (k_gdn_rule's block
 // is one warp).
 #define GPU_GDN_VC 32
+// k_gdn_rule: warps per block (each GPU_GDN_VC value columns of one head), and the key head
+// dimensions whose state column a lane keeps in registers (others: in shared memory).
+#define GPU_GDN_RULE_W 1
+#define GPU_GDN_RULE_NT (GPU_GDN_RULE_W * 32)
+#define GPU_GDN_RULE_REGS(dk) ((dk) == 32 || (dk) == 64 || (dk) == 128)
 // k_gdn_chunk: tokens per piece (prompts are cut at its multiples of their positions: the GPU
 // backend's chunk_align) and threads per block; its thread mapping (16 × 16 tiles of 4 × 4
 // tokens, 8 warps, 8 lanes per value column) is written for exactly these three numbers.
@@ -46,7 +51,8 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 #define GPU_PREP_NT 128
 // k_router: the most experts a token may choose (a shared array of their weights), and the most
 // experts (their probabilities are dynamic shared memory, E floats).
-#define GPU_ROUTER_NT 256
+#define GPU_ROUTER_NT 32
+#define GPU_ROUTER_SUM_NT 256   // the block whose summation order k_router keeps (sass/router.cu)
 #define GPU_ROUTER_MAX_K 64
 #define GPU_ROUTER_MAX_E 1024
 // k_gdn_conv: one thread per channel; the longest conv kernel (taps and history in registers).
@@ -69,15 +75,20 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 // The launch shapes (sass/mm.cu, moe_mm.cu): _d for steps of up to 8 tokens (or 8 expert pairs), _b up to
 // GPU_MM_TOK_B, _p beyond.
 #define GPU_MM_TOK_B 128
-// k_mm_v: steps of up to GPU_MM_TOK_V tokens (their parts in shared memory), GPU_MM_RING steps of
-// weights in flight per warp (half for BF16), GPU_MM_V_BLOCKS blocks per multiprocessor (the
-// registers are capped for it). The xs layout there is [part][token][K] (T·K elements per part).
+// k_mm_v: steps of up to GPU_MM_TOK_V tokens (their parts in shared memory), each thread's
+// weights of GPU_MM_RING_BYTES / (8 KiB, 16 KiB for BF16) steps in flight through a ring of
+// GPU_MM_RING_BYTES of shared memory, GPU_MM_V_BLOCKS blocks per multiprocessor (the registers are
+// capped for it). The xs layout there is [part][token][K] (T·K elements per part).
 #define GPU_MM_TOK_V 4
-#define GPU_MM_RING 4
+#define GPU_MM_RING_BYTES 49152
 #define GPU_MM_V_BLOCKS 3
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_moe_sort: one block, a thread per expert for its scans.
 #define GPU_MOE_SORT_NT 1024
+// k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared
+// expert's activation in one block (a warp per token's router).
+#define GPU_ROUTE_T 32
+GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token");
 // The routed experts' _d shape (steps of up to GPU_MM_TOK_B pairs): items of at most GPU_MOE_CAP_D
 // pairs of one expert (one n-tile, staged in shared memory).
 #define GPU_MOE_CAP_D 8

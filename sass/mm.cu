@@ -76,68 +76,70 @@ MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 //
 // k_mm_v (T ≤ GPU_MM_TOK_V): the tokens' parts are copied into shared memory once per block
 // (dynamic: GPU_MM_SPLITS·T·K bf16), then the block walks row tiles first[m] + set.pad[0]·(its
-// index within matrix m) onward (set.pad[0] tiles per block). Each warp keeps GPU_MM_RING of its
-// (tile, 64-block) steps' weights in flight across tile boundaries, so the loads of the next tile
-// are on their way while the warps' sums of this one meet in shared memory (double-buffered: one
-// barrier per tile). The same steps and order as mm_core: the same bits as every other shape.
+// index within matrix m) onward (set.pad[0] tiles per block). Each thread copies its own weight
+// bytes of GPU_MM_RING_V (tile, 64-block) steps ahead into its own slots of a shared-memory ring
+// (cp.async: no registers held, the loop body one step long), across tile boundaries, so the
+// loads of the next tile are on their way while the warps' sums of this one meet in shared memory
+// (double-buffered: one barrier per tile). The same steps and order as mm_core: the same bits as
+// every other shape.
 template <int KIND>
 __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *__restrict__ xs, __nv_bfloat16 *xsm,
-                                          int T, float *red, uint32_t *lut, float *__restrict__ y, int ldy) {
-    constexpr int RING = mm_ring<KIND, GPU_MM_RING>::n;
+                                          uint8_t *ring, int T, float *red, uint32_t *lut, float *__restrict__ y, int ldy) {
+    constexpr int R = mm_cp_slots<KIND>::ring;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int K = W.cols, KB = K / 64, nk = (KB + GPU_MM_WARPS - 1) / GPU_MM_WARPS, njob = ntile * nk;
     const float post = mm_post(W);
     const bool tok = g < T;   // this lane's B column holds a token
-    mm_raw ring[RING][1];
-#pragma unroll
-    for (int u = 0; u < RING; u++) {
-        int kb = w + GPU_MM_WARPS * (u % nk);
-        if (u < njob && kb < KB) mm_load<KIND>(W, 16 * (tile0 + u / nk), kb, g, t, ring[u][0]);
-    }
+    // step j's bytes into slot j % R (a commit group per step, empty past the end: the count of
+    // groups in flight stays R)
+    auto issue = [&](int j) {
+        if (j < njob) {
+            const int kb = w + GPU_MM_WARPS * (j % nk);
+            if (kb < KB) mm_cp_issue<KIND>(W, 16 * (tile0 + j / nk), kb, g, t, ring + (size_t)(j % R) * mm_cp_slots<KIND>::bytes);
+        }
+        mm_cp_commit();
+    };
+    for (int j = 0; j < R; j++) issue(j);
     // the weights are on their way: wait for the activations, then copy them in
     GPU_DEP();
     const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
     for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
     mm_plane_lut(lut);
     __syncthreads();
-    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
-    for (int j0 = 0; j0 < njob; j0 += RING) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < njob; j++) {   // uniform over the block: every warp has the same steps
+        const int kb = w + GPU_MM_WARPS * (j % nk);
+        mm_cp_wait<R - 1>();   // this thread's step j has landed (its own bytes: no barrier)
+        if (kb < KB) {
+            mm_raw raw;
+            mm_cp_fetch<KIND>(ring + (size_t)(j % R) * mm_cp_slots<KIND>::bytes, g, raw);
 #pragma unroll
-        for (int u = 0; u < RING; u++) {
-            const int j = j0 + u;
-            if (j < njob) {   // uniform over the block: every warp has the same steps
-                const int kb = w + GPU_MM_WARPS * (j % nk);
-                if (kb < KB) {
+            for (int q = 0; q < 4; q++) {
+                const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
+                uint2 b[GPU_MM_SPLITS];
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
-                        uint2 b[GPU_MM_SPLITS];
+                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xsm + ((size_t)s * T + g) * K + ko) : make_uint2(0, 0);
+                uint32_t a[4];
+                mm_widen<KIND>(raw, q, lut, a);
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                        for (int s = 0; s < GPU_MM_SPLITS; s++)
-                            b[s] = tok ? *(const uint2 *)(xsm + ((size_t)s * T + g) * K + ko) : make_uint2(0, 0);
-                        uint32_t a[4];
-                        mm_widen<KIND>(ring[u][0], q, lut, a);
-                        float c[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
 #pragma unroll
-                        for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[0][0][e] += c[e];
-                    }
-                }
-                const int jn = j + RING, kn = w + GPU_MM_WARPS * (jn % nk);
-                if (jn < njob && kn < KB) mm_load<KIND>(W, 16 * (tile0 + jn / nk), kn, g, t, ring[u][0]);
-                if (j % nk == nk - 1) {   // the tile's last step: the warps' sums meet
-                    const int ti = j / nk;
-                    float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
-#pragma unroll
-                    for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[0][0][c], acc[0][0][c] = 0.f;
-                    __syncthreads();
-                    const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
-                    if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
-                }
+                for (int e = 0; e < 4; e++) acc[e] += c[e];
             }
         }
+        issue(j + R);   // into the slot just read (its values are used above: the read is done)
+        if (j % nk == nk - 1) {   // the tile's last step: the warps' sums meet
+            const int ti = j / nk;
+            float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
+#pragma unroll
+            for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[c], acc[c] = 0.f;
+            __syncthreads();
+            const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
+            if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
+        }
     }
+    mm_cp_wait<0>();   // nothing left in flight into shared memory at exit
 }
 
 extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
@@ -148,13 +150,13 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(
     const gpu_mat W = set.W[m];
     const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
     const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
-    __nv_bfloat16 *xsm = (__nv_bfloat16 *)mm_smem;
+    uint8_t *ring = mm_smem;                                            // GPU_MM_RING_BYTES
+    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MM_RING_BYTES);   // [GPU_MM_SPLITS][T][K]
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
-    case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
-    default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
     }
 }
-

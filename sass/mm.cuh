@@ -46,13 +46,15 @@ __device__ __forceinline__ uint32_t mm_fp8x2(uint32_t v) {
     return *(const uint32_t *)&b;
 }
 
-// e2m1 pair (a byte, low nibble first) times sc → bf16 pair, exact. The nibble's bits placed as
-// an f16 ((n & 7) << 9 | sign) are its value · 2^-14 for normals and subnormals alike; sc16 =
-// block scale · 2^14.
-__device__ __forceinline__ uint32_t mm_fp4x2(uint32_t b, float sc16) {
-    uint32_t h = ((b & 7u) << 9) | ((b & 8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
-    float2 f = __half22float2(*(const __half2 *)&h);
-    __nv_bfloat162 r = __floats2bfloat162_rn(f.x * sc16, f.y * sc16);
+// e2m1 pair (a byte, low nibble first) times the block scale sc (a bf16 pair, both halves the
+// same e4m3 value, exact in bf16) → bf16 pair, exact. The nibble's magnitude bits placed as a
+// bf16's exponent field and first mantissa bit ((n & 7) << 6 | sign << 15) are its value · 2^-126,
+// for the subnormal 0.5 as for the normals; × 2^126, then × sc: both products exact in bf16
+// (at most 6 significant bits, within range), so the bits are those of e2m1 · scale rounded once.
+__device__ __forceinline__ uint32_t mm_fp4x2(uint32_t b, __nv_bfloat162 sc) {
+    uint32_t h = ((b & 7u) << 6) | ((b & 8u) << 12) | ((b & 0x70u) << 18) | ((b & 0x80u) << 24);
+    const __nv_bfloat162 two126 = __halves2bfloat162(__ushort_as_bfloat16(0x7e80), __ushort_as_bfloat16(0x7e80));
+    __nv_bfloat162 r = __hmul2(__hmul2(*(const __nv_bfloat162 *)&h, two126), sc);
     return *(const uint32_t *)&r;
 }
 
@@ -110,6 +112,83 @@ __device__ __forceinline__ void mm_load(const gpu_mat &W, int row0, int kb, int 
     }
 }
 
+// ---- the same bytes through shared memory (k_mm_v) ----------------------------------------------
+//
+// A thread's bytes of one step (what mm_load reads) copied by cp.async into its own 16-byte slots:
+// slot p of the thread at ring + (p · GPU_MM_NT + thread) · 16 (a warp's 16-byte reads contiguous:
+// no bank conflicts). FP8: 0 row g, 1 row g+8; NVFP4: 0 = codes of g | g+8, 1 = the 4-byte scale
+// words holding their bytes; BF16: 0, 1 row g, 2, 3 row g+8; PLANES: 0 = codes, 1 = the four
+// scale words. A step takes `bytes` of the ring; `ring` steps fit GPU_MM_RING_BYTES.
+template <int KIND>
+struct mm_cp_slots {
+    static constexpr int n = KIND == GPU_W_BF16 ? 4 : 2;
+    static constexpr int bytes = n * GPU_MM_NT * 16;
+    static constexpr int ring = GPU_MM_RING_BYTES / bytes;
+};
+
+// cp.async of N bytes (4, 8 or 16) from global memory src to shared dst; !valid: N zeros (src not read).
+template <int N>
+__device__ __forceinline__ void mm_cp(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(N), "r"(valid ? N : 0) : "memory");
+}
+__device__ __forceinline__ void mm_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mm_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int KIND>
+__device__ __forceinline__ void mm_cp_issue(const gpu_mat &W, int row0, int kb, int g, int t, uint8_t *slots) {
+    const uint8_t *w = (const uint8_t *)W.w;
+    const int ra = row0 + g, rb = row0 + g + 8, K = W.cols;
+    const bool va = ra < W.rows, vb = rb < W.rows;
+    uint8_t *s0 = slots + threadIdx.x * 16, *s1 = s0 + GPU_MM_NT * 16;
+    if (KIND == GPU_W_FP8) {
+        size_t o = (size_t)kb * 64 + 16 * t;
+        mm_cp<16>(s0, w + (size_t)(va ? ra : 0) * W.row_bytes + o, va);
+        mm_cp<16>(s1, w + (size_t)(vb ? rb : 0) * W.row_bytes + o, vb);
+    } else if (KIND == GPU_W_NVFP4) {
+        size_t o = ((size_t)kb * 64 + 16 * t) / 2;
+        mm_cp<8>(s0, w + (size_t)(va ? ra : 0) * W.row_bytes + o, va);
+        mm_cp<8>(s0 + 8, w + (size_t)(vb ? rb : 0) * W.row_bytes + o, vb);
+        const uint8_t *sc = (const uint8_t *)W.scale;   // the word of bytes kb·4 .. kb·4 + 3 (K / 16 % 4 == 0)
+        mm_cp<4>(s1, sc + (size_t)(va ? ra : 0) * (K / 16) + (size_t)kb * 4, va);
+        mm_cp<4>(s1 + 4, sc + (size_t)(vb ? rb : 0) * (K / 16) + (size_t)kb * 4, vb);
+    } else if (KIND == GPU_W_BF16) {
+        size_t o = ((size_t)kb * 64 + 16 * t) * 2;
+        const uint8_t *pa = w + (size_t)(va ? ra : 0) * W.row_bytes + o, *pb = w + (size_t)(vb ? rb : 0) * W.row_bytes + o;
+        mm_cp<16>(s0, pa, va), mm_cp<16>(s1, pa + 16, va);
+        mm_cp<16>(s1 + GPU_MM_NT * 16, pb, vb), mm_cp<16>(s1 + 2 * GPU_MM_NT * 16, pb + 16, vb);
+    } else {   // PLANES: rows % 16 == 0, so the tile is whole
+        const int KB = K / 64, nb = row0 / 16;
+        mm_cp<8>(s0, w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8, true);
+        const uint8_t *sc = (const uint8_t *)W.scale + ((size_t)nb * (K / 32) + 2 * (size_t)kb) * 16 + (g & ~3);
+        mm_cp<4>(s1, sc, true), mm_cp<4>(s1 + 4, sc + 8, true), mm_cp<4>(s1 + 8, sc + 16, true), mm_cp<4>(s1 + 12, sc + 24, true);
+    }
+}
+
+// The raw bytes of mm_load back from the thread's slots (mm_cp_issue's, landed).
+template <int KIND>
+__device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int g, mm_raw &r) {
+    const uint4 *s0 = (const uint4 *)(slots + threadIdx.x * 16);
+    const int st = GPU_MM_NT;   // uint4 between a thread's slots
+    if (KIND == GPU_W_FP8) {
+        r.r0 = s0[0], r.r1 = s0[st];
+    } else if (KIND == GPU_W_NVFP4) {
+        r.r0 = s0[0];
+        const uint4 sc = s0[st];
+        const int sh = 8 * (threadIdx.x & 3);   // byte t of each word
+        r.s = ((sc.x >> sh) & 0xffu) | (((sc.y >> sh) & 0xffu) << 8);
+    } else if (KIND == GPU_W_BF16) {
+        r.r0 = s0[0], r.r1 = s0[st], r.r2 = s0[2 * st], r.r3 = s0[3 * st];
+    } else {
+        r.r0 = s0[0];
+        const uint4 sc = s0[st];
+        const int sh = 8 * (g & 3);
+        r.s = ((sc.x >> sh) & 0xffu) | (((sc.y >> sh) & 0xffu) << 8) | (((sc.z >> sh) & 0xffu) << 16) | (((sc.w >> sh) & 0xffu) << 24);
+    }
+}
+
 // The A fragment of step q from the raw bytes (the table of the planes in shared memory).
 template <int KIND>
 __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t *lut, uint32_t a[4]) {
@@ -122,8 +201,7 @@ __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t 
         // elements 4q..4q+3 are bytes 2q, 2q+1 of the row's 8
         uint32_t wa = q < 2 ? r.r0.x : r.r0.y, wb = q < 2 ? r.r0.z : r.r0.w;
         int sh = (q & 1) * 16;
-        const float two14 = 16384.f;
-        float sa = dec_e4m3(r.s & 0xffu) * two14, sb = dec_e4m3((r.s >> 8) & 0xffu) * two14;
+        const __nv_bfloat162 sa = __float2bfloat162_rn(dec_e4m3(r.s & 0xffu)), sb = __float2bfloat162_rn(dec_e4m3((r.s >> 8) & 0xffu));
         a[0] = mm_fp4x2((wa >> sh) & 0xffu, sa), a[2] = mm_fp4x2((wa >> (sh + 8)) & 0xffu, sa);
         a[1] = mm_fp4x2((wb >> sh) & 0xffu, sb), a[3] = mm_fp4x2((wb >> (sh + 8)) & 0xffu, sb);
     } else if (KIND == GPU_W_BF16) {

@@ -43,17 +43,20 @@ extern "C" __global__ void __launch_bounds__(GPU_COMBINE_NT) k_moe_combine(const
                                                                            const float *__restrict__ selw, const float *__restrict__ sh,
                                                                            const float *__restrict__ sg, float *__restrict__ y, int K, int H) {
     GPU_DEP();
-    int j = blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
-    if (j >= H) return;
+    __shared__ int order[GPU_ROUTER_MAX_K];   // the token's choices by ascending expert id
+    __shared__ float wk[GPU_ROUTER_MAX_K];
+    const int j = blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
     const int *s = sel + (size_t)t * K;
-    float acc = 0.f;
-    int last = -1;
-    for (int n = 0; n < K; n++) {   // ascending expert id (ids of one token are distinct)
-        int best = -1;
-        for (int k = 0; k < K; k++)
-            if (s[k] > last && (best < 0 || s[k] < s[best])) best = k;
-        last = s[best];
-        acc += ye[((size_t)t * K + best) * H + j] * selw[(size_t)t * K + best];
+    if (threadIdx.x < K) {   // choice k's rank among the token's (distinct) ids
+        const int id = s[threadIdx.x];
+        int rank = 0;
+        for (int k = 0; k < K; k++) rank += s[k] < id;
+        order[rank] = threadIdx.x;
+        wk[rank] = selw[(size_t)t * K + threadIdx.x];
     }
+    __syncthreads();
+    if (j >= H) return;
+    float acc = 0.f;
+    for (int n = 0; n < K; n++) acc += ye[((size_t)t * K + order[n]) * H + j] * wk[n];
     y[(size_t)t * H + j] = acc + sigm(sg[t]) * sh[(size_t)t * H + j];
 }

@@ -23,9 +23,8 @@
 // to run (atomic counters); no result depends on it: each pair's sums are its own column of the
 // products, whatever tile it shares.
 
-extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
-                                                                         int items_bound, int cap) {
-    GPU_DEP();
+// The block's work (GPU_MOE_SORT_NT threads; k_route, sass/route.cu, runs it too).
+__device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int P, int E, int *__restrict__ map, int items_bound, int cap) {
     __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
     __shared__ int wsum[2][32];
     for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0, fill[x] = 0;
@@ -58,6 +57,12 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
         int e = sel[p];
         perm[pos[e] + atomicAdd(&fill[e], 1)] = p;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
+                                                                         int items_bound, int cap) {
+    GPU_DEP();
+    moe_sort_block(sel, P, E, map, items_bound, cap);
 }
 
 // h[p] = SiLU(gate_x · xn[t]) · (up_x · xn[t]) for the item's pairs p (t = p / K), rows

@@ -4,12 +4,17 @@
 // (k_mm_split's layout, [3][n]).
 #include "mm.cuh"
 
+// Element i (k_route, sass/route.cu, calls it too).
+__device__ __forceinline__ void silu_mul_at(const float *__restrict__ g, const float *__restrict__ u, float *__restrict__ h, int n,
+                                            __nv_bfloat16 *__restrict__ xs, int i) {
+    float v = silu(g[i]) * u[i];
+    h[i] = v;
+    if (xs) mm_split3(v, xs + i, (size_t)n);
+}
+
 extern "C" __global__ void __launch_bounds__(GPU_SILU_NT) k_silu_mul(const float *__restrict__ g, const float *__restrict__ u,
                                                                      float *__restrict__ h, int n, __nv_bfloat16 *__restrict__ xs) {
     GPU_DEP();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float v = silu(g[i]) * u[i];
-    h[i] = v;
-    if (xs) mm_split3(v, xs + i, (size_t)n);
+    if (i < n) silu_mul_at(g, u, h, n, xs, i);
 }

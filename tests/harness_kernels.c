@@ -391,6 +391,41 @@ static void hk_router(void) {
     }
 }
 
+// k_route (a decode step's router, shared-expert activation and grouping in one launch) against
+// ref_route (experts, weights), ref_silu_mul (h) and the grouping's rules (hk_map_err), at T = 1
+// and T = GPU_ROUTE_T.
+static void hk_route_fused(void) {
+    const ck_config *c = &hk.m.cfg;
+    int E = c->n_experts, K = c->topk, SI = c->shared_inter;
+    for (int T = 1; T <= GPU_ROUTE_T; T += GPU_ROUTE_T - 1) {
+        size_t n = (size_t)T * SI;
+        float *lg = hk_normal((size_t)T * E, 2.0f), *w = malloc(sizeof(float) * (size_t)T * K), *p = malloc(sizeof(float) * E);
+        float *g = hk_normal(n, 2.0f), *u = hk_normal(n, 1.0f), *hr = malloc(sizeof(float) * n);
+        int *sel = malloc(sizeof(int) * (size_t)T * K);
+        CUdeviceptr ld = hk_up(lg, sizeof(float) * (size_t)T * E), sd = hk_up(NULL, 4 * (size_t)T * K), wd = hk_up(NULL, 4 * (size_t)T * K);
+        CUdeviceptr gd = hk_up(g, sizeof(float) * n), ud = hk_up(u, sizeof(float) * n), hd = hk_up(NULL, sizeof(float) * n);
+        CUdeviceptr hs = hk_up(NULL, 2 * GPU_MM_SPLITS * n), map = hk_up(NULL, 4 * gpu_moe_map_ints((long long)T * K, E));
+        CHECK(gpu_k_route(&hk.k, hk.s, ld, E, K, T, sd, wd, gd, ud, hd, (int)n, hs, map), "k_route: T = %d does not launch", T);
+        int32_t *gs = hk_down(sd, 4 * (size_t)T * K);
+        float *gw = hk_down(wd, 4 * (size_t)T * K), *gh = hk_down(hd, sizeof(float) * n);
+        int same = 1;
+        for (int t = 0; t < T; t++) {
+            memcpy(p, lg + (size_t)t * E, sizeof(float) * E);
+            ref_route(p, E, K, sel + (size_t)t * K, w + (size_t)t * K);
+            for (int k = 0; k < K; k++) same &= sel[(size_t)t * K + k] == gs[(size_t)t * K + k];
+        }
+        ref_silu_mul(g, u, hr, n);
+        // other experts: no bound holds; a wrong grouping: INFINITY (hk_map_err)
+        double err = same ? fmax(fmax(check_nerr(gw, w, (size_t)T * K), check_nerr(gh, hr, n)), hk_map_err(map, gs, T * K, E)) : INFINITY, us;
+        HK_TIME(us, gpu_k_route(&hk.k, hk.s, ld, E, K, T, sd, wd, gd, ud, hd, (int)n, hs, map));
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d, E %d top-%d, shared %d", T, E, K, SI);
+        hk_row("k_route", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * E + 8.0 * T * K + 12.0 * n + 12.0 * n / 2 + 4.0 * gpu_moe_map_ints((long long)T * K, E));
+        free(lg), free(w), free(p), free(g), free(u), free(hr), free(sel), free(gs), free(gw), free(gh);
+        hk_reset();
+    }
+}
+
 // The routed experts of one stored kind: k_moe_gate_up against ref_moe_gate_up and k_moe_down
 // against ref_moe_down, each expert over the (token, choice) pairs that chose it, as ref_moe
 // groups them; k_moe_down reads the GPU's own h, so each kernel is measured alone.
@@ -778,6 +813,7 @@ int main(void) {
     hk_norm();
     hk_linear();
     hk_router();
+    hk_route_fused();
     hk_experts(CK_W_PLANES);
     hk_experts(CK_W_NVFP4);
     hk_combine_silu();

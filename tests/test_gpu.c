@@ -458,7 +458,7 @@ static void kernel_misc(gpu_engine *g) {
     enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
     moet_err e = {{0}};
     arena plan = arena_measure("kernel test"), d;
-    for (int i = 0; i < 12; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
+    for (int i = 0; i < 20; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = H, .row_bytes = 2 * H}, "w");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = DV, .row_bytes = 2 * DV}, "w");
     if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -485,6 +485,50 @@ static void kernel_misc(gpu_engine *g) {
         CHECK(same, "k_router: the chosen experts differ from ref_route");
         CHECK(werr < 3e-7, "k_router: weight error %.3g", werr);
         printf("k_router [%d tokens, E %d, top-%d]: same experts, weights within %.2g of ref_route\n", T, E, KT, werr);
+        // k_route on the first GPU_ROUTE_T tokens: the bits of k_router, k_silu_mul (h and its
+        // parts) and k_moe_sort (the same items; each item's pairs the same set)
+        {
+            enum { TR = GPU_ROUTE_T, SI = 512, P = TR * KT };
+            size_t n = (size_t)TR * SI, mi = gpu_moe_map_ints(P, E);
+            float *gu = malloc(sizeof(float) * 2 * n);
+            for (size_t i = 0; i < 2 * n; i++) gu[i] = 2.0f * kt_normal();
+            CUdeviceptr gd = kt_dev(&d, gu, n), ud = kt_dev(&d, gu + n, n), h1 = kt_dev(&d, NULL, n), h2 = kt_dev(&d, NULL, n);
+            CUdeviceptr p1 = kt_dev(&d, NULL, 3 * n / 2), p2 = kt_dev(&d, NULL, 3 * n / 2), m1 = kt_dev(&d, NULL, mi), m2 = kt_dev(&d, NULL, mi);
+            CUdeviceptr s2 = kt_dev(&d, NULL, P), w2 = kt_dev(&d, NULL, P);
+            gpu_k_silu_mul(&g->k, g->compute, gd, ud, h1, (int)n, p1);
+            gpu_k_moe_sort(&g->k, g->compute, sd, P, E, m1);
+            int launched = gpu_k_route(&g->k, g->compute, ld, E, KT, TR, s2, w2, gd, ud, h2, (int)n, p2, m2);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            int32_t *gs2 = malloc(4 * P), *ma = malloc(4 * mi), *mb = malloc(4 * mi);
+            float *gw2 = malloc(4 * P), *ha = malloc(4 * n), *hb = malloc(4 * n);
+            uint16_t *pa = malloc(6 * n), *pb = malloc(6 * n);
+            CU_CHECK(cu.cuMemcpyDtoH(gs2, s2, 4 * P));
+            CU_CHECK(cu.cuMemcpyDtoH(gw2, w2, 4 * P));
+            CU_CHECK(cu.cuMemcpyDtoH(ha, h1, 4 * n));
+            CU_CHECK(cu.cuMemcpyDtoH(hb, h2, 4 * n));
+            CU_CHECK(cu.cuMemcpyDtoH(pa, p1, 6 * n));
+            CU_CHECK(cu.cuMemcpyDtoH(pb, p2, 6 * n));
+            CU_CHECK(cu.cuMemcpyDtoH(ma, m1, 4 * mi));
+            CU_CHECK(cu.cuMemcpyDtoH(mb, m2, 4 * mi));
+            int route_same = launched && !memcmp(gs2, gs, 4 * P) && !memcmp(gw2, gw, 4 * P);
+            int act_same = launched && !memcmp(ha, hb, 4 * n) && !memcmp(pa, pb, 6 * n);
+            int bound = gpu_moe_items_bound(P, E), map_same = launched && ma[0] == mb[0] && !memcmp(ma + 1, mb + 1, 4 * 3 * (size_t)ma[0]);
+            for (int i = 0; map_same && i < ma[0]; i++) {   // each item's pairs: the same set in any order
+                const int *it = ma + 1 + 3 * i, *qa = ma + 1 + 3 * bound + it[1], *qb = mb + 1 + 3 * bound + it[1];
+                for (int j = 0; j < it[2]; j++) {
+                    int found = 0;
+                    for (int k = 0; k < it[2]; k++) found |= qa[j] == qb[k];
+                    map_same &= found;
+                }
+            }
+            CHECK(launched, "k_route: a step of %d tokens did not launch", TR);
+            CHECK(route_same, "k_route: its choices or weights differ from k_router's bits");
+            CHECK(act_same, "k_route: the shared expert's h or its parts differ from k_silu_mul's bits");
+            CHECK(map_same, "k_route: its grouping differs from k_moe_sort's");
+            printf("k_route [%d tokens]: k_router's, k_silu_mul's and k_moe_sort's results %s\n", TR,
+                   route_same && act_same && map_same ? "bit for bit" : "DIFFER");
+            free(gu), free(gs2), free(ma), free(mb), free(gw2), free(ha), free(hb), free(pa), free(pb);
+        }
         free(lg), free(p);
     }
     // residual add + zero-centred RMSNorm

@@ -30,14 +30,23 @@ static const char *e2e_backend(void) {
 }
 static check_prop e2e_ran = {"every moet serve says on stderr that it ran on the backend asked for", 0, 0};
 
+// A run that must be refused before the backend starts: the text its stderr must hold instead of
+// the backend line (NULL: every other run).
+static const char *e2e_refused;
+
 // Reads the stderr a run left in file fe, (with MOET_E2E_LOG) copies it to ours, and checks the
-// backend line: "moet serve: backend gpu (" or "moet serve: backend cpu (--backend cpu)".
+// backend line: "moet serve: backend gpu (" or "moet serve: backend cpu (--backend cpu)"; or,
+// for a run that must be refused before it starts, e2e_refused.
 static void e2e_backend_ran(int fe) {
     static char log[1 << 20];
     lseek(fe, 0, SEEK_SET);
     ssize_t got = read(fe, log, sizeof log - 1);
     log[got > 0 ? got : 0] = 0;
     if (getenv("MOET_E2E_LOG")) fputs(log, stderr);
+    if (e2e_refused) {
+        CHECK(strstr(log, e2e_refused) != NULL, "stderr lacks the refusal \"%s\": %.2000s", e2e_refused, log);
+        return;
+    }
     char want[64];
     snprintf(want, sizeof want, "moet serve: backend %s (", e2e_backend());
     CHECK_PROP(&e2e_ran, strstr(log, want) != NULL, "stderr lacks \"%s\": %.2000s", want, log);
@@ -643,8 +652,10 @@ static void test_expert_cache(void) {
         at += (size_t)snprintf(input + at, sizeof input - at,
                                "{\"id\":\"c%d\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
                                "\"max_tokens\":24,\"return_token_ids\":true}\n", k, questions[k]);
-    if (e2e_on_gpu()) {
+    if (e2e_on_gpu()) {   // refused before anything is loaded, with the reason
+        e2e_refused = "--expert-cache-gb: the GPU backend holds every expert slot";
         CHECK(run_moet(input, pool) != 0, "the GPU backend refuses --expert-cache-gb");
+        e2e_refused = NULL;
         return;
     }
     static char held[3][2048];
