@@ -5,9 +5,10 @@
 //
 // The positions are cut into chunks of GPU_ATT_CHUNK by absolute position ([cC, cC + C) ∩ [0, p]).
 // A chunk's partial state (its max M, sum L and unnormalised output O over hd) is computed by one
-// block of GPU_ATT_WARPS (16) warps: warp w takes positions cC + w, cC + w + 16, … two at a time
-// (two independent dot products in flight) with an online softmax, and the sixteen warp states
-// merge in warp order (att_chunk). The chunks then fold in chunk order (att_fold), from chunk 0.
+// block of GPU_ATT_WARPS (16) warps: warp w takes positions cC + w, cC + w + 16, … with an online
+// softmax, four at a time where hd is 32 · a power of two (each lane eight contiguous dims at
+// hd 256, a K or V row one 16-byte load per lane for bf16: att_chunk_vec), else two at a time
+// (att_chunk_any), and the sixteen warp states merge in warp order (att_merge_warps). The chunks then fold in chunk order (att_fold), from chunk 0.
 // Two kernels do exactly that, with the same functions, so a token's bits do not depend on which
 // one ran or on the other tokens of the step:
 //   k_attention_*  (gpu_k_attention): grid (T, nh), block GPU_ATT_NT; each block walks its token's
@@ -22,11 +23,28 @@
 
 #define ATT_MAXD (GPU_ATT_MAX_HD / WARP)   // dims per lane
 
-// One chunk [lo, hi] of token t's positions for query head h: the block's sixteen warps merged in
-// warp order into Mc, Lc (returned to every thread) and oc[d] (shared, hd floats). q in registers
-// (qr: dims lane + 32i). Ends with a barrier: oc, ms, ls, accs may be reused after the caller's next one.
+// The sixteen warps' states (ms, ls, accs) merged in warp order into Mc, Lc and oc[hd].
+__device__ __forceinline__ void att_merge_warps(int hd, float *ms, float *ls, float (*accs)[GPU_ATT_MAX_HD], float *oc, float &Mc, float &Lc) {
+    __syncthreads();
+    float M = -INFINITY;
+    for (int i = 0; i < GPU_ATT_WARPS; i++) M = fmaxf(M, ms[i]);
+    float L = 0.f, f[GPU_ATT_WARPS];
+    for (int i = 0; i < GPU_ATT_WARPS; i++) {
+        f[i] = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);   // a warp with no position adds nothing
+        L += ls[i] * f[i];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+        for (int i = 0; i < GPU_ATT_WARPS; i++) o += accs[i][d] * f[i];
+        oc[d] = o;
+    }
+    Mc = M, Lc = L;
+    __syncthreads();
+}
+
+// att_chunk for any head dimension (qr: dims lane + 32i): each warp two positions per round.
 template <class KV>
-__device__ __forceinline__ void att_chunk(const float qr[ATT_MAXD], int lo, int hi, const int *__restrict__ btr, const typename KV::T *__restrict__ kc,
+__device__ __forceinline__ void att_chunk_any(const float qr[ATT_MAXD], int lo, int hi, const int *__restrict__ btr, const typename KV::T *__restrict__ kc,
                                           const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
                                           int kvd, int kvh, int j, int hd, float scale, float *ms, float *ls, float (*accs)[GPU_ATT_MAX_HD],
                                           float *oc, float &Mc, float &Lc) {
@@ -70,21 +88,122 @@ __device__ __forceinline__ void att_chunk(const float qr[ATT_MAXD], int lo, int 
         int d = lane + i * WARP;
         if (i < nd && d < hd) accs[w][d] = acc[i];
     }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int i = 0; i < GPU_ATT_WARPS; i++) M = fmaxf(M, ms[i]);
-    float L = 0.f, f[GPU_ATT_WARPS];
-    for (int i = 0; i < GPU_ATT_WARPS; i++) {
-        f[i] = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);   // a warp with no position adds nothing
-        L += ls[i] * f[i];
+    att_merge_warps(hd, ms, ls, accs, oc, Mc, Lc);
+}
+
+// Whether head dimension hd takes the vector form below: lane l holds dims [l·nd, l·nd + nd),
+// nd = hd / 32 a power of two up to ATT_MAXD (its K and V rows read 16 bytes at a time).
+__device__ __forceinline__ bool att_vec(int hd) {
+    const int nd = hd / WARP;
+    return hd % WARP == 0 && nd >= 1 && nd <= ATT_MAXD && (nd & (nd - 1)) == 0;
+}
+
+// ND consecutive elements of a K or V row at p (ND · sizeof(T) bytes, aligned to that up to 16),
+// as floats.
+template <class KV, int ND>
+__device__ __forceinline__ void att_row(const typename KV::T *__restrict__ p, float *out) {
+    typedef typename KV::T T;
+    constexpr int BYTES = ND * (int)sizeof(T);
+    if constexpr (BYTES >= 16) {
+        uint4 raw[BYTES / 16];
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) raw[i] = __ldg((const uint4 *)p + i);
+        const T *e = (const T *)raw;
+#pragma unroll
+        for (int i = 0; i < ND; i++) out[i] = KV::get(e[i]);
+    } else if constexpr (BYTES == 8) {
+        uint2 raw = __ldg((const uint2 *)p);
+        const T *e = (const T *)&raw;
+#pragma unroll
+        for (int i = 0; i < ND; i++) out[i] = KV::get(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < ND; i++) out[i] = KV::get(p[i]);
     }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-        for (int i = 0; i < GPU_ATT_WARPS; i++) o += accs[i][d] * f[i];
-        oc[d] = o;
+}
+
+// att_chunk_any for att_vec head dimensions (ND = hd / 32): each warp takes PW positions per
+// round (tau, tau + 16, …: its positions in the same order), their K and V rows requested
+// together, one rescale of the running state per round (PW · ND ≤ 32 floats of each in registers).
+template <class KV, int ND>
+__device__ __forceinline__ void att_chunk_vec(const float qr[ATT_MAXD], int lo, int hi, const int *__restrict__ btr,
+                                              const typename KV::T *__restrict__ kc, const typename KV::T *__restrict__ vc,
+                                              const float *__restrict__ ks, const float *__restrict__ vs, int kvd, int kvh, int j, int hd,
+                                              float scale, float *ms, float *ls, float (*accs)[GPU_ATT_MAX_HD]) {
+    constexpr int ATT_PW = ND <= 8 ? 4 : 2;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    for (int tau = lo + w; tau <= hi; tau += ATT_PW * GPU_ATT_WARPS) {
+        float kr[ATT_PW][ND], vr[ATT_PW][ND], s[ATT_PW], ksc[ATT_PW], vsc[ATT_PW];
+        bool on[ATT_PW];
+#pragma unroll
+        for (int u = 0; u < ATT_PW; u++) {
+            const int tp = tau + u * GPU_ATT_WARPS;
+            on[u] = tp <= hi;
+            const size_t b = kv_index(btr, on[u] ? tp : tau, kvd, j * hd) + (size_t)lane * ND;
+            att_row<KV, ND>(kc + b, kr[u]);
+            att_row<KV, ND>(vc + b, vr[u]);
+            ksc[u] = 1.f, vsc[u] = 1.f;
+            if (KV::scaled) {
+                const size_t si = kv_scale_index(btr, on[u] ? tp : tau, kvh, j);
+                ksc[u] = ks[si], vsc[u] = vs[si];
+            }
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < ATT_PW; u++) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < ND; i++) d += qr[i] * kr[u][i];
+            s[u] = warp_sum(d) * ksc[u] * scale;
+            if (on[u]) mn = fmaxf(mn, s[u]);
+        }
+        const float c = expf(m - mn);
+        float e[ATT_PW];
+        l = l * c;
+#pragma unroll
+        for (int u = 0; u < ATT_PW; u++) {
+            e[u] = on[u] ? expf(s[u] - mn) : 0.f;
+            l += e[u];
+            e[u] *= vsc[u];
+        }
+#pragma unroll
+        for (int i = 0; i < ND; i++) {
+            float a = acc[i] * c;
+#pragma unroll
+            for (int u = 0; u < ATT_PW; u++) a += e[u] * vr[u][i];
+            acc[i] = a;
+        }
+        m = mn;
     }
-    Mc = M, Lc = L;
-    __syncthreads();
+    if (lane == 0) { ms[w] = m; ls[w] = l; }
+#pragma unroll
+    for (int i = 0; i < ND; i++) accs[w][lane * ND + i] = acc[i];
+}
+
+// One chunk [lo, hi] of token t's positions for query head h: the block's sixteen warps merged in
+// warp order into Mc, Lc (returned to every thread) and oc[d] (shared, hd floats). q in registers
+// (att_q's layout for hd). Ends with a barrier: oc, ms, ls, accs may be reused after the caller's next one.
+template <class KV>
+__device__ __forceinline__ void att_chunk(const float qr[ATT_MAXD], int lo, int hi, const int *__restrict__ btr, const typename KV::T *__restrict__ kc,
+                                          const typename KV::T *__restrict__ vc, const float *__restrict__ ks, const float *__restrict__ vs,
+                                          int kvd, int kvh, int j, int hd, float scale, float *ms, float *ls, float (*accs)[GPU_ATT_MAX_HD],
+                                          float *oc, float &Mc, float &Lc) {
+    if (!att_vec(hd)) {
+        att_chunk_any<KV>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs, oc, Mc, Lc);
+        return;
+    }
+    switch (hd / WARP) {
+    case 1: att_chunk_vec<KV, 1>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
+    case 2: att_chunk_vec<KV, 2>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
+    case 4: att_chunk_vec<KV, 4>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
+    case 8: att_chunk_vec<KV, 8>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
+    default: att_chunk_vec<KV, 16>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
+    }
+    att_merge_warps(hd, ms, ls, accs, oc, Mc, Lc);
 }
 
 // Folds a chunk's state (Mc, Lc, oc) into the running one (M, L, o): rescaled to the larger max.
@@ -103,11 +222,13 @@ __device__ __forceinline__ void att_out(float *core, __nv_bfloat16 *xs, size_t i
 }
 
 // The query of token t, head h in registers.
+// (att_chunk's layouts: dims lane·nd + i where att_vec(hd), else lane + 32i).
 __device__ __forceinline__ void att_q(const float *q, int hd, float qr[ATT_MAXD]) {
     const int lane = threadIdx.x & 31, nd = (hd + WARP - 1) / WARP;
+    const bool vec = att_vec(hd);
 #pragma unroll
     for (int i = 0; i < ATT_MAXD; i++) {
-        int d = lane + i * WARP;
+        int d = vec ? lane * nd + i : lane + i * WARP;
         qr[i] = (i < nd && d < hd) ? q[d] : 0.f;
     }
 }
