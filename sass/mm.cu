@@ -7,8 +7,8 @@
 // Launch (gpu/launch.c: gpu_k_mm_split, gpu_k_mm): block GPU_MM_NT threads (GPU_MM_WARPS warps,
 // one slice of k each). k_mm_split: grid ceil(T·K / 4 / GPU_MM_NT), a thread per 4 elements.
 // gpu_k_mm picks the shape by T; every shape gives the same bits (the order depends on K alone):
-//   k_mm_v  T ≤ GPU_MM_TOK_V, the tokens' parts in dynamic shared memory: grid (runs of set.pad[0]
-//           row tiles of 16 per matrix), set.first[] in runs;
+//   k_mm_v  T ≤ GPU_MM_TOK_V, the weights' ring and the tokens' parts in dynamic shared memory:
+//           grid (runs of set.pad[0] row tiles of 16 per matrix), set.first[] in runs;
 //   k_mm_d  T ≤ 8: grid (Σ_i ceil(O_i / 16), ceil(T / 8)), one n-tile of 8 tokens, four 64-blocks
 //           of weights in flight per warp;
 //   k_mm_b  T ≤ GPU_MM_TOK_B: grid (Σ_i ceil(O_i / 16), ceil(T / 32)), four n-tiles;
@@ -77,8 +77,9 @@ MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 // k_mm_v (T ≤ GPU_MM_TOK_V): the tokens' parts are copied into shared memory once per block
 // (dynamic: GPU_MM_SPLITS·T·K bf16), then the block walks row tiles first[m] + set.pad[0]·(its
 // index within matrix m) onward (set.pad[0] tiles per block). Each thread copies its own weight
-// bytes of GPU_MM_RING_V (tile, 64-block) steps ahead into its own slots of a shared-memory ring
-// (cp.async: no registers held, the loop body one step long), across tile boundaries, so the
+// bytes of mm_cp_slots<KIND>::ring (tile, 64-block) steps ahead (six; three for BF16) into its
+// own slots of a ring of GPU_MM_RING_BYTES of shared memory (cp.async: no registers held, the
+// loop body one step long), across tile boundaries, so the
 // loads of the next tile are on their way while the warps' sums of this one meet in shared memory
 // (double-buffered: one barrier per tile). The same steps and order as mm_core: the same bits as
 // every other shape.
