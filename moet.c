@@ -3824,6 +3824,8 @@ static int cmd_serve(int argc, char **argv) {
         if (thinking < 0) thinking = 0;   // the demo model answers without a thinking block
     }
     if (thinking < 0) thinking = 1;
+    if (fl.expert_cache_gb > 0 && !planes)
+        return moet_usage_error("serve", serve_usage, "--expert-cache-gb needs --planes FILE (the cache holds the plane file's slots)");
     // signals: the first stops reading, the second cancels (poll and read return EINTR)
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -4036,6 +4038,8 @@ static int cmd_run(int argc, char **argv) {
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!fl.model || (!fl.ids == !fl.ids_file))
         return moet_usage_error("run", run_usage, "need --model DIR and exactly one of --ids LIST / --ids-file FILE");
+    if (fl.expert_cache_gb > 0 && !fl.planes)
+        return moet_usage_error("run", run_usage, "--expert-cache-gb needs --planes FILE (the cache holds the plane file's slots)");
     const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
     int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);

@@ -138,11 +138,12 @@ typedef struct pf_cache_s {
 // slots queued for the reader thread and those of them a step then used, and how well layer
 // l + 1's router on layer l's input guessed: of the experts layers ≥ 1 used, those it had named.
 // Only the thread that runs the steps writes them.
-static struct {
+typedef struct {
     uint64_t pool_slots, file_slots, hits, misses, bytes;
     double read_s;
     uint64_t prefetched, prefetch_used, guess_needed, guess_named;
-} pf_cache_stats;
+} pf_cache_counters;
+static pf_cache_counters pf_cache_stats;
 
 static void pf_cache_lock(pf_cache *c) {
     if (c->prefetch) pthread_mutex_lock(&c->mu);

@@ -14,7 +14,8 @@ typedef struct {
     moet_list batch;
     int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify;
     pf_serve_opts popt;
-    double host_margin_gb;
+    double host_margin_gb, expert_cache_gb;
+    const char *prefetch;
 } bench_opts;
 
 static const char bench_usage[] =
@@ -36,6 +37,10 @@ static const char bench_usage[] =
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                        memory plan leaves the host (default 4)\n"
+    "  --expert-cache-gb G   with --planes on the CPU: hold at most G GiB of expert slots, reading the\n"
+    "                        others from the file as they are used; each batch's decode then reports\n"
+    "                        the cache's hits, misses, bytes read, read GB/s and the time steps waited\n"
+    "  --expert-prefetch on|off  with --expert-cache-gb: a reader thread reads ahead (default on)\n"
     "  -h, --help            this text\n";
 
 static const moet_flag bench_flag_table[] = {
@@ -52,6 +57,8 @@ static const moet_flag bench_flag_table[] = {
     FLAG_SWITCH("--profile", bench_opts, profile),
     FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", bench_opts, host_margin_gb, 0, 1 << 20),
+    FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
+    FLAG_CHOICE("--expert-prefetch", bench_opts, prefetch, "on|off"),
 };
 
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
@@ -90,6 +97,44 @@ static int bench_step(engine_backend *be, int n, const int *slots, const int32_t
     return be->collect(be->self, &res, e);
 }
 
+// The expert cache (--expert-cache-gb, format/planes_model.c) over a batch's timed decode steps:
+// pool and file slots, hits and misses, bytes read (by the steps and the prefetch thread), what
+// that is per second of decode, the steps' milliseconds spent reading or waiting for a slot, the
+// slots prefetched and used, and of the experts layers ≥ 1 used those the next-layer guess named.
+typedef struct {
+    int on;
+    uint64_t pool, file, hits, misses, bytes, prefetched, prefetch_used, guess_needed, guess_named;
+    double read_gbs, wait_ms;
+} bench_cache;
+
+static bench_cache bench_cache_over(const pf_cache_counters *a, double seconds, int steps) {
+    bench_cache x = {0};
+    x.on = pf_cache_stats.pool_slots > 0;
+    x.pool = pf_cache_stats.pool_slots, x.file = pf_cache_stats.file_slots;
+    x.hits = pf_cache_stats.hits - a->hits, x.misses = pf_cache_stats.misses - a->misses, x.bytes = pf_cache_stats.bytes - a->bytes;
+    x.prefetched = pf_cache_stats.prefetched - a->prefetched, x.prefetch_used = pf_cache_stats.prefetch_used - a->prefetch_used;
+    x.guess_needed = pf_cache_stats.guess_needed - a->guess_needed, x.guess_named = pf_cache_stats.guess_named - a->guess_named;
+    x.read_gbs = seconds > 0 ? x.bytes / seconds / 1e9 : 0;
+    x.wait_ms = (pf_cache_stats.read_s - a->read_s) * 1e3 / (steps > 0 ? steps : 1);
+    return x;
+}
+
+static void bench_cache_json(js_writer *w, const bench_cache *x) {
+    js_w_key(w, "expert_cache"), js_w_obj(w);
+    js_w_key(w, "pool_slots"), js_w_num(w, (double)x->pool);
+    js_w_key(w, "file_slots"), js_w_num(w, (double)x->file);
+    js_w_key(w, "hits"), js_w_num(w, (double)x->hits);
+    js_w_key(w, "misses"), js_w_num(w, (double)x->misses);
+    js_w_key(w, "bytes_read"), js_w_num(w, (double)x->bytes);
+    js_w_key(w, "read_gbs"), js_w_num(w, round(x->read_gbs * 1e3) / 1e3);
+    js_w_key(w, "wait_ms_per_step"), js_w_num(w, round(x->wait_ms * 1e3) / 1e3);
+    js_w_key(w, "prefetched"), js_w_num(w, (double)x->prefetched);
+    js_w_key(w, "prefetch_used"), js_w_num(w, (double)x->prefetch_used);
+    js_w_key(w, "next_layer_used"), js_w_num(w, (double)x->guess_needed);
+    js_w_key(w, "next_layer_named"), js_w_num(w, (double)x->guess_named);
+    js_w_end_obj(w);
+}
+
 static int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -102,8 +147,11 @@ static int cmd_bench(int argc, char **argv) {
                         argv, &o);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!o.model) return moet_usage_error("bench", bench_usage, "need --model DIR");
+    if (o.expert_cache_gb > 0 && !o.planes)
+        return moet_usage_error("bench", bench_usage, "--expert-cache-gb needs --planes FILE (the cache holds the plane file's slots)");
     MOET_ASSERT(engine_kv_dtype(o.kv_dtype_name, &o.kv_dtype) == 0, "kv dtype %s", o.kv_dtype_name);
-    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, 0, 0};   // progress on stderr; every slot held
+    // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
+    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, !o.prefetch || strcmp(o.prefetch, "off")};
     if (o.depth < 0) o.depth = o.prompt;
     if (o.depth < o.prompt) { fprintf(stderr, "moet bench: --depth %d is shorter than --prompt %d\n", o.depth, o.prompt); return 2; }
     int maxB = 0;
@@ -196,8 +244,9 @@ static int cmd_bench(int argc, char **argv) {
         // decode: B tokens per step
         double t1 = 0, ts = 0;
         int n_st = 0;
+        pf_cache_counters xc0 = pf_cache_stats;   // the expert cache's counters at the timed steps' start
         for (int step = 0; step < o.gen + 2; step++) {
-            if (step == 2) t1 = moet_now();   // two warm-up steps
+            if (step == 2) t1 = moet_now(), xc0 = pf_cache_stats;   // two warm-up steps
             if (step > 2) step_t[n_st++] = moet_now() - ts;   // the step before this one, with its sampling
             ts = moet_now();
             for (int s = 0; s < B; s++) {
@@ -213,6 +262,7 @@ static int cmd_bench(int argc, char **argv) {
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
+        bench_cache xc = bench_cache_over(&xc0, dec_s, timed);
         // time per output token over the timed steps: median and 99th percentile (nearest rank)
         qsort(step_t, (size_t)n_st, sizeof(double), bench_cmp_double);
         double p50 = n_st ? step_t[(n_st - 1) / 2] : dec_s, p99 = n_st ? step_t[(int)ceil(0.99 * n_st) - 1] : dec_s;
@@ -253,6 +303,7 @@ static int cmd_bench(int argc, char **argv) {
             js_w_key(&w, "bytes_per_token"), js_w_num(&w, round(step_b / B));
             js_w_key(&w, "achieved_gbs"), js_w_num(&w, round(step_b / step_s / 1e8) / 10);
         }
+        if (xc.on) bench_cache_json(&w, &xc);
         js_w_end_obj(&w);
         fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, "
                         "p50 %.2f, p99 %.2f)", B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3,
@@ -260,6 +311,11 @@ static int cmd_bench(int argc, char **argv) {
         if (use_gpu)
             fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy (roofline %.0f tok/s)", step_b / 1e6, step_b / step_s / 1e9, copy_gbs,
                     B / (step_b / (copy_gbs * 1e9)));
+        if (xc.on)
+            fprintf(stderr, "; expert cache %" PRIu64 " of %" PRIu64 " slots: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %% hits), %.1f MB read "
+                            "(%.2f GB/s), %.2f ms/step waiting on reads",
+                    xc.pool, xc.file, xc.hits, xc.misses, 100.0 * xc.hits / (xc.hits + xc.misses > 0 ? (double)(xc.hits + xc.misses) : 1.0),
+                    xc.bytes / 1e6, xc.read_gbs, xc.wait_ms);
         fputc('\n', stderr);
         for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);

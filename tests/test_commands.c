@@ -352,6 +352,55 @@ static void test_bench_line(void) {
     js_free_doc(&d);
 }
 
+// moet bench --expert-cache-gb (the CPU reference reading a quarter of the demo's 64 slots): each
+// batch's line holds the cache over its timed steps, and its bytes are its reads (the steps'
+// misses and the prefetch thread's) times one slot's bytes, the same slot size in every batch;
+// without the flag no expert_cache; the flag without --planes is a usage error (bench, serve, run).
+static void test_bench_cache(void) {
+    char *bench[] = {"moet", "bench", "--model", DEMO, "--planes", PLANES, "--backend", "cpu", "--batch", "1,2", "--prompt", "4", "--gen", "6",
+                     "--expert-cache-gb", "0.000428", NULL};   // 16 of the demo's 64 slots of 28,672 bytes
+    int st = moet(bench, NULL, OUT_CAPTURE);
+    js_doc d;
+    moet_err e = {{0}};
+    char *line = strstr(r_out, "{\"object\":\"bench\"");
+    if (!exited(st, 0) || !line || js_load_doc(&d, line, strcspn(line, "\n"), "bench line", &e)) {
+        CHECK(0, "moet bench --expert-cache-gb: exit %d, %s%s %s", st, r_out, r_err, e.msg);
+        return;
+    }
+    const js_node *res = js_get(&d, js_root(&d), "results");
+    int n = 0, ok = res && res->type == JS_ARR;
+    double slot = 0;
+    for (const js_node *r = ok ? js_first(res) : NULL; ok && n < (int)res->len; r = js_next(&d, r), n++) {
+        const js_node *x = js_get(&d, r, "expert_cache");
+        double pool = 0, file = 0, hits = 0, misses = 0, bytes = 0, gbs = -1, wait = -1, pre = 0;
+        ok &= x && js_num(js_get(&d, x, "pool_slots"), &pool) == 0 && js_num(js_get(&d, x, "file_slots"), &file) == 0 &&
+              js_num(js_get(&d, x, "hits"), &hits) == 0 && js_num(js_get(&d, x, "misses"), &misses) == 0 &&
+              js_num(js_get(&d, x, "bytes_read"), &bytes) == 0 && js_num(js_get(&d, x, "read_gbs"), &gbs) == 0 &&
+              js_num(js_get(&d, x, "wait_ms_per_step"), &wait) == 0 && js_num(js_get(&d, x, "prefetched"), &pre) == 0;
+        ok &= pool == 16 && file == 64 && hits + misses > 0 && gbs >= 0 && wait >= 0 && (bytes > 0) == (gbs > 0);
+        if (ok && misses + pre > 0) {
+            double s1 = bytes / (misses + pre);
+            ok &= s1 == floor(s1) && s1 > 0 && s1 <= 28672 && (slot == 0 || s1 == slot);
+            slot = s1;
+        }
+    }
+    CHECK(ok && n == 2, "moet bench --expert-cache-gb: each batch's expert_cache: %s", line);
+    js_free_doc(&d);
+    char *plain[] = {"moet", "bench", "--model", DEMO, "--planes", PLANES, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3", NULL};
+    st = moet(plain, NULL, OUT_CAPTURE);
+    CHECK(exited(st, 0) && strstr(r_out, "\"object\":\"bench\"") && !strstr(r_out, "expert_cache"), "moet bench without a cache: %s%s", r_out,
+          r_err);
+    char *nb[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--expert-cache-gb", "1", NULL};
+    char *ns[] = {"moet", "serve", "--model", DEMO, "--backend", "cpu", "--expert-cache-gb", "1", NULL};
+    char *nr[] = {"moet", "run", "--model", DEMO, "--backend", "cpu", "--ids", "1,2", "--expert-cache-gb", "1", NULL};
+    char *const *no[3] = {nb, ns, nr};
+    for (int k = 0; k < 3; k++) {
+        st = moet(no[k], "", OUT_CAPTURE);
+        CHECK(exited(st, 2) && strstr(r_err, "--expert-cache-gb needs --planes"), "moet %s --expert-cache-gb without --planes: %#x %s", no[k][1], st,
+              r_err);
+    }
+}
+
 // 5. A UTF-8 byte order mark at the start of a line is skipped by every line reader.
 static void test_bom(void) {
     char *tkz[] = {"moet", "tokenize", "--tokenizer", DEMO, NULL};
@@ -886,6 +935,7 @@ int main(void) {
     test_stdout_fails();
     test_model_name();
     test_bench_line();
+    test_bench_cache();
     test_bom();
     test_numbers();
     test_tool_arguments();
