@@ -167,6 +167,11 @@ static int cmd_bench(int argc, char **argv) {
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;
+    if (o.profile && !use_gpu) {   // nothing to time kernel by kernel: say so rather than print nothing
+        fprintf(stderr, "moet bench: --profile times the GPU's kernels; this run is on the CPU reference\n");
+        rc = 2;
+        goto out;
+    }
     gpu_engine *gp = use_gpu ? &E.g.g : NULL;
     if (use_gpu) copy_gbs = bench_copy_gbs(gp);
     int32_t *ids = arena_sys_alloc(sizeof(int32_t) * (size_t)Tm, "bench ids");

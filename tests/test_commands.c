@@ -355,7 +355,8 @@ static void test_bench_line(void) {
 // moet bench --expert-cache-gb (the CPU reference reading a quarter of the demo's 64 slots): each
 // batch's line holds the cache over its timed steps, and its bytes are its reads (the steps'
 // misses and the prefetch thread's) times one slot's bytes, the same slot size in every batch;
-// without the flag no expert_cache; the flag without --planes is a usage error (bench, serve, run).
+// without the flag no expert_cache; the flag without --planes is a usage error (bench, serve, run);
+// --profile on the CPU reference is refused (it has no kernels to time).
 static void test_bench_cache(void) {
     char *bench[] = {"moet", "bench", "--model", DEMO, "--planes", PLANES, "--backend", "cpu", "--batch", "1,2", "--prompt", "4", "--gen", "6",
                      "--expert-cache-gb", "0.000428", NULL};   // 16 of the demo's 64 slots of 28,672 bytes
@@ -393,6 +394,10 @@ static void test_bench_cache(void) {
     char *nb[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--expert-cache-gb", "1", NULL};
     char *ns[] = {"moet", "serve", "--model", DEMO, "--backend", "cpu", "--expert-cache-gb", "1", NULL};
     char *nr[] = {"moet", "run", "--model", DEMO, "--backend", "cpu", "--ids", "1,2", "--expert-cache-gb", "1", NULL};
+    char *pr[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--profile", "--batch", "1", "--prompt", "4", "--gen", "3", NULL};
+    st = moet(pr, NULL, OUT_CAPTURE);
+    CHECK(exited(st, 2) && strstr(r_err, "--profile times the GPU's kernels") && !strstr(r_out, "\"object\""),
+          "moet bench --profile on the CPU: %#x %s%s", st, r_out, r_err);
     char *const *no[3] = {nb, ns, nr};
     for (int k = 0; k < 3; k++) {
         st = moet(no[k], "", OUT_CAPTURE);
