@@ -48,7 +48,8 @@ static size_t gpu_gdn_chunk_smem(int dk) {
                             (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
 }
 
-// Dynamic shared memory of k_gdn_rule for key heads of dk: S [dk, GPU_GDN_VC], q and k [dk] (f32).
+// Dynamic shared memory of k_gdn_rule for key heads of dk, per warp: q and k [dk], and S [dk,
+// GPU_GDN_VC] unless the state is in registers (GPU_GDN_RULE_REGS) (f32).
 static size_t gpu_gdn_rule_smem(int dk) {
     return sizeof(float) * GPU_GDN_RULE_W * ((GPU_GDN_RULE_REGS(dk) ? 0 : (size_t)dk * GPU_GDN_VC) + 2 * (size_t)dk);
 }

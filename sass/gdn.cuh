@@ -16,13 +16,11 @@ __device__ __forceinline__ void gdn_gates(float b, float a, float Aexp, float dt
     *g = -Aexp * sp;
 }
 
-// One token, recurrent form, by the calling warp (lane = value column v0 + lane):
-//   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
-//   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
-// S [dk, GPU_GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
-// vt: this lane's value (0 for a column past dv). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
-__device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
-                                           float vt, float beta, float g, float qscale, int lane) {
+// The token's q and k of key head hk into qs, ks [dk] (shared), and the factors that normalise
+// them: q̂ = q · rq (with 1/sqrt(dk)), k̂ = k · rk; lane-strided sums, then warp_sum (GPU_GDN_VC
+// lanes), the same order in both forms of the rule. CPU twin: ref_gdn_qk_norm.
+__device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *row, int key_dim, int hk, int dk, float qscale, int lane,
+                                            float *rq, float *rk) {
     float sq = 0.f, sk = 0.f;
     for (int d = lane; d < dk; d += GPU_GDN_VC) {
         float qv = row[hk * dk + d], kv = row[key_dim + hk * dk + d];
@@ -33,8 +31,19 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
-    float rq = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sq, 1e-6f))), qscale);
-    float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+    *rq = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sq, 1e-6f))), qscale);
+    *rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+}
+
+// One token, recurrent form, by the calling warp (lane = value column v0 + lane):
+//   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
+//   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
+// S [dk, GPU_GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
+// vt: this lane's value (0 for a column past dv). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
+__device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
+                                           float vt, float beta, float g, float qscale, int lane) {
+    float rq, rk;
+    gdn_qk_norm(qs, ks, row, key_dim, hk, dk, qscale, lane, &rq, &rk);
     __syncwarp();
     float decay = expf(g);
     float kS = 0.f;
@@ -59,18 +68,8 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
 template <int DK>
 __device__ __forceinline__ float gdn_token_regs(float (&S)[DK], float *qs, float *ks, const float *row, int key_dim, int hk, float vt, float beta,
                                                 float g, float qscale, int lane) {
-    float sq = 0.f, sk = 0.f;
-    for (int d = lane; d < DK; d += GPU_GDN_VC) {
-        float qv = row[hk * DK + d], kv = row[key_dim + hk * DK + d];
-        qs[d] = qv;
-        ks[d] = kv;
-        sq = __fmaf_rn(qv, qv, sq);
-        sk = __fmaf_rn(kv, kv, sk);
-    }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    float rq = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sq, 1e-6f))), qscale);
-    float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+    float rq, rk;
+    gdn_qk_norm(qs, ks, row, key_dim, hk, DK, qscale, lane, &rq, &rk);
     // q̂ and k̂ in place, each lane its own elements (the products gdn_token forms at each use);
     // read back through volatile so that the compiler keeps none of the 2·DK in registers
     for (int d = lane; d < DK; d += GPU_GDN_VC) qs[d] = __fmul_rn(qs[d], rq), ks[d] = __fmul_rn(ks[d], rk);

@@ -420,7 +420,9 @@ static void hk_route_fused(void) {
         HK_TIME(us, gpu_k_route(&hk.k, hk.s, ld, E, K, T, sd, wd, gd, ud, hd, (int)n, hs, map));
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d, E %d top-%d, shared %d", T, E, K, SI);
-        hk_row("k_route", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * E + 8.0 * T * K + 12.0 * n + 12.0 * n / 2 + 4.0 * gpu_moe_map_ints((long long)T * K, E));
+        // logits read, sel and selw written; g and u read, h written (12 bytes an element) and its three
+        // bf16 parts (6); the map written
+        hk_row("k_route", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * E + 8.0 * T * K + 18.0 * n + 4.0 * gpu_moe_map_ints((long long)T * K, E));
         free(lg), free(w), free(p), free(g), free(u), free(hr), free(sel), free(gs), free(gw), free(gh);
         hk_reset();
     }

@@ -330,19 +330,31 @@ static void test_model_name(void) {
 
 // moet bench's line: each batch's time per output token as a median and a 99th percentile of
 // the timed steps (nearest rank), p50 <= mean-consistent <= p99, on the CPU backend.
+// Runs moet bench ARGV and loads its result line into d: its "results" array (d to be freed), or
+// NULL (a failed check said why; nothing to free).
+static const js_node *bench_results(char *const *argv, js_doc *d, const char **line) {
+    int st = moet(argv, NULL, OUT_CAPTURE);
+    moet_err e = {{0}};
+    *line = strstr(r_out, "{\"object\":\"bench\"");
+    if (!exited(st, 0) || !*line || js_load_doc(d, *line, strcspn(*line, "\n"), "bench line", &e)) {
+        CHECK(0, "moet bench %s: exit %d, %s%s %s", argv[4], st, r_out, r_err, e.msg);
+        return NULL;
+    }
+    const js_node *res = js_get(d, js_root(d), "results");
+    if (res && res->type == JS_ARR) return res;
+    CHECK(0, "moet bench: no results array: %s", *line);
+    js_free_doc(d);
+    return NULL;
+}
+
 static void test_bench_line(void) {
     char *bench[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "4", "--gen", "12", NULL};
-    int st = moet(bench, NULL, OUT_CAPTURE);
     js_doc d;
-    moet_err e = {{0}};
-    char *line = strstr(r_out, "{\"object\":\"bench\"");
-    if (!exited(st, 0) || !line || js_load_doc(&d, line, strcspn(line, "\n"), "bench line", &e)) {
-        CHECK(0, "moet bench: exit %d, %s%s %s", st, r_out, r_err, e.msg);
-        return;
-    }
-    const js_node *res = js_get(&d, js_root(&d), "results");
-    int n = 0, ok = res && res->type == JS_ARR;
-    for (const js_node *r = ok ? js_first(res) : NULL; ok && n < (int)res->len; r = js_next(&d, r), n++) {
+    const char *line;
+    const js_node *res = bench_results(bench, &d, &line);
+    if (!res) return;
+    int n = 0, ok = 1;
+    for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
         double mean = NAN, p50 = NAN, p99 = NAN;
         ok &= js_num(js_get(&d, r, "step_ms"), &mean) == 0 && js_num(js_get(&d, r, "step_ms_p50"), &p50) == 0 &&
               js_num(js_get(&d, r, "step_ms_p99"), &p99) == 0;
@@ -360,18 +372,13 @@ static void test_bench_line(void) {
 static void test_bench_cache(void) {
     char *bench[] = {"moet", "bench", "--model", DEMO, "--planes", PLANES, "--backend", "cpu", "--batch", "1,2", "--prompt", "4", "--gen", "6",
                      "--expert-cache-gb", "0.000428", NULL};   // 16 of the demo's 64 slots of 28,672 bytes
-    int st = moet(bench, NULL, OUT_CAPTURE);
     js_doc d;
-    moet_err e = {{0}};
-    char *line = strstr(r_out, "{\"object\":\"bench\"");
-    if (!exited(st, 0) || !line || js_load_doc(&d, line, strcspn(line, "\n"), "bench line", &e)) {
-        CHECK(0, "moet bench --expert-cache-gb: exit %d, %s%s %s", st, r_out, r_err, e.msg);
-        return;
-    }
-    const js_node *res = js_get(&d, js_root(&d), "results");
-    int n = 0, ok = res && res->type == JS_ARR;
+    const char *line;
+    const js_node *res = bench_results(bench, &d, &line);
+    if (!res) return;
+    int n = 0, ok = 1;
     double slot = 0;
-    for (const js_node *r = ok ? js_first(res) : NULL; ok && n < (int)res->len; r = js_next(&d, r), n++) {
+    for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
         const js_node *x = js_get(&d, r, "expert_cache");
         double pool = 0, file = 0, hits = 0, misses = 0, bytes = 0, gbs = -1, wait = -1, pre = 0;
         ok &= x && js_num(js_get(&d, x, "pool_slots"), &pool) == 0 && js_num(js_get(&d, x, "file_slots"), &file) == 0 &&
@@ -388,7 +395,7 @@ static void test_bench_cache(void) {
     CHECK(ok && n == 2, "moet bench --expert-cache-gb: each batch's expert_cache: %s", line);
     js_free_doc(&d);
     char *plain[] = {"moet", "bench", "--model", DEMO, "--planes", PLANES, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3", NULL};
-    st = moet(plain, NULL, OUT_CAPTURE);
+    int st = moet(plain, NULL, OUT_CAPTURE);
     CHECK(exited(st, 0) && strstr(r_out, "\"object\":\"bench\"") && !strstr(r_out, "expert_cache"), "moet bench without a cache: %s%s", r_out,
           r_err);
     char *nb[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--expert-cache-gb", "1", NULL};
