@@ -90,10 +90,15 @@ static double bench_copy_gbs(gpu_engine *g) {
 }
 
 // One step through the backend interface, waited for (launch + collect): what serving does.
-static int bench_step(engine_backend *be, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, moet_err *e) {
+// *launch_s (if not NULL) += the seconds the host spent queueing the step (be->launch): next to
+// the step's time, how much of it the host's launches take.
+static int bench_step(engine_backend *be, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, double *launch_s,
+                      moet_err *e) {
     engine_step st = {n, slots, ids, off, want};
     engine_result res;
+    double t = moet_now();
     if (be->launch(be->self, &st, e)) return -1;
+    if (launch_s) *launch_s += moet_now() - t;
     return be->collect(be->self, &res, e);
 }
 
@@ -232,7 +237,7 @@ static int cmd_bench(int argc, char **argv) {
                     off[n] = T;
                 }
                 if (!n) break;
-                if (bench_step(be, n, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                if (bench_step(be, n, slots, ids, off, want, NULL, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
                 if (use_gpu && gp->k.prof) gpu_prof_collect(&gp->k), psteps++;
             }
             if (phase == 0) {
@@ -247,7 +252,7 @@ static int cmd_bench(int argc, char **argv) {
         }
         double prefill_s = t0;
         // decode: B tokens per step
-        double t1 = 0, ts = 0;
+        double t1 = 0, ts = 0, launch_s = 0;
         int n_st = 0;
         pf_cache_counters xc0 = pf_cache_stats;   // the expert cache's counters at the timed steps' start
         for (int step = 0; step < o.gen + 2; step++) {
@@ -263,7 +268,10 @@ static int cmd_bench(int argc, char **argv) {
             }
             off[B] = B;
             if (step >= o.gen) break;
-            if (bench_step(be, B, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+            if (bench_step(be, B, slots, ids, off, want, step >= 2 ? &launch_s : NULL, &e)) {
+                fprintf(stderr, "moet bench: %s\n", e.msg);
+                goto out;
+            }
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
@@ -275,7 +283,7 @@ static int cmd_bench(int argc, char **argv) {
             gpu_prof_start(&gp->k);
             int steps = 4;
             for (int step = 0; step < steps; step++) {
-                if (bench_step(be, B, slots, ids, off, want, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                if (bench_step(be, B, slots, ids, off, want, NULL, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
                 gpu_prof_collect(&gp->k);
             }
             gp->k.prof = 0;
@@ -301,6 +309,7 @@ static int cmd_bench(int argc, char **argv) {
         js_w_key(&w, "step_ms"), js_w_num(&w, round(step_s * 1e6) / 1e3);
         js_w_key(&w, "step_ms_p50"), js_w_num(&w, round(p50 * 1e6) / 1e3);
         js_w_key(&w, "step_ms_p99"), js_w_num(&w, round(p99 * 1e6) / 1e3);
+        js_w_key(&w, "launch_ms"), js_w_num(&w, round(launch_s / timed * 1e6) / 1e3);   // the host's queueing per step
         if (use_gpu) {
             // what the same bytes would give at the copy bandwidth measured in this run
             js_w_key(&w, "roofline_tok_s"), js_w_num(&w, round(B / (step_b / (copy_gbs * 1e9)) * 10) / 10);
@@ -311,8 +320,8 @@ static int cmd_bench(int argc, char **argv) {
         if (xc.on) bench_cache_json(&w, &xc);
         js_w_end_obj(&w);
         fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, "
-                        "p50 %.2f, p99 %.2f)", B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3,
-                p50 * 1e3, p99 * 1e3);
+                        "p50 %.2f, p99 %.2f; the host queues a step in %.2f ms)", B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3,
+                p50 * 1e3, p99 * 1e3, launch_s / timed * 1e3);
         if (use_gpu)
             fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy (roofline %.0f tok/s)", step_b / 1e6, step_b / step_s / 1e9, copy_gbs,
                     B / (step_b / (copy_gbs * 1e9)));

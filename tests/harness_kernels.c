@@ -5,7 +5,8 @@
 // share of the device-to-device copy bandwidth measured in the same run.
 //
 // `./build.sh harness` builds and runs it on a machine with an NVIDIA GPU; the exit status is 1
-// when an error is past its bound (or there is no GPU).
+// when an error is past its bound (or there is no GPU). HK_ONLY=linear,experts (a comma-separated
+// list of embed, norm, linear, router, experts, combine, gdn, attention) runs those sections only.
 //
 // Shapes: tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json (H 2048; attention 16 query
 // heads over 2 KV heads of 256, 64 rotary dims; GDN 16 key / 32 value heads of 128, conv 4; 256
@@ -20,8 +21,10 @@
 // several items of one expert).
 //
 // Timing: HK_WARM launches, then HK_REPS launches each between two events on the stream, each
-// after a 256 MiB memset that leaves nothing of the data in L2 (a decode step reads its weights
-// once, never from a warm cache); the median. Bytes: what the kernel must move at least — every
+// after a read of 256 MiB (a k_mm product over a matrix of zeros) that leaves nothing of the data
+// in L2 (a decode step reads its weights once, never from a warm cache) and nothing dirty there
+// (a memset leaves ~60 MB of lines to write back while the next kernel reads: on the H200 the
+// 64 MiB FP8 stream below took 41.9 µs after a memset, 39.8 µs after the read); the median. Bytes: what the kernel must move at least — every
 // input read once, every output written once; of the routed experts, the weights (with scales)
 // of the distinct experts chosen. The copy bandwidth counts a copy's bytes read plus written.
 #ifndef MOET_TEST
@@ -33,7 +36,8 @@
 
 #define HK_WARM 3
 #define HK_REPS 15
-#define HK_FLUSH ((size_t)256 << 20)      // bytes memset before each timed launch (H200 L2: 60 MiB)
+#define HK_FLUSH_ROWS 65536                // the flush matrix: FP8 [65,536, 4,096], 256 MiB read before each
+#define HK_FLUSH_K 4096                    // timed launch (H200 L2: 60 MiB)
 #define HK_SCRATCH ((size_t)2304 << 20)   // device bytes of one section's buffers
 #define HK_CONFIG "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json"
 
@@ -65,7 +69,9 @@ static struct {
     gpu_kernels k;
     CUstream s;
     CUevent ev[HK_REPS][2];
-    arena flush, d;          // the L2 flush buffer; one section's device buffers (reset per section)
+    arena flush, d;          // the L2 flush buffers; one section's device buffers (reset per section)
+    gpu_lin_set flush_set;   // the flush matrix of zeros, its output
+    CUdeviceptr flush_xs;    // its input's parts (zeros)
     double copy_gbs;         // device-to-device copy, bytes read + written per second / 1e9
     ck_model m;              // the config alone: the twins read their dimensions from it
     ref_engine r;            // the twins' engine: matrix products on every core, rotary frequencies, KV rounding
@@ -139,7 +145,7 @@ static double hk_median_us(void) {
     do {                                                                                       \
         for (int w_ = 0; w_ < HK_WARM; w_++) { __VA_ARGS__; }                                  \
         for (int r_ = 0; r_ < HK_REPS; r_++) {                                                 \
-            CU_CHECK(cu.cuMemsetD8Async((uintptr_t)hk.flush.base, (unsigned char)r_, HK_FLUSH, hk.s)); \
+            gpu_k_mm(&hk.k, hk.s, &hk.flush_set, hk.flush_xs, 1);                              \
             CU_CHECK(cu.cuEventRecord(hk.ev[r_][0], hk.s));                                    \
             __VA_ARGS__;                                                                       \
             CU_CHECK(cu.cuEventRecord(hk.ev[r_][1], hk.s));                                    \
@@ -295,6 +301,10 @@ static void hk_linear(void) {
         {"router|shared g|u|gate", 4, 512, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {c->n_experts, c->shared_inter, c->shared_inter, 1}, H},
         {"shared down", 1, 512, {CK_W_NVFP4}, {H}, c->shared_inter},
         {"lm_head", 1, 1, {CK_W_NVFP4}, {c->vocab}, H},
+        // long streams of one format (64 MiB of FP8, 64 MiB of BF16): a kernel's rate once its
+        // start and end no longer count
+        {"stream", 1, 4, {CK_W_FP8}, {32768}, H},
+        {"stream", 1, 4, {CK_W_BF16}, {16384}, H},
     };
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         int n = sets[si].n, K = sets[si].cols;
@@ -785,6 +795,16 @@ static void hk_attention(int kv) {
     hk_reset();
 }
 
+// Whether section `name` runs: every one, or those HK_ONLY (a comma-separated list) names.
+static int hk_want(const char *name) {
+    const char *only = getenv("HK_ONLY");
+    if (!only || !*only) return 1;
+    size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)); p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
 int main(void) {
     moet_err e = {{0}};
     if (gpu_open(&hk.dev, &e)) {
@@ -804,27 +824,42 @@ int main(void) {
     CU_CHECK(cu.cuStreamCreate(&hk.s, GPU_STREAM_NON_BLOCKING));
     for (int i = 0; i < HK_REPS; i++)
         for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&hk.ev[i][j], 0));
-    if (arena_init_kind(&hk.flush, "L2 flush", ARENA_DEVICE, HK_FLUSH, &e) || arena_init_kind(&hk.d, "harness", ARENA_DEVICE, HK_SCRATCH, &e))
+    size_t fw = (size_t)HK_FLUSH_ROWS * HK_FLUSH_K, fx = (size_t)2 * GPU_MM_SPLITS * HK_FLUSH_K, fy = sizeof(float) * HK_FLUSH_ROWS;
+    if (arena_init_kind(&hk.flush, "L2 flush", ARENA_DEVICE, fw + fx + fy + 1024, &e) ||
+        arena_init_kind(&hk.d, "harness", ARENA_DEVICE, HK_SCRATCH, &e))
         moet_die("%s", e.msg);
+    {   // the flush: y = W x over FP8 zeros (all written once here: nothing dirty is left by the reads)
+        CUdeviceptr fb = (uintptr_t)arena_take(&hk.flush, fw, 256, "flush matrix");
+        hk.flush_xs = (uintptr_t)arena_take(&hk.flush, fx, 256, "flush input");
+        CUdeviceptr fyd = (uintptr_t)arena_take(&hk.flush, fy, 256, "flush output");
+        CU_CHECK(cu.cuMemsetD8(fb, 0, fw));
+        CU_CHECK(cu.cuMemsetD8(hk.flush_xs, 0, fx));
+        memset(&hk.flush_set, 0, sizeof hk.flush_set);
+        hk.flush_set.n = 1;
+        hk.flush_set.W[0] = (gpu_mat){.w = fb, .row_bytes = HK_FLUSH_K, .kind = GPU_W_FP8, .rows = HK_FLUSH_ROWS, .cols = HK_FLUSH_K, .s = 1.f};
+        hk.flush_set.y[0] = fyd, hk.flush_set.ldy[0] = HK_FLUSH_ROWS;
+        CU_CHECK(cu.cuCtxSynchronize());
+    }
     printf("Qwen3.6-35B-A3B shapes (%s): H %d, attention %d/%d heads of %d, GDN %d/%d heads of %d, %d experts top-%d of %d, vocab %d; "
            "median of %d launches, L2 flushed before each\n",
            HK_CONFIG, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->lk_heads, c->lv_heads, c->lk_dim, c->n_experts, c->topk,
            c->inter, c->vocab, HK_REPS);
     hk_copy();
-    hk_embed();
-    hk_norm();
-    hk_linear();
-    hk_router();
-    hk_route_fused();
-    hk_experts(CK_W_PLANES);
-    hk_experts(CK_W_NVFP4);
-    hk_combine_silu();
-    hk_gdn_conv();
-    hk_gdn_rule(K_GDN_RULE, 1);
-    hk_gdn_rule(K_GDN_RULE, 512);
-    hk_gdn_rule(K_GDN_CHUNK, 512);
-    hk_gated_norm();
-    for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) hk_attention(kv);
+    if (hk_want("embed")) hk_embed();
+    if (hk_want("norm")) hk_norm();
+    if (hk_want("linear")) hk_linear();
+    if (hk_want("router")) hk_router(), hk_route_fused();
+    if (hk_want("experts")) hk_experts(CK_W_PLANES), hk_experts(CK_W_NVFP4);
+    if (hk_want("combine")) hk_combine_silu();
+    if (hk_want("gdn")) {
+        hk_gdn_conv();
+        hk_gdn_rule(K_GDN_RULE, 1);
+        hk_gdn_rule(K_GDN_RULE, 512);
+        hk_gdn_rule(K_GDN_CHUNK, 512);
+        hk_gated_norm();
+    }
+    if (hk_want("attention"))
+        for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) hk_attention(kv);
     ref_free(&hk.r);
     arena_release(&hk.d);
     arena_release(&hk.flush);
