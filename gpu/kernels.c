@@ -30,6 +30,7 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
     X(K_ATTENTION_BF16, "k_attention_bf16") X(K_ATTENTION_FP8, "k_attention_fp8")                         \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_PART_BF16, "k_attn_part_bf16")                         \
     X(K_ATTN_PART_FP8, "k_attn_part_fp8") X(K_ATTN_MERGE, "k_attn_merge")                                 \
+    X(K_FA, "k_fa")                                                                                       \
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p")              \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_P, "k_moe_dn_p")
@@ -52,6 +53,14 @@ static size_t gpu_gdn_chunk_smem(int dk) {
 // GPU_GDN_VC] unless the state is in registers (GPU_GDN_RULE_REGS) (f32).
 static size_t gpu_gdn_rule_smem(int dk) {
     return sizeof(float) * GPU_GDN_RULE_W * ((GPU_GDN_RULE_REGS(dk) ? 0 : (size_t)dk * GPU_GDN_VC) + 2 * (size_t)dk);
+}
+
+// Dynamic shared memory of k_fa with nq tiles of 16 query rows (the walk: one per
+// GPU_FA_WALK_SPLIT warps; the split: one) for heads of hd (sass/flash.cu: fa_smem): the queries
+// [nq][16][hd] in three bf16 parts, a tile of keys and one of values [GPU_FA_KT][hd] bf16, their
+// fp8 scales [2][GPU_FA_KT] and each row tile's scores [nq][16][GPU_FA_KT] f32.
+static size_t gpu_fa_smem(int nq, int hd) {
+    return 3 * 2 * (size_t)nq * 16 * hd + 2 * 2 * (size_t)GPU_FA_KT * hd + sizeof(float) * (2 + 16 * (size_t)nq) * GPU_FA_KT;
 }
 
 // The dynamic shared memory a launch may ask for until the kernel opts in to more

@@ -288,7 +288,7 @@ static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                            long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows) {
     MOET_ASSERT(Kc >= 1 && Kc <= GPU_CONV_MAX_K && w.rows == cd && w.cols == Kc, "k_gdn_conv: a conv of %d taps over %d channels (weight [%d, %d]; "
                 "at most %d taps)", Kc, cd, w.rows, w.cols, GPU_CONV_MAX_K);
-    gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, GPU_CONV_NT), n_rows, 1, "(blocks of channels, rows, 1)"}, GPU_CONV_NT, 0, s,
+    gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, 32), n_rows, 1, "(blocks of 32 channels, rows, 1)"}, GPU_CONV_NT, 0, s,
                GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len));
 }
 
@@ -354,12 +354,39 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
                         &eps));
 }
 
+// Whether attention over a cache of kv_dtype with these heads runs on the tensor cores
+// (sass/flash.cu: bf16 and fp8 caches, hd of 32, 64 or 256, at most 16 query heads per KV
+// head, the split form's shared memory within the device's): then both the walking and the
+// split form do, so a token's bits never depend on which of the two ran. Returns the warps per
+// block the walking form takes (the most, up to GPU_FA_WALK_W, whose shared memory fits), else 0.
+static int gpu_fa_warps(gpu_kernels *k, int kv_dtype, int nh, int kvh, int hd) {
+    if (kv_dtype == GPU_KV_F32 || !(hd == 32 || hd == 64 || hd == 256) || nh / kvh > 16 || gpu_fa_smem(1, hd) > (size_t)k->smem_optin) return 0;
+    int nw = GPU_FA_WALK_W;
+    while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) > (size_t)k->smem_optin) nw /= 2;
+    return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) <= (size_t)k->smem_optin ? nw : 0;
+}
+
+// Opts kernel fn in to bytes of dynamic shared memory where the default is less.
+static void gpu_fa_room(gpu_kernels *k, int fn, size_t bytes) {
+    if (bytes > (size_t)k->smem_max[fn]) gpu_kernel_smem(k, fn, (size_t)k->smem_optin);
+}
+
 // Each of the T tokens' queries over its sequence's cache up to its position, gated
-// (sass/attention.cu): core [T, nh·hd]. Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd).
+// (sass/attention.cu, or sass/flash.cu where gpu_fa_warps says): core [T, nh·hd]. Arguments as
+// gpu_k_attn_prep's; scale = 1/sqrt(hd).
 static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
                             int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T) {
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
+    int nw = gpu_fa_warps(k, kv_dtype, nh, kvh, hd);
+    if (nw) {   // a block per tile of nw / GPU_FA_WALK_SPLIT · ⌊16 / G⌋ tokens and KV head
+        int nq = nw / GPU_FA_WALK_SPLIT, tb = nq * (16 / (nh / kvh)), nc = 0, fp8 = kv_dtype == GPU_KV_FP8;
+        size_t smem = gpu_fa_smem(nq, hd);
+        gpu_fa_room(k, K_FA, smem);
+        gpu_launch(k, K_FA, (gpu_dim){gpu_cdiv(T, tb), kvh, 1, "(token tiles, KV heads, 1)"}, nw * 32, smem, s,
+                   GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));
+        return;
+    }
     gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
                GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale, &xs));
 }
@@ -375,8 +402,16 @@ static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicep
     gpu_assert_attn("k_attn_part", kv_dtype, ks, vs, nh, kvh, hd);
     int nz = (int)gpu_cdiv(reach, GPU_ATT_CHUNK);
     MOET_ASSERT(nz >= 1 && nz <= nc, "k_attn_part: a context of %d positions in %d chunks of %d", reach, nc, GPU_ATT_CHUNK);
-    gpu_launch(k, K_ATTN_PART_F32 + kv_dtype, (gpu_dim){T, nh, nz, "(tokens, query heads, chunks of the deepest token)"}, GPU_ATT_NT, 0, s,
-               GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale));
+    if (gpu_fa_warps(k, kv_dtype, nh, kvh, hd)) {   // a block per token, KV head and chunk
+        int fp8 = kv_dtype == GPU_KV_FP8;
+        size_t smem = gpu_fa_smem(1, hd);
+        gpu_fa_room(k, K_FA, smem);
+        gpu_launch(k, K_FA, (gpu_dim){T, kvh, nz, "(tokens, KV heads, chunks of the deepest token)"}, GPU_FA_SPLIT_W * 32, smem, s,
+                   GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));
+    } else {
+        gpu_launch(k, K_ATTN_PART_F32 + kv_dtype, (gpu_dim){T, nh, nz, "(tokens, query heads, chunks of the deepest token)"}, GPU_ATT_NT, 0, s,
+                   GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale));
+    }
     gpu_launch(k, K_ATTN_MERGE, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
                GPU_ARGS(&proj, &tok_pos, &part, &nc, &core, &nh, &hd, &xs));
 }

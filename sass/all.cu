@@ -15,3 +15,4 @@
 #include "gated_norm.cu"
 #include "attn_prep.cu"
 #include "attention.cu"
+#include "flash.cu"

@@ -4,42 +4,61 @@
 // token, called for a row's tokens in order).
 //   out[t, ch] = SiLU(Σ_{j < Kc−1} w[ch, j] · win[j, ch] + w[ch, Kc−1] · in[t, ch])
 // In place on qkv [T, cd] (in → out). Window of slot s: win_base + s·win_slot_stride, [Kc − 1, cd].
-// Launch (gpu_k_gdn_conv): block GPU_CONV_NT, grid (ceil(cd / GPU_CONV_NT), n rows). Row r: tokens
+// Launch (gpu_k_gdn_conv): block GPU_CONV_NT, grid (ceil(cd / 32), n rows). Row r: tokens
 // [row_start[r], + row_len[r]), slot row_slot[r]. Kc ≤ GPU_CONV_MAX_K (taps and history in registers).
+// A block takes 32 channels (lane = channel) of one row; its GPU_CONV_NT / 32 warps cut the row's
+// tokens into as many segments of ceil(n / warps) tokens. Each thread first reads its segment's
+// history (the Kc − 1 inputs before it: earlier tokens of the row, else the window), the block
+// waits, then each walks its segment in place — every output the same sum of the same inputs
+// whatever the segments, so the bits do not depend on the row's length or cut. The thread of the
+// row's last segment leaves the window.
 #include "common.cuh"
+
+#define CONV_U 8   // inputs a thread loads ahead (their loads in flight together)
 
 extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__restrict__ qkv, int cd, gpu_mat w, int Kc, float *__restrict__ win_base,
                                                                      long long win_slot_stride, const int *__restrict__ row_slot,
                                                                      const int *__restrict__ row_start, const int *__restrict__ row_len) {
     GPU_DEP();
-    int ch = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-    if (ch >= cd) return;
+    const int ch = blockIdx.x * WARP + (threadIdx.x & 31), seg = threadIdx.x >> 5, r = blockIdx.y, nseg = GPU_CONV_NT / WARP;
+    const int t0 = row_start[r], n = row_len[r], S = (n + nseg - 1) / nseg, lo = seg * S, hi = min(n, lo + S);   // row positions [lo, hi)
+    const bool on = ch < cd && lo < hi;
     float *win = win_base + (size_t)row_slot[r] * win_slot_stride;
     float wv[GPU_CONV_MAX_K], hist[GPU_CONV_MAX_K];
 #pragma unroll
     for (int j = 0; j < GPU_CONV_MAX_K; j++) {
-        wv[j] = j < Kc ? vec_at(w, (long long)ch * Kc + j) : 0.f;
-        hist[j] = j < Kc - 1 ? win[(size_t)j * cd + ch] : 0.f;
+        const int pos = lo - (Kc - 1) + j;   // the row position of history entry j
+        wv[j] = on && j < Kc ? vec_at(w, (long long)ch * Kc + j) : 0.f;
+        hist[j] = on && j < Kc - 1 ? (pos >= 0 ? qkv[(size_t)(t0 + pos) * cd + ch] : win[(size_t)(pos + Kc - 1) * cd + ch]) : 0.f;
     }
-    int t0 = row_start[r], n = row_len[r];
-    for (int t = t0; t < t0 + n; t++) {
-        float in = qkv[(size_t)t * cd + ch];
-        float acc = 0.f;
+    __syncthreads();   // every segment's history read before any segment overwrites its inputs
+    if (!on) return;
+    for (int t = t0 + lo; t < t0 + hi; t += CONV_U) {
+        float in[CONV_U];
+#pragma unroll
+        for (int u = 0; u < CONV_U; u++) in[u] = t + u < t0 + hi ? qkv[(size_t)(t + u) * cd + ch] : 0.f;
+#pragma unroll
+        for (int u = 0; u < CONV_U; u++) {
+            if (t + u >= t0 + hi) break;
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
+                if (j < Kc - 1) acc += wv[j] * hist[j];
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K; j++)
+                if (j == Kc - 1) acc += wv[j] * in[u];
+            qkv[(size_t)(t + u) * cd + ch] = silu(acc);
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 2; j++)
+                if (j < Kc - 2) hist[j] = hist[j + 1];
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
+                if (j == Kc - 2) hist[j] = in[u];
+        }
+    }
+    if (hi == n) {   // the row's last segment: its history is now the row's last Kc − 1 inputs (or the old window's tail)
 #pragma unroll
         for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
-            if (j < Kc - 1) acc += wv[j] * hist[j];
-#pragma unroll
-        for (int j = 0; j < GPU_CONV_MAX_K; j++)
-            if (j == Kc - 1) acc += wv[j] * in;
-        qkv[(size_t)t * cd + ch] = silu(acc);
-#pragma unroll
-        for (int j = 0; j < GPU_CONV_MAX_K - 2; j++)
-            if (j < Kc - 2) hist[j] = hist[j + 1];
-#pragma unroll
-        for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
-            if (j == Kc - 2) hist[j] = in;
+            if (j < Kc - 1) win[(size_t)j * cd + ch] = hist[j];
     }
-#pragma unroll
-    for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
-        if (j < Kc - 1) win[(size_t)j * cd + ch] = hist[j];
 }

@@ -47,6 +47,16 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 // Steps of up to this many tokens (and --max-num-seqs) take attention split over the chunks
 // (k_attn_part, k_attn_merge); longer ones walk them in one block per token and head.
 #define GPU_ATT_SPLIT_T 64
+// k_fa (sass/flash.cu, bf16 and fp8 caches): keys per tile (the unit of the online softmax;
+// divides GPU_ATT_CHUNK); the walk's warps per block and how many share a tile of 16 query rows;
+// the split form's warps (all sharing its one tile: a 16-key step of each key tile each).
+#define GPU_FA_KT 64
+#define GPU_FA_WALK_W 8
+#define GPU_FA_WALK_SPLIT 2
+#define GPU_FA_SPLIT_W 4
+GPU_ABI_ASSERT(GPU_FA_SPLIT_W * 16 == GPU_FA_KT && GPU_FA_KT % (16 * GPU_FA_WALK_SPLIT) == 0 && GPU_FA_WALK_W % GPU_FA_WALK_SPLIT == 0,
+               "flash: whole 16-key steps of a key tile per warp");
+GPU_ABI_ASSERT(GPU_FA_WALK_W / GPU_FA_WALK_SPLIT * 16 * 4 <= 2 * GPU_FA_KT * 2, "flash: the row tiles' f32 query scratch fits in the two tiles");
 // k_attn_prep: 4 warps, one head at a time each.
 #define GPU_PREP_NT 128
 // k_router: the most experts a token may choose (a shared array of their weights), and the most
@@ -55,8 +65,10 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 #define GPU_ROUTER_SUM_NT 256   // the block whose summation order k_router keeps (sass/router.cu)
 #define GPU_ROUTER_MAX_K 64
 #define GPU_ROUTER_MAX_E 1024
-// k_gdn_conv: one thread per channel; the longest conv kernel (taps and history in registers).
-#define GPU_CONV_NT 256
+// k_gdn_conv: a block of 32 channels × GPU_CONV_NT / 32 segments of a row's tokens; the longest
+// conv kernel (taps and history in registers).
+#define GPU_CONV_NT 512
+GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
 #define GPU_CONV_MAX_K 8
 // the one-block-per-row and element-wise kernels
 #define GPU_EMBED_NT 256     // k_embed: a block per token

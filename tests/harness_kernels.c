@@ -590,7 +590,9 @@ static void hk_gdn_conv(void) {
     uint8_t *wb, *sb;
     ck_mat w = kt_random_mat(CK_W_BF16, cd, Kc, &wb, &sb);
     gpu_mat wd = gpu_put(&hk.d, &w, "conv");
-    for (int T = 1; T <= 512; T += 511) {
+    const int Ts[] = {1, 2, 37, 512, 8192};   // rows shorter than the window, cut unevenly, a prompt's
+    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
+        const int T = Ts[ti];
         size_t n = (size_t)T * cd, nw = (size_t)(Kc - 1) * cd;
         float *x = hk_normal(n, 1.0f), *win = hk_normal(nw, 1.0f), *tmp = malloc(sizeof(float) * cd);
         int32_t meta[3] = {0, 0, T};   // row_slot, row_start, row_len of the one row
@@ -759,6 +761,22 @@ static void hk_attention(int kv) {
         else snprintf(shape, sizeof shape, "T=%d from 0, %d/%d heads of %d", TP, nh, kvh, hd);
         hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, us, bytes);
         free(got);
+    }
+    // a prompt's last query (a row among the prefill's others, in its tile) and the same query alone
+    // as a decode step (split over its chunks): the same bits, or the error is INFINITY
+    {
+        int a = TP - 1, nc = P / GPU_ATT_CHUNK;
+        CUdeviceptr part = hk_up(NULL, sizeof(float) * (size_t)nh * nc * (hd + 2)), core2 = hk_up(NULL, sizeof(float) * (size_t)nh * hd);
+        gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, core, nh, kvh, hd, scale, 0, TP);
+        gpu_k_attn_split(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs,
+                         part, nc, core2, nh, kvh, hd, scale, 0, 1, TP);
+        float *g1 = hk_down(core, sizeof(float) * (size_t)TP * nh * hd), *g2 = hk_down(core2, sizeof(float) * (size_t)nh * hd);
+        ref_attn_core(&hk.r, gq + (size_t)a * pw, Kg, Vg, a, scores, ref);
+        double err = memcmp(g1 + (size_t)a * nh * hd, g2, sizeof(float) * (size_t)nh * hd) ? INFINITY : check_nerr(g2, ref, (size_t)nh * hd);
+        snprintf(name, sizeof name, "k_attn_split_%s", gpu_kv_names[kv]);
+        snprintf(shape, sizeof shape, "T=1 at %d = row %d of the prefill", a, a);
+        hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, NAN, 0);
+        free(g1), free(g2);
     }
     // k_attn_part + k_attn_merge (a decode step: the query at P − 1, its P / GPU_ATT_CHUNK chunks in
     // parallel) against the twin, and the same bits as k_attention (else the error is INFINITY)
