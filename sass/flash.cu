@@ -22,27 +22,34 @@
 //   - keys past the row's position are masked to p = 0, so a tile a row does not reach is an
 //     exact no-op (c = 1, nothing added), and keys past the block's deepest position are zeros.
 // One kernel, k_fa, runs exactly that in two forms (one body, so the cubins carry it once):
-//   walk  (gpu_k_attention, nc = 0): grid (token tiles of NW·⌊16/G⌋, kvh), NW warps; a block walks
-//         its tokens' chunks one after another and keeps the running O in core (f32, the
-//         output's own place), M and L in registers; the last chunk writes the gated output. A
-//         token tile spanning sequences is taken one sequence's run of tokens at a time.
-//   split (gpu_k_attn_split, nc > 0): grid (T, kvh, chunks), one warp: one token's chunk, its
-//         partial state to part [T, nh, nc, hd + 2] (M, L, O) for k_attn_merge.
-// The dim n-tiles (8 dims each) of a warp's O when SPLIT warps share a tile's rows: at least a pair
-// (one ldmatrix.x4); with few dims, warps past hd / 16 have none.
-template <int HD, int SPLIT>
-__host__ __device__ constexpr int fa_ndt() { return HD / 8 / SPLIT >= 2 ? HD / 8 / SPLIT : 2; }
-
-// Shared memory (gpu_fa_smem): the warps' queries as bf16 A fragments in three parts [NW][hd/16][3][32]
-// uint4 (fa_stage_q), then one tile of
-// keys and one of values [GPU_FA_KT][hd] bf16 (16-byte chunks swizzled by key for ldmatrix), then
-// the tile's fp8 scales [2][GPU_FA_KT]. Keys come by cp.async (bf16: the next tile's keys while
-// this tile's values are multiplied, its values while the next keys are); fp8 rows are widened on
-// the way in. hd ∈ {32, 64, 256} (gpu_fa_warps).
+//   walk  (gpu_k_attention, nc = 0): grid (token tiles, kvh), GPU_FA_WALK_W warps (fewer where
+//         the device's shared memory is smaller), each GPU_FA_WALK_SPLIT of them sharing a tile of
+//         16 rows (⌊16 / G⌋ tokens); a block walks its tokens' chunks one after another and keeps
+//         the running O in core (f32, the output's own place), M and L in registers; the last
+//         chunk writes the gated output. A token tile spanning sequences is taken one sequence's
+//         run of tokens at a time.
+//   split (gpu_k_attn_split, nc > 0): grid (T, kvh, chunks), GPU_FA_SPLIT_W warps sharing one
+//         token's rows: one chunk, its partial state to part [T, nh, nc, hd + 2] (M, L, O) for
+//         k_attn_merge.
+// Warps sharing a tile of rows split its work, not its arithmetic (fa_chunk): each computes the
+// scores of a slice of the keys and O of a slice of the dims, and every one runs the softmax of the
+// whole tile from the scores in shared memory, as one warp would.
+//
+// Shared memory (gpu_fa_smem, fa_smem): each row tile's queries as bf16 A fragments in three parts
+// [nq][hd/16][3][32] uint4 (fa_stage_q), one tile of keys and one of values [GPU_FA_KT][hd] bf16
+// (16-byte chunks swizzled by key for ldmatrix), the tile's fp8 scales [2][GPU_FA_KT] and each row
+// tile's scores [nq][16][GPU_FA_KT] f32. Keys and values come by cp.async (bf16: the next tile's
+// keys while this tile's values are multiplied, its values while the next keys are); fp8 rows are
+// widened on the way in. hd ∈ {32, 64, 256} (gpu_fa_warps).
 #include "kv.cuh"
 #include "mm.cuh"
 
 #define FA_KT GPU_FA_KT
+
+// The dim n-tiles (8 dims each) of a warp's O when SPLIT warps share a tile's rows: at least a pair
+// (one ldmatrix.x4); with few dims, warps past hd / 16 have none.
+template <int HD, int SPLIT>
+__host__ __device__ constexpr int fa_ndt() { return HD / 8 / SPLIT >= 2 ? HD / 8 / SPLIT : 2; }
 
 // The 16-byte chunk c (8 bf16) of row `key` of a [GPU_FA_KT][HD] tile: swizzled for rows of ≥ 8
 // chunks so that an ldmatrix's eight rows hit eight bank groups.
