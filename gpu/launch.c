@@ -354,16 +354,35 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
                         &eps));
 }
 
-// Whether attention over a cache of kv_dtype with these heads runs on the tensor cores
-// (sass/flash.cu: bf16 and fp8 caches, hd of 32, 64 or 256, at most 16 query heads per KV
-// head, the split form's shared memory within the device's): then both the walking and the
-// split form do, so a token's bits never depend on which of the two ran. Returns the warps per
-// block the walking form takes (the most, up to GPU_FA_WALK_W, whose shared memory fits), else 0.
-static int gpu_fa_warps(gpu_kernels *k, int kv_dtype, int nh, int kvh, int hd) {
-    if (kv_dtype == GPU_KV_F32 || !(hd == 32 || hd == 64 || hd == 256) || nh / kvh > 16 || gpu_fa_smem(1, hd) > (size_t)k->smem_optin) return 0;
+// The warps per block of attention's walking form on the tensor cores (sass/flash.cu: every bf16
+// and fp8 cache) for query heads nh over kvh KV heads of hd on a device of smem_optin bytes of
+// shared memory per block: the most, up to GPU_FA_WALK_W, whose shared memory fits; 0 where the
+// kernel cannot take the geometry (hd other than 32, 64 or 256, more than 16 query heads per KV
+// head, the split form's shared memory past the device's): gpu_init refuses a bf16 or fp8
+// cache then (gpu_fa_refuse).
+static int gpu_fa_fits(int nh, int kvh, int hd, int smem_optin) {
+    if (!(hd == 32 || hd == 64 || hd == 256) || kvh < 1 || nh % kvh || nh / kvh > 16 || gpu_fa_smem(1, hd) > (size_t)smem_optin) return 0;
     int nw = GPU_FA_WALK_W;
-    while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) > (size_t)k->smem_optin) nw /= 2;
-    return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) <= (size_t)k->smem_optin ? nw : 0;
+    while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) > (size_t)smem_optin) nw /= 2;
+    return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) <= (size_t)smem_optin ? nw : 0;
+}
+
+// gpu_fa_fits for a launch: a bf16 or fp8 cache whose geometry gpu_init let through.
+static int gpu_fa_warps(gpu_kernels *k, int kv_dtype, int nh, int kvh, int hd) {
+    int nw = gpu_fa_fits(nh, kvh, hd, k->smem_optin);
+    MOET_ASSERT(kv_dtype != GPU_KV_F32 && nw, "k_fa: a %s cache, %d query heads over %d KV heads of %d, %d bytes of shared memory per block "
+                "(gpu_init refuses what the kernel cannot take)", kv_dtype == GPU_KV_F32 ? "f32" : "bf16 or fp8", nh, kvh, hd, k->smem_optin);
+    return nw;
+}
+
+// Whether a model's attention can keep a cache of kv_dtype on a device of smem_optin bytes per
+// block (0), else -1 with the reason: bf16 and fp8 caches take the tensor-core kernel alone.
+static int gpu_fa_refuse(const ck_config *c, int kv_dtype, int smem_optin, moet_err *e) {
+    if (!c->n_full || kv_dtype == GPU_KV_F32 || gpu_fa_fits(c->n_heads, c->n_kv_heads, c->head_dim, smem_optin)) return 0;
+    return err_set(e, "--kv-dtype %s on the GPU takes attention on the tensor cores, which needs head_dim 32, 64 or 256 and at most 16 query "
+                   "heads per KV head in %zu bytes of shared memory per block (this model: head_dim %d, %d query heads over %d KV heads; "
+                   "the GPU: %d bytes); --kv-dtype f32 serves it",
+                   kv_dtype == GPU_KV_BF16 ? "bf16" : "fp8", gpu_fa_smem(1, c->head_dim), c->head_dim, c->n_heads, c->n_kv_heads, smem_optin);
 }
 
 // Opts kernel fn in to bytes of dynamic shared memory where the default is less.
@@ -372,44 +391,44 @@ static void gpu_fa_room(gpu_kernels *k, int fn, size_t bytes) {
 }
 
 // Each of the T tokens' queries over its sequence's cache up to its position, gated
-// (sass/attention.cu, or sass/flash.cu where gpu_fa_warps says): core [T, nh·hd]. Arguments as
-// gpu_k_attn_prep's; scale = 1/sqrt(hd).
+// (sass/attention.cu for an f32 cache, sass/flash.cu for bf16 and fp8): core [T, nh·hd].
+// Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd).
 static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
                             int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T) {
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
-    int nw = gpu_fa_warps(k, kv_dtype, nh, kvh, hd);
-    if (nw) {   // a block per tile of nw / GPU_FA_WALK_SPLIT · ⌊16 / G⌋ tokens and KV head
-        int nq = nw / GPU_FA_WALK_SPLIT, tb = nq * (16 / (nh / kvh)), nc = 0, fp8 = kv_dtype == GPU_KV_FP8;
+    if (kv_dtype != GPU_KV_F32) {   // a block per tile of nw / GPU_FA_WALK_SPLIT · ⌊16 / G⌋ tokens and KV head
+        int nw = gpu_fa_warps(k, kv_dtype, nh, kvh, hd), nq = nw / GPU_FA_WALK_SPLIT, tb = nq * (16 / (nh / kvh)), nc = 0, fp8 = kv_dtype == GPU_KV_FP8;
         size_t smem = gpu_fa_smem(nq, hd);
         gpu_fa_room(k, K_FA, smem);
         gpu_launch(k, K_FA, (gpu_dim){gpu_cdiv(T, tb), kvh, 1, "(token tiles, KV heads, 1)"}, nw * 32, smem, s,
                    GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));
         return;
     }
-    gpu_launch(k, K_ATTENTION_F32 + kv_dtype, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
+    gpu_launch(k, K_ATTENTION_F32, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
                GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &hd, &scale, &xs));
 }
 
-// The same attention with a long context's chunks in parallel (sass/attention.cu): k_attn_part
-// writes each (token, head, chunk)'s partial state into part [T, nh, nc, hd + 2] (nc chunks per
-// token reserved: ceil(max_len / GPU_ATT_CHUNK)), for the chunks of the step's deepest token
-// (reach: its position + 1), then k_attn_merge folds them into core. The same bits as
-// gpu_k_attention.
+// The same attention with a long context's chunks in parallel: k_attn_part (an f32 cache) or
+// k_fa's split form (bf16, fp8) writes each (token, head, chunk)'s partial state into part [T,
+// nh, nc, hd + 2] (nc chunks per token reserved: ceil(max_len / GPU_ATT_CHUNK)), for the chunks
+// of the step's deepest token (reach: its position + 1), then k_attn_merge folds them into core.
+// The same bits as gpu_k_attention.
 static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
                              CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr part,
                              int nc, CUdeviceptr core, int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T, int reach) {
     gpu_assert_attn("k_attn_part", kv_dtype, ks, vs, nh, kvh, hd);
     int nz = (int)gpu_cdiv(reach, GPU_ATT_CHUNK);
     MOET_ASSERT(nz >= 1 && nz <= nc, "k_attn_part: a context of %d positions in %d chunks of %d", reach, nc, GPU_ATT_CHUNK);
-    if (gpu_fa_warps(k, kv_dtype, nh, kvh, hd)) {   // a block per token, KV head and chunk
+    if (kv_dtype != GPU_KV_F32) {   // a block per token, KV head and chunk
         int fp8 = kv_dtype == GPU_KV_FP8;
+        gpu_fa_warps(k, kv_dtype, nh, kvh, hd);   // (the geometry checked)
         size_t smem = gpu_fa_smem(1, hd);
         gpu_fa_room(k, K_FA, smem);
         gpu_launch(k, K_FA, (gpu_dim){T, kvh, nz, "(tokens, KV heads, chunks of the deepest token)"}, GPU_FA_SPLIT_W * 32, smem, s,
                    GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));
     } else {
-        gpu_launch(k, K_ATTN_PART_F32 + kv_dtype, (gpu_dim){T, nh, nz, "(tokens, query heads, chunks of the deepest token)"}, GPU_ATT_NT, 0, s,
+        gpu_launch(k, K_ATTN_PART_F32, (gpu_dim){T, nh, nz, "(tokens, query heads, chunks of the deepest token)"}, GPU_ATT_NT, 0, s,
                    GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale));
     }
     gpu_launch(k, K_ATTN_MERGE, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,

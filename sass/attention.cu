@@ -1,5 +1,7 @@
-// sass/attention.cu — causal GQA attention over the paged KV cache with the sigmoid output gate
-// (MODEL.md §3.4 steps 6–7): for token t at position p and query head h (KV head h / (nh / kvh)),
+// sass/attention.cu — causal GQA attention over an f32 paged KV cache with the sigmoid output gate,
+// on CUDA cores (MODEL.md §3.4 steps 6–7; bf16 and fp8 caches take the tensor cores: flash.cu;
+// the functions below stay generic over the cache's element type, and k_attn_merge serves both):
+// for token t at position p and query head h (KV head h / (nh / kvh)),
 //   o = Σ_{τ ≤ p} softmax_τ(q · k_τ / sqrt(hd)) v_τ,   core[t, h] = o ⊙ σ(gate)
 // CPU twin: ref_attn_core (moet.c; one query token).
 //
@@ -323,9 +325,7 @@ extern "C" __global__ void __launch_bounds__(GPU_ATT_NT) k_attn_merge(const floa
         GPU_DEP();                                                                                                                  \
         attention<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, core, nh, kvh, hd, scale, xs); \
     }
-ATTENTION(k_attention_f32, kv_f32)
-ATTENTION(k_attention_bf16, kv_bf16)
-ATTENTION(k_attention_fp8, kv_fp8)
+ATTENTION(k_attention_f32, kv_f32)   // (bf16 and fp8 caches: sass/flash.cu)
 
 #define ATTN_PART(NAME, KV)                                                                                                         \
     extern "C" __global__ void __launch_bounds__(GPU_ATT_NT)                                                                        \
@@ -335,5 +335,3 @@ ATTENTION(k_attention_fp8, kv_fp8)
         attn_part<KV>(proj, tok_pos, tok_slot, bt, bt_stride, (const KV::T *)kc, (const KV::T *)vc, ks, vs, part, nc, nh, kvh, hd, scale); \
     }
 ATTN_PART(k_attn_part_f32, kv_f32)
-ATTN_PART(k_attn_part_bf16, kv_bf16)
-ATTN_PART(k_attn_part_fp8, kv_fp8)

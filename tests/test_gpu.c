@@ -1014,6 +1014,30 @@ static void plan_fit(void) {
     CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == 0 && pages == 50000, "discrete, 100 GiB: every page (%zu)", pages);
 }
 
+// Attention over a bf16 or fp8 cache takes the tensor-core kernel alone (sass/flash.cu): the
+// geometries it takes, the warps its walking form gets on each device, and gpu_init's refusal of
+// the others with the reason and the way out. Runs without a GPU.
+static void fa_geometry(void) {
+    const int h200 = 232448, rtx = 101376, small = 49152;   // shared memory per block: sm_90, sm_120, a device without the opt-in
+    CHECK(gpu_fa_fits(16, 2, 256, h200) == GPU_FA_WALK_W, "Qwen3.6 on the H200: %d warps", gpu_fa_fits(16, 2, 256, h200));
+    CHECK(gpu_fa_fits(16, 2, 256, rtx) == GPU_FA_WALK_SPLIT, "Qwen3.6 in 99 KiB: one tile of rows (%d warps)", gpu_fa_fits(16, 2, 256, rtx));
+    CHECK(gpu_fa_fits(8, 2, 32, h200) == GPU_FA_WALK_W && gpu_fa_fits(6, 2, 32, h200) == GPU_FA_WALK_W && gpu_fa_fits(4, 2, 64, rtx) == GPU_FA_WALK_W,
+          "the fixtures' geometries (tiny, check, demo)");
+    CHECK(!gpu_fa_fits(16, 2, 128, h200) && !gpu_fa_fits(34, 2, 256, h200) && !gpu_fa_fits(16, 2, 256, small) && !gpu_fa_fits(16, 3, 256, h200),
+          "head_dim 128, 17 query heads per KV head, 48 KiB of shared memory, heads not a multiple of the KV heads: not taken");
+    ck_config c = {0};
+    c.n_full = 1, c.n_heads = 16, c.n_kv_heads = 2, c.head_dim = 128;
+    moet_err e = {{0}};
+    CHECK(gpu_fa_refuse(&c, GPU_KV_BF16, h200, &e) == -1 && strstr(e.msg, "--kv-dtype bf16") && strstr(e.msg, "head_dim 128") &&
+              strstr(e.msg, "--kv-dtype f32 serves it"), "a bf16 cache at head_dim 128 refused with the reason and the way out: %s", e.msg);
+    CHECK(gpu_fa_refuse(&c, GPU_KV_F32, h200, &e) == 0, "an f32 cache takes any head_dim the CUDA-core kernels take");
+    c.head_dim = 256;
+    CHECK(gpu_fa_refuse(&c, GPU_KV_FP8, h200, &e) == 0 && gpu_fa_refuse(&c, GPU_KV_FP8, small, &e) == -1 && strstr(e.msg, "49152"),
+          "fp8 at head_dim 256: taken on the H200, refused in 48 KiB (%s)", e.msg);
+    c.n_full = 0, c.head_dim = 128;
+    CHECK(gpu_fa_refuse(&c, GPU_KV_BF16, h200, &e) == 0, "a model without attention layers keeps no cache to refuse");
+}
+
 // Steps of 8,192 and 16,384 tokens of a top-8 model (token × choice pairs past grid.y's 65,535)
 // and the plan's largest step (65,535 · GPU_LIN_TT tokens, a model of GDN layers only) launch,
 // and give the bits of the same prompt in chunks of 4,096 or 65,536 (chunk invariance).
@@ -1132,6 +1156,7 @@ int main(void) {
     launch_limits();
     plan_grids();
     plan_fit();
+    fa_geometry();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
         if (req && *req == '1') CHECK(0, "the GPU tests: a GPU is required (MOET_REQUIRE_GPU=1): %s", e.msg);
