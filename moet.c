@@ -466,12 +466,7 @@ static void samp_top(samp_cand *c, int n, int k) {
 
 // The draw from the candidates c[0..n) (id order, probabilities relative to the most likely
 // token): top_k, top_p, then one number of the generator, as the plain algorithm.
-// draft >= 0 (speculative decoding): the token is the draft with probability p(draft) under the
-// final distribution, else a draw from that distribution without the draft (renormalised). For
-// a draft that is one fixed token, as the MTP head's greedy draft is, the token is then
-// distributed as without a draft: P(d) = p(d), P(x) = (1 − p(d)) · p(x) / (1 − p(d)) = p(x).
-// It costs the generator one uniform more on a rejection.
-static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rng, int32_t draft) {
+static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rng) {
     MOET_ASSERT(n > 0, "sampler: no candidate token");
     int sorted = 0;
     if (p->top_k > 0 && p->top_k < n) {
@@ -508,27 +503,19 @@ static int32_t samp_draw(samp_cand *c, int n, const samp_params *p, samp_rng *rn
         }
         n = k;
     }
-    double total = 0, pd = 0;
-    for (int i = 0; i < n; i++) total += c[i].p, pd += c[i].id == draft ? c[i].p : 0;
-    if (draft >= 0) {
-        if (samp_uniform(rng) * total < pd) return draft;
-        total -= pd;
-        if (!(total > 0)) return draft;   // nothing else has any probability (rounding)
-    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += c[i].p;
     double u = samp_uniform(rng) * total, acc = 0;
-    int last = -1;
     for (int i = 0; i < n; i++) {
-        if (c[i].id == draft) continue;
         acc += c[i].p;
-        last = i;
         if (u < acc) return c[i].id;
     }
-    return c[last].id;   // u within rounding of the total
+    return c[n - 1].id;   // u within rounding of the total
 }
 
 // One token id from the (penalized) logits x[0..V) with block maxima bmax and maximum mx.
 static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng *rng, const float *x, const float *bmax,
-                         float mx, int32_t draft) {
+                         float mx) {
     if (p->temperature == 0) return samp_first_max(x, V, bmax, mx);
     // probabilities relative to the most likely token, f(x) = exp((x − top) / T): f(top) = 1
     const float inv_t = 1.0f / p->temperature, top = mx;
@@ -549,9 +536,9 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng
             n += f > 0 && f >= floor_p;
         }
         float out = expf((lo - top) * inv_t);   // no logit left out has a larger probability
-        if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng, draft);   // none of them is a candidate
+        if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng);   // none of them is a candidate
         if (k > 0 && n > k && k <= nb && samp_kth_cand(c, n, k, sc->heap) > out)
-            return samp_draw(c, n, p, rng, draft);   // none of them can be among the top k
+            return samp_draw(c, n, p, rng);   // none of them can be among the top k
     }
     int n = 0;
     for (int t = 0; t < V; t++) {
@@ -559,7 +546,7 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng
         c[n] = (samp_cand){f, t};
         n += f > 0 && f >= floor_p;
     }
-    return samp_draw(c, n, p, rng, draft);
+    return samp_draw(c, n, p, rng);
 }
 
 // ---- logprobs ----------------------------------------------------------------------------
@@ -635,10 +622,9 @@ static float samp_logprobs(samp_scratch *sc, const float *logits, int V, const f
 // Picks the next token of the sequence in slot from its logits row [V] and notes it in the
 // slot's penalty counts. When the slot asked for logprobs, *lp gets the token's logprob and
 // top_ids / top_lp [top_logprobs] the most likely tokens; otherwise they are not written.
-// draft >= 0: speculative decoding's verification of that token (samp_draw); greedy picks the
-// first maximum whatever the draft.
-static void samp_bank_verify(samp_bank *b, int slot, const float *row, int32_t draft, int32_t *token, float *lp, int32_t *top_ids,
-                             float *top_lp) {
+// Speculative decoding verifies a draft with this same pick (sass/MODEL.md §6): the draft is
+// kept when it is the token picked.
+static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids, float *top_lp) {
     samp_slot *s = &b->slot[slot];
     samp_scratch *sc = &b->sc;
     const samp_params *p = &s->sp;
@@ -662,15 +648,12 @@ static void samp_bank_verify(samp_bank *b, int slot, const float *row, int32_t d
         bmax = sc->bmax;
         mx = samp_block_max(w, V, sc->bmax);
     }
-    int32_t id = samp_pick(sc, V, p, &s->rng, x, bmax, mx, draft);
+    int32_t id = samp_pick(sc, V, p, &s->rng, x, bmax, mx);
     if (s->logprobs) *lp = samp_logprobs(sc, row, V, sc->bmax_raw, mx_raw, id, s->top_logprobs, top_ids, top_lp);
     if (s->penalized) samp_note(b, s, id, 1);
     *token = id;
 }
 
-static void samp_bank_pick(samp_bank *b, int slot, const float *row, int32_t *token, float *lp, int32_t *top_ids, float *top_lp) {
-    samp_bank_verify(b, slot, row, -1, token, lp, top_ids, top_lp);
-}
 
 // ==========================================================================================
 // the engine, 2: the backend interface
@@ -1984,13 +1967,12 @@ static int moet_argmax(const float *x, int n);   // (below, with moet run)
 // Row i of a step (slot `slot`, ids [c], want) on a speculating slot (sass/MODEL.md §6): the
 // fed tokens, then the slot's drafts when it is a decode row (c = 1) — one verification of
 // 1 + nd tokens, every hidden state after the final norm kept (hid_all). After each fed token j
-// the slot's sampler picks y_j, verifying the draft fed next (samp_bank_verify: greedy keeps it
-// when it is the first maximum; sampling keeps it with its probability, else draws without it,
-// which leaves the token's distribution as it is); a token other than the draft (or the token
-// after the last draft) ends the row: it emits y_0 .. y_m. Past a rejection the recurrent
-// state is restored (snap_*) and the kept tokens fed again, which gives the verification's
-// bits (the reference cuts anywhere: chunk_align 1), so a greedy sequence is the one
-// non-speculative steps would have made, token for token.
+// the slot's sampler picks y_j exactly as without drafts (samp_bank_pick: the same row bits, the
+// same generator draws in the same order), and the draft fed next is kept when it is y_j; a
+// token other than the draft (or the token after the last draft) ends the row: it emits
+// y_0 .. y_m. Past a rejection the recurrent state is restored (snap_*) and the kept tokens fed
+// again, which gives the verification's bits (the reference cuts anywhere: chunk_align 1), so a
+// sequence, greedy or sampled, is the one non-speculative steps would have made, token for token.
 // The head then takes a row per fed token whose successor is known — (h_t, x_{t+1}); a prompt
 // chunk's last token waits in pend for the next chunk's first — and, after a picked token, the
 // last row's logits give the first draft (argmax); each further draft feeds the head's own
@@ -2028,7 +2010,7 @@ static int ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, i
             float lp;
             int32_t *ti = j ? r->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
             float *tl = j ? r->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
-            samp_bank_verify(&r->bank, slot, r->spec_logits + (size_t)j * V, j < nd ? ft[j + 1] : -1, &y, &lp, ti, tl);
+            samp_bank_pick(&r->bank, slot, r->spec_logits + (size_t)j * V, &y, &lp, ti, tl);
             if (j) r->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, r->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
             else r->res_tok[i] = y, r->res_lp[i] = lp;
             r->res_n[i] = j + 1;

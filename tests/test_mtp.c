@@ -75,10 +75,11 @@ static void note(int k, double err) { if (err > worst[k]) worst[k] = err; }
 #define SPEC_KS 5
 
 // n sequences decoded together in slots[i] (prompt pr[i] of P[i] tokens, sampler sp[i] seeded
-// 11 + i, k[i] drafts a step): the prompts in one step, then each sequence's last token a step
-// until it has SPEC_N tokens (out[i]). Returns 0, or -1 with e set.
+// 11, k[i] drafts a step): the prompts in one step, then each sequence's last token a step
+// until it has SPEC_N tokens (out[i]); *accepted (if not NULL) gets the drafts kept in them all.
+// Returns 0, or -1 with e set.
 static int spec_multi(engine_backend *be, int n, const int *slots, const int32_t *const *pr, const int *P, const samp_params *const *sp,
-                      const int *k, int32_t (*out)[SPEC_N], moet_err *e) {
+                      const int *k, int32_t (*out)[SPEC_N], long long *accepted, moet_err *e) {
     int got[2] = {0, 0}, rows, row_seq[2], off[3];
     int32_t ids[128], last[2];
     uint8_t want[2] = {1, 1};
@@ -101,6 +102,7 @@ static int spec_multi(engine_backend *be, int n, const int *slots, const int32_t
         if (be->launch(be->self, &st, e) || be->collect(be->self, &res, e)) return -1;
         for (int r = 0; r < rows; r++) {
             int i = row_seq[r], nt = res.n_tok ? res.n_tok[r] : 1;
+            if (accepted) *accepted += nt - 1;
             for (int j = 0; j < nt && got[i] < SPEC_N; j++) out[i][got[i]++] = j ? res.more[(size_t)r * MOET_MAX_SPEC + j - 1] : res.token[r];
             last[i] = out[i][got[i] - 1];
         }
@@ -188,20 +190,33 @@ static void spec_decode(const ck_model *m, const st_set *g, long long *drafted, 
                           pen ? ", penalty" : "", chunked ? ", chunks of 5" : "");
                 }
             }
-    // sampling with drafts (speculative sampling, samp_bank_verify): a seeded request gives the
-    // same tokens alone, alone in another slot, and beside a greedy sequence that drafts too
+    // sampling with drafts (sass/MODEL.md §6: each token the request's own pick, a draft kept when
+    // it is that token): a seeded request gives the tokens it gives without drafts, with 1 and 3
+    // drafts a step, alone, in another slot and beside a greedy sequence that drafts too; the
+    // drafts must be kept often enough for the kept path to count. A rule that drew again after
+    // a rejection, or kept a draft with its own probability, gives other tokens.
     const st_tensor *p0 = st_find(g, "prompt0.ids"), *p1 = st_find(g, "prompt1.ids");
     if (p0 && p1) {
         const int32_t *pr[2] = {(const int32_t *)p0->data, (const int32_t *)p1->data};
         int P[2] = {(int)p0->numel, (int)p1->numel};
-        static int32_t alone[SPEC_N], other_slot[SPEC_N], beside[2][SPEC_N];
+        static int32_t none[SPEC_N], one[SPEC_N], alone[SPEC_N], other_slot[SPEC_N], beside[2][SPEC_N];
         const samp_params hot = {0.8f, 0, 0.95f, 0, 0, 0, 1}, cold = {0, 0, 1, 0, 0, 0, 1};
-        int ok = spec_multi(&be, 1, (int[]){0}, pr, P, (const samp_params *[]){&hot}, (int[]){3}, &alone, &e) == 0 &&
-                 spec_multi(&be, 1, (int[]){1}, pr, P, (const samp_params *[]){&hot}, (int[]){3}, &other_slot, &e) == 0 &&
-                 spec_multi(&be, 2, (int[]){0, 1}, pr, P, (const samp_params *[]){&hot, &cold}, (int[]){3, 2}, beside, &e) == 0;
+        const samp_params *hp[1] = {&hot};
+        long long kept1 = 0, kept3 = 0;
+        int ok = spec_multi(&be, 1, (int[]){0}, pr, P, hp, (int[]){0}, &none, NULL, &e) == 0 &&
+                 spec_multi(&be, 1, (int[]){0}, pr, P, hp, (int[]){1}, &one, &kept1, &e) == 0 &&
+                 spec_multi(&be, 1, (int[]){0}, pr, P, hp, (int[]){3}, &alone, &kept3, &e) == 0 &&
+                 spec_multi(&be, 1, (int[]){1}, pr, P, hp, (int[]){3}, &other_slot, NULL, &e) == 0 &&
+                 spec_multi(&be, 2, (int[]){0, 1}, pr, P, (const samp_params *[]){&hot, &cold}, (int[]){3, 2}, beside, NULL, &e) == 0;
         CHECK(ok, "sampling with drafts: %s", e.msg);
+        CHECK(ok && !memcmp(none, one, sizeof none) && !memcmp(none, alone, sizeof none),
+              "sampling with drafts: the seeded tokens with 1 or 3 drafts a step differ from those without");
         CHECK(ok && !memcmp(alone, other_slot, sizeof alone) && !memcmp(alone, beside[0], sizeof alone),
               "sampling with drafts: the seeded tokens differ alone, in another slot, beside another sequence");
+        CHECK(kept1 >= 4 && kept3 >= 4, "sampling with drafts: %lld and %lld drafts kept with 1 and 3 a step (of %d tokens)", kept1, kept3,
+              SPEC_N);
+        printf("sampling with drafts (T 0.8, top-p 0.95, seed 11): %d tokens as without drafts with 1 and 3 drafts a step, %lld and %lld "
+               "drafts kept\n", SPEC_N, kept1, kept3);
     } else CHECK(0, "golden prompts missing");
     // refusals: more drafts than the backend makes
     engine_admit a = {{0, 0, 1, 0, 0, 0, 1}, 0, 0, 0, NULL, 0, 8, MOET_MAX_SPEC + 1};
