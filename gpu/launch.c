@@ -361,8 +361,8 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
 // head, the split form's shared memory past the device's): gpu_init refuses a bf16 or fp8
 // cache then (gpu_fa_refuse).
 static int gpu_fa_fits(int nh, int kvh, int hd, int smem_optin) {
-    if (!(hd == 32 || hd == 64 || hd == 256) || kvh < 1 || nh % kvh || nh / kvh > 16 || gpu_fa_smem(1, hd) > (size_t)smem_optin) return 0;
-    int nw = GPU_FA_WALK_W;
+    if (!(hd == 32 || hd == 64 || hd == 256) || kvh < 1 || nh % kvh || nh / kvh > 16) return 0;
+    int nw = GPU_FA_WALK_W;   // (its fewest, one tile of rows, takes the split form's shared memory)
     while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) > (size_t)smem_optin) nw /= 2;
     return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) <= (size_t)smem_optin ? nw : 0;
 }

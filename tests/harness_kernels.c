@@ -590,7 +590,7 @@ static void hk_gdn_conv(void) {
     uint8_t *wb, *sb;
     ck_mat w = kt_random_mat(CK_W_BF16, cd, Kc, &wb, &sb);
     gpu_mat wd = gpu_put(&hk.d, &w, "conv");
-    const int Ts[] = {1, 2, 37, 512, 8192};   // rows shorter than the window, cut unevenly, a prompt's
+    const int Ts[] = {1, 2, 37, 512, 8192};   // rows shorter than the window, cut unevenly, a prompt chunk, a long prompt
     for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
         const int T = Ts[ti];
         size_t n = (size_t)T * cd, nw = (size_t)(Kc - 1) * cd;
