@@ -198,6 +198,7 @@ typedef struct {
     const char *planes;                  // routed experts from this plane file, or NULL
     pf_serve_opts popt;
     double host_margin_gb;               // GPU sharing the host's memory: GiB of MemAvailable left to the host
+    int no_graphs;                       // GPU: no decode graphs, every kernel launched by the host (gpu_opts)
 } engine_opts;
 
 typedef struct {
@@ -240,7 +241,7 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
     int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
     if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
     if (!want_cpu) {
-        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0)};
+        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs};
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
             return -1;

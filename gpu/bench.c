@@ -15,7 +15,7 @@ typedef struct {
     int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify;
     pf_serve_opts popt;
     double host_margin_gb, expert_cache_gb;
-    const char *prefetch;
+    const char *prefetch, *graphs;
 } bench_opts;
 
 static const char bench_usage[] =
@@ -34,6 +34,8 @@ static const char bench_usage[] =
     "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
+    "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
+    "                        host launches every kernel of every step\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                        memory plan leaves the host (default 4)\n"
@@ -59,6 +61,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_NUM("--host-margin-gb", bench_opts, host_margin_gb, 0, 1 << 20),
     FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", bench_opts, prefetch, "on|off"),
+    FLAG_CHOICE("--cuda-graphs", bench_opts, graphs, "on|off"),
 };
 
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
@@ -168,7 +171,8 @@ static int cmd_bench(int argc, char **argv) {
     int max_len = o.depth + o.gen + (o.profile ? 4 : 0), rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
     double copy_gbs = 0;
-    engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb};
+    engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb,
+                      o.graphs && !strcmp(o.graphs, "off")};
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;

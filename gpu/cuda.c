@@ -48,6 +48,23 @@ typedef struct {
     unsigned n_attrs;
 } gpu_launch_config;
 _Static_assert(sizeof(gpu_launch_attr) == 72 && sizeof(gpu_launch_config) == 56, "cuda.h's CUlaunchAttribute and CUlaunchConfig");
+// CUDA graphs (cuda.h: CUgraph, CUgraphExec, CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v2): a decode
+// step captured once and replayed (gpu/engine.c: gpu_graph); of its nodes only the kernel
+// parameters are read, and the grid of some set again.
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    CUfunction func;
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem;
+    void **params;   // the node's copies of the arguments (valid while the graph lives)
+    void **extra;
+    void *kern;
+    CUcontext ctx;
+} gpu_kernel_node;
+_Static_assert(sizeof(gpu_kernel_node) == 72, "cuda.h's CUDA_KERNEL_NODE_PARAMS_v2");
+#define GPU_CAPTURE_RELAXED 2   // CU_STREAM_CAPTURE_MODE_RELAXED
+#define GPU_NODE_KERNEL 0       // CU_GRAPH_NODE_TYPE_KERNEL
 #define GPU_STREAM_NON_BLOCKING 1
 #define GPU_MEMHOSTALLOC_PORTABLE 1
 
@@ -91,7 +108,18 @@ _Static_assert(sizeof(gpu_launch_attr) == 72 && sizeof(gpu_launch_config) == 56,
     X(cuEventDestroy, "cuEventDestroy_v2", CUresult, (CUevent))                                       \
     X(cuEventRecord, "cuEventRecord", CUresult, (CUevent, CUstream))                                  \
     X(cuEventSynchronize, "cuEventSynchronize", CUresult, (CUevent))                                  \
-    X(cuEventElapsedTime, "cuEventElapsedTime_v2", CUresult, (float *, CUevent, CUevent))
+    X(cuEventElapsedTime, "cuEventElapsedTime_v2", CUresult, (float *, CUevent, CUevent))              \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", CUresult, (CUstream, int))                     \
+    X(cuStreamEndCapture, "cuStreamEndCapture", CUresult, (CUstream, CUgraph *))                      \
+    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", CUresult, (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(cuGraphUpload, "cuGraphUpload", CUresult, (CUgraphExec, CUstream))                              \
+    X(cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))                              \
+    X(cuGraphGetNodes, "cuGraphGetNodes", CUresult, (CUgraph, CUgraphNode *, size_t *))               \
+    X(cuGraphNodeGetType, "cuGraphNodeGetType", CUresult, (CUgraphNode, int *))                       \
+    X(cuGraphKernelNodeGetParams, "cuGraphKernelNodeGetParams_v2", CUresult, (CUgraphNode, gpu_kernel_node *)) \
+    X(cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2", CUresult, (CUgraphExec, CUgraphNode, const gpu_kernel_node *)) \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", CUresult, (CUgraphExec))                              \
+    X(cuGraphDestroy, "cuGraphDestroy", CUresult, (CUgraph))
 
 #define GPU_API_FIELD(name, sym, ret, args) ret(*name) args;
 static struct {

@@ -23,7 +23,26 @@ typedef struct {
     int max_seqs, max_len, max_tokens;   // slots, tokens per sequence, tokens per step
     int kv_dtype;                        // GPU_KV_*
     size_t host_margin;                  // bytes of the host's MemAvailable a GPU sharing it leaves alone
+    int no_graphs;                       // 1: every step's kernels launched one by one (moet bench --cuda-graphs off)
 } gpu_opts;
+
+// A decode step as a CUDA graph (gpu_graphs_capture): the kernels of a step of n rows of one
+// token each, captured at boot and replayed by one launch. Such steps differ only in their
+// metadata (device buffers the kernels read: ids, positions, slots, block tables) and in the
+// chunks split attention covers, the grid.z of its kernel: set again on the executable graph's
+// attention nodes when the step's deepest token enters another chunk (gpu_graph_launch).
+// Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
+// gpu_linear_n and gpu_moe_layer a few more), and the step's head and tail as one more layer.
+#define GPU_GRAPH_LAYER_NODES 24
+
+typedef struct {
+    CUgraph graph;                       // kept: its kernel nodes own the argument copies att_p points at
+    CUgraphExec exec;
+    int nz;                              // the attention nodes' grid.z now (chunks of GPU_ATT_CHUNK)
+    int n_att;                           // split-attention nodes (one per attention layer, or none)
+    CUgraphNode *att;                    // [n_att]
+    gpu_kernel_node *att_p;              // [n_att] their parameters as captured
+} gpu_graph;
 
 typedef struct {
     gpu_device dev;
@@ -76,6 +95,15 @@ typedef struct {
     CUdeviceptr att_part;
     int att_split_T, att_nc;
     int reach;                       // this step's deepest token: its position + 1
+    // decode graphs: graphs[n] replays a step of n rows of one token, 1 ≤ n ≤ graph_rows
+    int graph_rows;                  // 0: none (gpu_opts.no_graphs)
+    gpu_graph *graphs;               // [graph_rows + 1]
+    CUgraphNode *graph_att;          // [graph_rows + 1, n_full] the graphs' attention nodes
+    gpu_kernel_node *graph_att_p;    // [graph_rows + 1, n_full]
+    CUgraphNode *graph_nodes;        // [graph_cap] one graph's nodes while they are searched
+    size_t graph_cap, graph_size;    // nodes room, nodes of the largest graph
+    double graph_s;                  // seconds capturing them at boot
+    uint64_t graph_steps;            // steps that replayed a graph
     int moe_mm;                      // the routed experts take k_moe_up / k_moe_dn (every expert matrix gpu_mm_ok)
     CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
     int32_t *meta_host;              // pinned
@@ -265,6 +293,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
 }
 
 static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype);
+static void gpu_graphs_capture(gpu_engine *g);
 
 static void gpu_carve_state(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
@@ -329,6 +358,10 @@ static void gpu_carve_host(gpu_engine *g, arena *a) {
     ARENA_TAKE(a, g->page_ref, g->n_pages, "page holders");
     ARENA_TAKE(a, g->pfx_page, (size_t)g->pfx_blocks * g->pfx_pages, "prefix block pages");
     ARENA_TAKE(a, g->pfx_end, g->pfx_blocks, "prefix block ends");
+    ARENA_TAKE(a, g->graphs, g->graph_rows + 1, "decode graphs");
+    ARENA_TAKE(a, g->graph_att, (size_t)(g->graph_rows + 1) * c->n_full, "decode graph attention nodes");
+    ARENA_TAKE(a, g->graph_att_p, (size_t)(g->graph_rows + 1) * c->n_full, "decode graph attention parameters");
+    ARENA_TAKE(a, g->graph_nodes, g->graph_cap, "decode graph nodes");
 }
 
 static void gpu_free(gpu_engine *g) {
@@ -337,6 +370,10 @@ static void gpu_free(gpu_engine *g) {
     CU_CHECK(cu.cuCtxSynchronize());
     for (int i = 0; i < GPU_PROF_MAX && g->k.ev[i][0]; i++)
         for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventDestroy(g->k.ev[i][j]));
+    for (int n = 1; g->graphs && n <= g->graph_rows; n++) {
+        if (g->graphs[n].exec) CU_CHECK(cu.cuGraphExecDestroy(g->graphs[n].exec));
+        if (g->graphs[n].graph) CU_CHECK(cu.cuGraphDestroy(g->graphs[n].graph));
+    }
     arena *as[] = {&g->weights, &g->pool, &g->kv, &g->state, &g->act, &g->pinned, &g->host};
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) arena_release(as[i]);
     if (g->compute) CU_CHECK(cu.cuStreamDestroy(g->compute));
@@ -354,6 +391,9 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
             fprintf(f, "moet:   %-12s %-7s %10.3f GiB\n", as[i]->name, arena_kind_name[as[i]->kind], (double)as[i]->cap / (1u << 30));
     fprintf(f, "moet:   KV cache: %zu pages of %d tokens = %zu tokens (%s), %d sequences of up to %d tokens\n", g->n_pages,
             GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
+    if (g->graph_rows)
+        fprintf(f, "moet:   decode graphs: steps of 1 to %d rows of one token, %zu kernels each at most, captured in %.2f s\n",
+                g->graph_rows, g->graph_size, g->graph_s);
     if (g->pfx_blocks)
         fprintf(f, "moet:   prefix cache: %d blocks of %d tokens, %.1f MiB each (GDN state %.1f MiB + %d KV pages among the above)\n",
                 g->pfx_blocks, g->pfx_block, gpu_prefix_bytes(&g->m->cfg, g->o.kv_dtype, g->pfx_block) / 1048576.0,
@@ -512,6 +552,11 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
     arena ph0 = arena_measure("engine host");
+    // decode graphs for steps of up to MOET_GRAPH_ROWS rows (each row one token), their nodes at
+    // most GPU_GRAPH_LAYER_NODES per layer and the head's and tail's few
+    g->graph_rows = o->no_graphs ? 0 : o->max_seqs < o->max_tokens ? o->max_seqs : o->max_tokens;
+    if (g->graph_rows > MOET_GRAPH_ROWS) g->graph_rows = MOET_GRAPH_ROWS;
+    g->graph_cap = g->graph_rows ? (size_t)GPU_GRAPH_LAYER_NODES * (c->n_layers + 1) : 0;
     g->n_pages = want_pages;   // the host arena with its page lists at their longest
     gpu_carve_host(g, &ph0);
     gpu_fit_in fit_in = {pw.used, pool_bytes, ps.used, pa.used, pp.used, ph0.used, g->page_bytes_all, want_pages,
@@ -576,6 +621,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
                                         gpu_scale_bytes(&L0->up[0]) + gpu_mat_bytes(&L0->down[0]) + gpu_scale_bytes(&L0->down[0]));
     g->dense_bytes = (double)g->weights.cap - (double)gpu_mat_bytes(&m->embed) -
                      (planes ? 0 : g->expert_bytes * c->n_experts * c->n_layers);
+    gpu_graphs_capture(g);
     return 0;
 }
 
@@ -829,22 +875,12 @@ static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t 
     g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
 }
 
-// Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
-// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
-// row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows).
-// The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
-// test entry's extras (synchronous copies, host buffers as ref_forward's).
-static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
-                    float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
-    (void)e;   // the step was checked before (gpu_step_assert): nothing here fails but a CU_CHECK, which aborts
-    gpu_step_assert(g, n, slots, ids, off);
+// The kernels of a step of T tokens in n rows (n1 of one token, nm longer: gpu_step_meta's lists),
+// nr output rows, on the compute stream after its metadata (gpu_step); the logits land in g->logits.
+// hidden / trace: the test entry's extras (synchronous copies, host buffers as ref_forward's).
+static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr, float **hidden, int32_t **trace_ids, float **trace_w) {
     const ck_config *c = &g->m->cfg;
-    int T = off[n], H = c->hidden;
-    // the previous step's metadata copy must be done before the host rewrites it
-    CU_CHECK(cu.cuStreamSynchronize(g->compute));
-    int nr, n1, nm;
-    gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
-    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
+    int H = c->hidden;
     CUdeviceptr none = 0;
     gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, T);
     if (hidden) {   // the stream is non-blocking: a plain copy does not wait for it
@@ -868,15 +904,93 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
             CU_CHECK(cu.cuMemcpyDtoH(trace_w[l], g->selw, sizeof(float) * (size_t)T * c->topk));
         }
     }
-    for (int i = 0; i < n; i++) g->pos[slots[i]] += off[i + 1] - off[i];
-    *n_out = nr;
-    if (nr == 0) return 0;
+    if (nr == 0) return;
     gpu_norm(g, g->x, g->y, &g->final_norm, g->xn, gpu_meta(g, GM_OUT_ROWS), nr);
     if (hidden) {
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(hidden[c->n_layers], g->xn, sizeof(float) * (size_t)nr * H));
     }
     gpu_linear(g, &g->lm_head, g->xn, H, nr, g->logits, c->vocab, g->xs);
+}
+
+// Captures graphs[1 .. graph_rows] (at boot: a capture launches nothing) and finds in each the
+// split attention's kernel nodes, whose grid.z gpu_graph_launch sets per step.
+static void gpu_graphs_capture(gpu_engine *g) {
+    const ck_config *c = &g->m->cfg;
+    double t0 = moet_now();
+    for (int n = 1; n <= g->graph_rows; n++) {
+        gpu_graph *G = &g->graphs[n];
+        memset(G, 0, sizeof *G);
+        G->att = g->graph_att + (size_t)n * c->n_full;
+        G->att_p = g->graph_att_p + (size_t)n * c->n_full;
+        g->reach = 1;   // one chunk; every step sets its own
+        G->nz = 1;
+        CU_CHECK(cu.cuStreamBeginCapture(g->compute, GPU_CAPTURE_RELAXED));
+        gpu_step_kernels(g, n, n, 0, n, n, NULL, NULL, NULL);
+        CU_CHECK(cu.cuStreamEndCapture(g->compute, &G->graph));
+        size_t cnt = 0;
+        CU_CHECK(cu.cuGraphGetNodes(G->graph, NULL, &cnt));
+        MOET_ASSERT(cnt <= g->graph_cap, "a decode graph of %zu nodes; room for %zu", cnt, g->graph_cap);
+        CU_CHECK(cu.cuGraphGetNodes(G->graph, g->graph_nodes, &cnt));
+        if (cnt > g->graph_size) g->graph_size = cnt;
+        for (size_t i = 0; i < cnt && n <= g->att_split_T; i++) {
+            int type;
+            gpu_kernel_node p;
+            CU_CHECK(cu.cuGraphNodeGetType(g->graph_nodes[i], &type));
+            if (type != GPU_NODE_KERNEL) continue;
+            CU_CHECK(cu.cuGraphKernelNodeGetParams(g->graph_nodes[i], &p));
+            if (p.func != g->k.fn[K_FA] && p.func != g->k.fn[K_ATTN_PART_F32]) continue;
+            MOET_ASSERT(G->n_att < c->n_full && p.grid_z == 1, "decode graph of %d rows: split attention node %d (grid.z %u)", n, G->n_att, p.grid_z);
+            G->att[G->n_att] = g->graph_nodes[i];
+            G->att_p[G->n_att++] = p;
+        }
+        MOET_ASSERT(G->n_att == (n <= g->att_split_T ? c->n_full : 0), "decode graph of %d rows: %d split attention nodes for %d layers", n,
+                    G->n_att, c->n_full);
+        CU_CHECK(cu.cuGraphInstantiate(&G->exec, G->graph, 0));
+        CU_CHECK(cu.cuGraphUpload(G->exec, g->compute));
+    }
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    g->graph_s = moet_now() - t0;
+}
+
+// Replays graph G after this step's metadata: its attention nodes first cover the chunks of the
+// step's deepest token (g->reach, gpu_step_meta).
+static void gpu_graph_launch(gpu_engine *g, gpu_graph *G) {
+    int nz = (int)gpu_cdiv(g->reach, GPU_ATT_CHUNK);
+    MOET_ASSERT(nz >= 1 && nz <= g->att_nc, "a decode graph over %d chunks of %d", nz, g->att_nc);
+    if (G->n_att && nz != G->nz) {
+        for (int i = 0; i < G->n_att; i++) {
+            gpu_kernel_node p = G->att_p[i];
+            p.grid_z = (unsigned)nz;
+            CU_CHECK(cu.cuGraphExecKernelNodeSetParams(G->exec, G->att[i], &p));
+        }
+        G->nz = nz;
+    }
+    CU_CHECK(cu.cuGraphLaunch(G->exec, g->compute));
+}
+
+// Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
+// off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
+// row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows). A step of n ≤ graph_rows rows
+// of one token each, every row's logits wanted, replays graphs[n] (the same kernels).
+// The logits land in g->logits (device); gpu_step_logits copies them out. hidden / trace: the
+// test entry's extras (synchronous copies, host buffers as ref_forward's).
+static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
+                    float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
+    (void)e;   // the step was checked before (gpu_step_assert): nothing here fails but a CU_CHECK, which aborts
+    gpu_step_assert(g, n, slots, ids, off);
+    int T = off[n];
+    // the previous step's metadata copy must be done before the host rewrites it
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    int nr, n1, nm;
+    gpu_step_meta(g, n, slots, ids, off, want, out, &nr, &n1, &nm);
+    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
+    if (T == n && nr == n && n <= g->graph_rows && !hidden && !trace_ids && !g->k.prof) {
+        gpu_graph_launch(g, &g->graphs[n]);
+        g->graph_steps++;
+    } else gpu_step_kernels(g, n, n1, nm, T, nr, hidden, trace_ids, trace_w);
+    for (int i = 0; i < n; i++) g->pos[slots[i]] += off[i + 1] - off[i];
+    *n_out = nr;
     return 0;
 }
 

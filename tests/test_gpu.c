@@ -336,6 +336,51 @@ out:
 }
 
 
+// Decode graphs (gpu_graphs_capture): steps that replay a graph give the bits of the same steps
+// launched kernel by kernel (gpu_opts.no_graphs), with one row and with two, across a chunk
+// boundary of split attention (the graphs' attention nodes then set to two chunks), for an f32
+// cache (k_attn_part_f32) and a bf16 one (k_fa); the replays are counted, so the graphs ran.
+static void graph_replay(void) {
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e)) { CHECK(0, "%s", e.msg); return; }
+    enum { S = 12 };   // decode steps: even ones both rows, odd ones row 0 alone
+    int V = m.cfg.vocab, P = GPU_ATT_CHUNK - 5, P1 = 70;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)P);
+    for (int t = 0; t < P; t++) ids[t] = (int32_t)((t * 31 + 7) % V);
+    size_t per = (size_t)S * 2 * V;
+    float *out = calloc(2 * per, sizeof(float));
+    for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {
+        uint64_t replays[2] = {0, 0};
+        for (int ng = 0; ng < 2; ng++) {
+            gpu_engine g;
+            gpu_opts o = {.max_seqs = 2, .max_len = P + S + 1, .max_tokens = P, .kv_dtype = kv, .no_graphs = ng};
+            if (gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "%s", e.msg); continue; }
+            int nr, off0[2] = {0, P}, off1[2] = {0, P1}, s0 = 0, s1 = 1;
+            CHECK(gpu_seq_start(&g, 0, P + S) == 0 && gpu_seq_start(&g, 1, P1 + S) == 0, "pages");
+            CHECK(gpu_step(&g, 1, &s0, ids, off0, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+            CHECK(gpu_step(&g, 1, &s1, ids, off1, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+            uint64_t before = g.graph_steps;
+            for (int s = 0; s < S; s++) {
+                int n = s % 2 ? 1 : 2, slots[2] = {0, 1}, off[3] = {0, 1, 2};
+                int32_t feed[2] = {(int32_t)((s * 17 + 3) % V), (int32_t)((s * 5 + 11) % V)};
+                CHECK(gpu_step(&g, n, slots, feed, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+                memcpy(out + ng * per + (size_t)s * 2 * V, gpu_step_logits(&g, n), sizeof(float) * (size_t)n * V);
+            }
+            replays[ng] = g.graph_steps - before;
+            gpu_free(&g);
+        }
+        int eq = !memcmp(out, out + per, sizeof(float) * per);
+        CHECK(eq && replays[0] == S && replays[1] == 0,
+              "kv %s: decode steps replayed from graphs (%llu of %d) and launched kernel by kernel (%llu replays) %s", kv_name(kv),
+              (unsigned long long)replays[0], S, (unsigned long long)replays[1], eq ? "agree" : "differ");
+        printf("decode graphs, kv %s: %d steps of 1 and 2 rows across positions %d..%d, replayed = launched kernel by kernel, bit for bit: %s\n",
+               kv_name(kv), S, P, P + S, eq ? "yes" : "NO");
+    }
+    free(out);
+    free(ids);
+    ck_close(&m);
+}
 
 // ---- kernels against their CPU twins on the real shapes ------------------------------------
 
@@ -1187,6 +1232,7 @@ int main(void) {
         const char *dir = real4(pl, sizeof pl);
         if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
         variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, GPU_KV_F32);
+        graph_replay();
         CHECK_SKIP("the other fixtures, KV types, real shapes, long context, demo, moet eval", "MOET_GPU_TESTS=kernels");
         return check_report("test_gpu");
     }
@@ -1221,6 +1267,7 @@ int main(void) {
         if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
     }
     long_context();
+    graph_replay();
     largest_steps();
     versus_reference("tests/fixtures/demo", NULL, 200);
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
