@@ -235,7 +235,8 @@ run_harness() {
 }
 
 # compute-sanitizer memcheck on short GPU runs: moet run (fp8 KV, plane experts, an 80-token
-# prompt in a chunk of 64, the GPU's cut alignment, and its tail) and moet serve (bf16 KV, three
+# prompt in a chunk of 64, the GPU's cut alignment, and its tail; bf16 KV, a 400-token prompt in chunks
+# of 256, the prompt shapes of the products) and moet serve (bf16 KV, three
 # requests in one batch); any error report fails. Its report (stdout) and the
 # programs' output go to build/memcheck-*.log.
 gpu_memcheck() {
@@ -248,12 +249,15 @@ gpu_memcheck() {
     if $cs ./moet run --backend gpu --kv-dtype fp8 --model tests/fixtures/demo --planes build/demo.planes \
         --ids "1,5,9,200,17,33,4000,12,7,99,1000,2,3,4,5,6,$(seq -s, 100 163)" --greedy 6 --chunk 64 \
         >build/memcheck-run.log 2>&1; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    # a prompt step of 256 tokens: the prompt shapes of the products (k_mm_g, k_moe_up_g, k_moe_dn_g)
+    if $cs ./moet run --backend gpu --kv-dtype bf16 --model tests/fixtures/demo --planes build/demo.planes \
+        --ids "$(seq -s, 10 409)" --greedy 2 --chunk 256 >build/memcheck-prompt.log 2>&1; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
     if printf '%s\n' '{"id":"a","messages":[{"role":"user","content":"What does os.path.join do?"}],"max_tokens":12,"seed":1}' \
         '{"id":"b","prompt":"def f(x):","max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3}' \
         '{"id":"c","messages":[{"role":"user","content":"Explain zip."}],"max_tokens":10,"stream":true}' |
         $cs ./moet serve --backend gpu --max-num-seqs 3 --max-batch-tokens 66 >build/memcheck-serve.log 2>&1; then
         ok=$((ok + 1)); else bad=$((bad + 1)); fi
-    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-serve.log >&2 || true
+    grep -h "ERROR SUMMARY" build/memcheck-run.log build/memcheck-prompt.log build/memcheck-serve.log >&2 || true
     [ $bad = 0 ] || echo "build.sh: compute-sanitizer found errors (or a run failed): build/memcheck-*.log" >&2
     add_counts "memcheck (compute-sanitizer)" $ok $bad 0
 }

@@ -185,6 +185,13 @@ static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
                 const ck_layer *L = &m->layers[l];
                 g->moe_mm &= gpu_mm_ok_ck(&L->gate[x]) && gpu_mm_ok_ck(&L->up[x]) && gpu_mm_ok_ck(&L->down[x]) && L->gate[x].kind == L->up[x].kind;
             }
+    // the kind every routed expert matrix has (the launch shapes of gpu_moe_shape), or -1
+    g->k.moe_kind = experts_here ? m->layers[0].gate[0].kind : GPU_W_PLANES;
+    for (int l = 0; experts_here && l < c->n_layers; l++)
+        for (int x = 0; x < c->n_experts; x++) {
+            const ck_layer *L = &m->layers[l];
+            if (L->gate[x].kind != g->k.moe_kind || L->up[x].kind != g->k.moe_kind || L->down[x].kind != g->k.moe_kind) g->k.moe_kind = -1;
+        }
     g->embed = gpu_put(a, &m->embed, "embedding");
     g->final_norm = gpu_put(a, &m->final_norm, "final norm");
     g->lm_head = gpu_put(a, &m->lm_head, "lm_head");

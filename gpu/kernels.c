@@ -29,9 +29,9 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa")                                                                                       \
-    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p")              \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g")              \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_P, "k_moe_up_p")                      \
-    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_P, "k_moe_dn_p")
+    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -78,6 +78,8 @@ typedef struct {
     int smem_optin;        // the device's most dynamic shared memory per block (bytes)
     int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
+    int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
+    int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
     int ev_kernel[GPU_PROF_MAX];
@@ -104,6 +106,8 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
         k->smem_max[i] = GPU_SMEM_DEFAULT;
     }
     k->smem_optin = d->smem_optin;
+    k->moe_kind = -1;
+    k->moe_g_min = GPU_MMG_BN / 2;
     k->sms = d->sms;
     return 0;
 }

@@ -132,6 +132,14 @@ static int gpu_smem_room(gpu_kernels *k, int fn, size_t smem) {
     return k->smem_max[fn] == GPU_SMEM_DEFAULT ? smem + GPU_SMEM_STATIC <= GPU_SMEM_DEFAULT : smem <= (size_t)k->smem_max[fn];
 }
 
+// k_mm_g's dynamic shared memory for weights of kind (sass/mm.cuh: mmg_stage): GPU_MMG_STAGES stages
+// of the weights' slots (2, or 4 for BF16, 16-byte slots per thread) and the tokens' parts.
+static size_t gpu_mmg_smem(int kind) {
+    return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * GPU_MM_SPLITS * GPU_MMG_BN * 64);
+}
+
+static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int sh);
+
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
 // parts of x [T, K] (gpu_k_mm_split).
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
@@ -159,23 +167,58 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
                    GPU_ARGS((void *)set, &xs, &T));
         return;
     }
+    // k_mm_g: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged (its shared memory
+    // where the device has it: not on a GB10)
+    size_t gsmem = 0;
+    int g_kinds = 1;   // (planes take k_mm_p: k_mm_g carries FP8, NVFP4 and BF16)
+    for (int i = 0; i < set->n; i++) {
+        g_kinds &= set->W[i].kind != GPU_W_PLANES;
+        gsmem = gpu_mmg_smem(set->W[i].kind) > gsmem ? gpu_mmg_smem(set->W[i].kind) : gsmem;
+    }
+    if (sh == 2 && g_kinds && gpu_smem_room(k, K_MM_G, gsmem)) {
+        for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
+        gpu_launch(k, K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, GPU_MMG_BN), 1, "(row blocks of every matrix, token tiles, 1)"},
+                   GPU_MM_NT, gsmem, s, GPU_ARGS((void *)set, &xs, &T));
+        return;
+    }
+    gpu_k_mm_fixed(k, s, set, xs, T, sh);
+}
+
+// gpu_k_mm in launch shape sh (0 _d, 1 _b, 2 _p) whatever T (the harness compares them), set->first
+// as gpu_k_mm left it for that shape.
+static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int sh) {
     static const int fn[3] = {K_MM_D, K_MM_B, K_MM_P};
+    set->first[0] = 0;
+    for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, 16 * gpu_mm_rt[sh]);
     gpu_launch(k, fn[sh], (gpu_dim){set->first[set->n], gpu_cdiv(T, gpu_mm_tok[sh]), 1, "(row blocks of every matrix, token tiles, 1)"},
                GPU_MM_NT, 0, s, GPU_ARGS((void *)set, &xs, &T));
 }
 
-// The routed experts' launch shape for P = T·K pairs: 0 _d (P ≤ GPU_MM_TOK_B: items of at most
-// GPU_MOE_CAP_D pairs staged in shared memory), 1 _p; the pairs an item holds, and the row tiles of
-// 16 per block of k_moe_up and k_moe_dn.
-static int gpu_moe_shape(long long P) { return P <= GPU_MM_TOK_B ? 0 : 1; }
-static int gpu_moe_cap(long long P) { return gpu_moe_shape(P) == 0 ? GPU_MOE_CAP_D : GPU_MM_TOK; }
+// The routed experts' launch shape for P = T·K pairs over E experts: 0 _d (P ≤ GPU_MM_TOK_B: items
+// of at most GPU_MOE_CAP_D pairs staged in shared memory), 1 _p (items of GPU_MM_TOK), 2 _g (items
+// of GPU_MMG_BN through k_mm_g's stages: planes and NVFP4 experts where its shared memory fits, and
+// a step of k->moe_g_min pairs per expert or more (GPU_MMG_BN / 2: measured on the H200 at 16 pairs
+// per expert, k_moe_up_g's emptier tiles took 1.31 ms where _p took 0.78); the pairs an item holds, and the
+// row tiles of 16 per block of k_moe_up and k_moe_dn (_d, _p). Every shape gives the same bits. The
+// grouping (k_moe_sort, k_route) and the products take the same shape: k->moe_kind is set once.
+static int gpu_moe_shape(gpu_kernels *k, long long P, int E) {
+    if (P <= GPU_MM_TOK_B) return 0;
+    int g = P >= (long long)k->moe_g_min * E && (k->moe_kind == GPU_W_PLANES || k->moe_kind == GPU_W_NVFP4) &&
+            gpu_smem_room(k, K_MOE_UP_G, gpu_mmg_smem(k->moe_kind)) && gpu_smem_room(k, K_MOE_DN_G, gpu_mmg_smem(k->moe_kind));
+    return g ? 2 : 1;
+}
+static int gpu_moe_cap(gpu_kernels *k, long long P, int E) {
+    static const int cap[3] = {GPU_MOE_CAP_D, GPU_MM_TOK, GPU_MMG_BN};
+    return cap[gpu_moe_shape(k, P, E)];
+}
 static const int gpu_moe_rt_up[2] = {1, 2}, gpu_moe_rt_dn[2] = {4, 2};
 
-// The expert map of P = T·K pairs over E experts: how many items (runs of ≤ gpu_moe_cap(P) pairs of
-// one expert) a step can have, and the ints of the map (sass/moe_mm.cu) for any step of up to P
-// pairs (a smaller step may hold more items: its items are smaller).
+// The expert map of P = T·K pairs over E experts: how many items (runs of ≤ the shape's cap pairs
+// of one expert; counted with the smallest cap of P's shapes, GPU_MM_TOK past GPU_MM_TOK_B) a step
+// can have, and the ints of the map (sass/moe_mm.cu) for any step of up to P pairs (a smaller step
+// may hold more items: its items are smaller).
 static int gpu_moe_items_bound(long long P, int E) {
-    long long b = gpu_cdiv(P, gpu_moe_cap(P)) + E;
+    long long b = gpu_cdiv(P, P <= GPU_MM_TOK_B ? GPU_MOE_CAP_D : GPU_MM_TOK) + E;
     return (int)(b < P ? b : P);
 }
 static int gpu_moe_items_max(long long P, int E) {
@@ -187,7 +230,7 @@ static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_
 // map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu).
 static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
-    int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(P);
+    int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(k, P, E);
     gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound, &cap));
 }
 
@@ -201,7 +244,7 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
     if (T < 1 || T > GPU_ROUTE_T || !gpu_smem_room(k, K_ROUTE, smem)) return 0;
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
                 "k_route: top-%d of %d experts", K, E);
-    int P = T * K, bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(P);
+    int P = T * K, bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(k, P, E);
     gpu_launch(k, K_ROUTE, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, smem, s,
                GPU_ARGS(&logits, &E, &K, &T, &sel, &selw, &g, &u, &h, &n, &hs, &map, &bound, &cap));
     return 1;
@@ -212,7 +255,13 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
                          CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
-    int sh = gpu_moe_shape(P), rt = gpu_moe_rt_up[sh], bound = gpu_moe_items_bound(P, E);
+    int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
+    if (sh == 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu)
+        gpu_launch(k, K_MOE_UP_G, (gpu_dim){bound, gpu_cdiv(I, GPU_MMG_BM / 2), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
+                   gpu_mmg_smem(k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+        return;
+    }
+    int rt = gpu_moe_rt_up[sh];
     static const int fn[2] = {K_MOE_UP_D, K_MOE_UP_P};
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
     // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
@@ -225,7 +274,13 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 // ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
 static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
                          int H) {
-    int sh = gpu_moe_shape(P), rt = gpu_moe_rt_dn[sh], bound = gpu_moe_items_bound(P, E);
+    int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
+    if (sh == 2) {
+        gpu_launch(k, K_MOE_DN_G, (gpu_dim){bound, gpu_cdiv(H, GPU_MMG_BM), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
+                   gpu_mmg_smem(k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+        return;
+    }
+    int rt = gpu_moe_rt_dn[sh];
     static const int fn[2] = {K_MOE_DN_D, K_MOE_DN_P};
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
     // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory

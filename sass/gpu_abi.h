@@ -95,6 +95,14 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
 #define GPU_MM_RING_BYTES 49152
 #define GPU_MM_V_BLOCKS 3
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
+// k_mm_g (sass/mm.cuh: mmg_run): prompt steps in tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens per block
+// (warp w copies row tile w of 16; warps as 4 × 2 of 32 rows × GPU_MMG_BN / 2 tokens), GPU_MMG_STAGES
+// 64-blocks of both operands in flight through shared memory, GPU_MMG_BLOCKS blocks per multiprocessor.
+#define GPU_MMG_BM 128
+#define GPU_MMG_BN 64
+#define GPU_MMG_STAGES 4
+#define GPU_MMG_BLOCKS 1
+GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MM_WARPS == 8, "mmg_run: a row tile per warp, warps 4 × 2");
 // k_moe_sort: one block, a thread per expert for its scans.
 #define GPU_MOE_SORT_NT 1024
 // k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared

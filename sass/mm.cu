@@ -13,7 +13,10 @@
 //           of weights in flight per warp;
 //   k_mm_b  T ≤ GPU_MM_TOK_B: grid (Σ_i ceil(O_i / 16), ceil(T / 32)), four n-tiles;
 //   k_mm_p  beyond: grid (Σ_i ceil(O_i / 32), ceil(T / 32)), two row tiles per warp (the token
-//           tile's activations reused over 32 rows).
+//           tile's activations reused over 32 rows);
+//   k_mm_g  beyond, where its shared memory fits and the weights are FP8, NVFP4 or BF16 (mm.cuh:
+//           mmg_run): grid (Σ_i ceil(O_i / GPU_MMG_BM), ceil(T / GPU_MMG_BN)), both operands
+//           through GPU_MMG_STAGES stages.
 
 #include "mm.cuh"
 
@@ -159,5 +162,44 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(
     case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
     case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
     default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    }
+}
+
+// ---- prompts: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens (mm.cuh: mmg_run) ---------------------
+template <int KIND>
+__device__ __forceinline__ void mm_dense_g(const gpu_mat &W, int base, int t0, const __nv_bfloat16 *__restrict__ xs, int T, const int *tok,
+                                           const uint32_t *lut, float *__restrict__ y, int ldy) {
+    float tot[2][MMG_NW][4];
+    mmg_run<KIND, true>([&](int w, const gpu_mat *&M, int &row0) { M = &W, row0 = base + 16 * w; }, W.cols, xs, (size_t)T * W.cols, tok,
+                        mm_smem, lut, tot);
+    const float post = mm_post(W);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int n = 0; n < MMG_NW; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ti, rr, r;
+                mmg_place(i, n, e, ti, rr, r);
+                const int row = base + 16 * ti + rr;
+                if (row < W.rows && tok[r] >= 0) y[(size_t)(t0 + r) * ldy + row] = tot[i][n][e] * post;
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_mm_g(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    __shared__ uint32_t lut[16];
+    __shared__ int tok[GPU_MMG_BN];
+    int m = 0;
+    while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
+    const gpu_mat W = set.W[m];
+    const int base = ((int)blockIdx.x - set.first[m]) * GPU_MMG_BM, t0 = blockIdx.y * GPU_MMG_BN, ldy = set.ldy[m];
+    for (int r = threadIdx.x; r < GPU_MMG_BN; r += blockDim.x) tok[r] = t0 + r < T ? t0 + r : -1;
+    mm_plane_lut(lut);
+    __syncthreads();
+    float *__restrict__ y = (float *)set.y[m];
+    switch (W.kind) {
+    case GPU_W_FP8: mm_dense_g<GPU_W_FP8>(W, base, t0, xs, T, tok, lut, y, ldy); break;
+    case GPU_W_NVFP4: mm_dense_g<GPU_W_NVFP4>(W, base, t0, xs, T, tok, lut, y, ldy); break;
+    default: mm_dense_g<GPU_W_BF16>(W, base, t0, xs, T, tok, lut, y, ldy); break;   // (gpu_k_mm: FP8, NVFP4 and BF16 only)
     }
 }

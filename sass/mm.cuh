@@ -167,17 +167,18 @@ __device__ __forceinline__ void mm_cp_issue(const gpu_mat &W, int row0, int kb, 
     }
 }
 
-// The raw bytes of mm_load back from the thread's slots (mm_cp_issue's, landed).
+// The raw bytes of mm_load back from the slots of thread tid (mm_cp_issue's, landed), for a lane
+// of the same g and t.
 template <int KIND>
-__device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int g, mm_raw &r) {
-    const uint4 *s0 = (const uint4 *)(slots + threadIdx.x * 16);
+__device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int tid, int g, mm_raw &r) {
+    const uint4 *s0 = (const uint4 *)(slots + tid * 16);
     const int st = GPU_MM_NT;   // uint4 between a thread's slots
     if (KIND == GPU_W_FP8) {
         r.r0 = s0[0], r.r1 = s0[st];
     } else if (KIND == GPU_W_NVFP4) {
         r.r0 = s0[0];
         const uint4 sc = s0[st];
-        const int sh = 8 * (threadIdx.x & 3);   // byte t of each word
+        const int sh = 8 * (tid & 3);   // byte t of each word
         r.s = ((sc.x >> sh) & 0xffu) | (((sc.y >> sh) & 0xffu) << 8);
     } else if (KIND == GPU_W_BF16) {
         r.r0 = s0[0], r.r1 = s0[st], r.r2 = s0[2 * st], r.r3 = s0[3 * st];
@@ -217,6 +218,9 @@ __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t 
         a[1] = bb + lut[(r.r0.y >> sh) & 15u], a[3] = bb + lut[(r.r0.y >> (sh + 4)) & 15u];
     }
 }
+
+template <int KIND>
+__device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int g, mm_raw &r) { mm_cp_fetch<KIND>(slots, threadIdx.x, g, r); }
 
 // Fills the planes' nibble table (16 words); the caller synchronises.
 __device__ __forceinline__ void mm_plane_lut(uint32_t *lut) {
@@ -394,3 +398,162 @@ __device__ __forceinline__ void mm_stage(__nv_bfloat16 *dst, const __nv_bfloat16
 
 // The per-tensor scale that multiplies a kind's sums.
 __device__ __forceinline__ float mm_post(const gpu_mat &W) { return W.kind == GPU_W_FP8 || W.kind == GPU_W_NVFP4 ? W.s : 1.f; }
+
+// ---- prompts: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens through shared memory (k_mm_g) -------
+//
+// A block's GPU_MM_WARPS warps share each 64-block's operands: warp w copies the bytes its lanes
+// would load of row tile w (mm_cp_issue: the same slots as k_mm_v's ring) and every thread a share
+// of the tokens' three parts ([part][token][64] bf16, 16-byte pieces swizzled by token so a
+// warp's reads meet no bank twice), GPU_MMG_STAGES 64-blocks ahead (cp.async). Warp (wm, wn)
+// = (w % 4, w / 4) multiplies rows [32wm, +32) by tokens [GPU_MMG_BN/2 · wn, + GPU_MMG_BN/2): two
+// row tiles × MMG_NW n-tiles. The order: the 64-blocks kb ≡ 0 (mod GPU_MM_WARPS) in ascending kb, then those ≡ 1,
+// …, each class into a fresh accumulator (what warp w of mm_core sums: the same steps, q and
+// parts in the same order) that is added to the running total when the class ends, in class
+// order: mm_reduce's order. So a token's sums are the bits of every other shape.
+
+#define MMG_NW (GPU_MMG_BN / 16)   // n-tiles of 8 tokens per warp
+
+// Bytes of one stage: the weights' slots (mm_cp_slots), the parts [GPU_MM_SPLITS][GPU_MMG_BN][64] bf16.
+template <int KIND>
+struct mmg_stage {
+    static constexpr int a = mm_cp_slots<KIND>::bytes, b = GPU_MM_SPLITS * GPU_MMG_BN * 128, bytes = a + b;
+};
+
+// The swizzled place of 16-byte piece c (of 8) of token row r in a part: k_mm_g's reads of one
+// 16-byte piece per lane (pieces 2t + h of 8 tokens g… in each quarter warp), the planes' of 8
+// bytes (pieces 2q + t/2 of 4 tokens in each half warp), meet every bank once.
+template <int KIND>
+__device__ __forceinline__ int mmg_piece(int c, int r) { return KIND == GPU_W_PLANES ? c ^ ((r & 3) << 1) : c ^ (r & 7); }
+
+// The k of the 64-block a job j of KB takes: the classes kb ≡ w (mod GPU_MM_WARPS) one after the
+// other, the first KB % 8 of them one 64-block longer.
+__device__ __forceinline__ int mmg_kb(int j, int KB) {
+    const int q = KB / GPU_MM_WARPS, r = KB % GPU_MM_WARPS, big = r * (q + 1);
+    return j < big ? j / (q + 1) + GPU_MM_WARPS * (j % (q + 1)) : r + (j - big) / q + GPU_MM_WARPS * ((j - big) % q);
+}
+
+// One 64-block of the stage (sa: the weights' slots, sb: the parts) into acc [2][MMG_NW][4] of warp (wm, wn).
+template <int KIND>
+__device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, int wm, int wn, const uint32_t *lut, float (&acc)[2][MMG_NW][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    mm_raw raw[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) mm_cp_fetch<KIND>(sa, 32 * (2 * wm + i) + lane, g, raw[i]);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {   // steps q = 2h, 2h + 1
+        uint32_t a[2][2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int qq = 0; qq < 2; qq++) mm_widen<KIND>(raw[i], 2 * h + qq, lut, a[i][qq]);
+#pragma unroll
+        for (int n = 0; n < MMG_NW; n++) {
+            const int r = 8 * MMG_NW * wn + 8 * n + g;
+            uint2 b[2][GPU_MM_SPLITS];
+#pragma unroll
+            for (int s = 0; s < GPU_MM_SPLITS; s++) {
+                const uint8_t *row = sb + (size_t)(s * GPU_MMG_BN + r) * 128;
+                if (KIND == GPU_W_PLANES) {   // k = 16q + 4t: piece 2q + t/2, half t % 2
+#pragma unroll
+                    for (int qq = 0; qq < 2; qq++)
+                        b[qq][s] = *(const uint2 *)(row + mmg_piece<KIND>(2 * (2 * h + qq) + (t >> 1), r) * 16 + (t & 1) * 8);
+                } else {   // k = 16t + 4q: piece 2t + h holds q = 2h and 2h + 1
+                    const uint4 v = *(const uint4 *)(row + mmg_piece<KIND>(2 * t + h, r) * 16);
+                    b[0][s] = make_uint2(v.x, v.y), b[1][s] = make_uint2(v.z, v.w);
+                }
+            }
+#pragma unroll
+            for (int qq = 0; qq < 2; qq++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a[i][qq], b[qq][s].x, b[qq][s].y);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
+                }
+        }
+    }
+}
+
+// The block's tile: row tile w (< GPU_MM_WARPS) is rows [row0, row0 + 16) of matrix *M as tile(w, M,
+// row0) says (rows past M->rows: zeros), times the tokens tok[r] (r < GPU_MMG_BN, shared int32, -1:
+// none) of xs (parts ss apart, rows of K); tot[i][n][e] = the sum of row tile 2wm + i, row g + 8(e/2),
+// token 8·MMG_NW·wn + 8n + 2t + e%2 (mmg_place), before the kind's scale. smem: GPU_MMG_STAGES ·
+// mmg_stage<KIND>::bytes (dynamic). DEP: GPU_DEP is still to come (the first stages' weights are
+// requested before it). lut filled and published by the caller.
+template <int KIND, bool DEP, class Tile>
+__device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss, const int *tok, uint8_t *smem,
+                                        const uint32_t *lut, float (&tot)[2][MMG_NW][4]) {
+    constexpr int S = GPU_MMG_STAGES, ST = mmg_stage<KIND>::bytes;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5, wm = w & 3, wn = w >> 2;
+    const int KB = K / 64;
+    const gpu_mat *M;
+    int row0;
+    tile(w, M, row0);
+    const bool mine = KIND != GPU_W_PLANES || row0 < M->rows;   // (a planes tile is whole or absent)
+    auto issue_a = [&](int j) {
+        if (j < KB && mine) mm_cp_issue<KIND>(*M, row0, mmg_kb(j, KB), g, t, smem + (j % S) * ST);
+    };
+    auto issue_b = [&](int j) {
+        if (j >= KB) return;
+        const int kb = mmg_kb(j, KB);
+        uint8_t *sb = smem + (j % S) * ST + mmg_stage<KIND>::a;
+        for (int c = threadIdx.x; c < GPU_MM_SPLITS * GPU_MMG_BN * 8; c += GPU_MM_NT) {
+            const int s = c / (GPU_MMG_BN * 8), r = (c >> 3) % GPU_MMG_BN, p = c & 7, row = tok[r];
+            mm_cp<16>(sb + ((size_t)(s * GPU_MMG_BN + r) * 8 + mmg_piece<KIND>(p, r)) * 16,
+                      xs + s * ss + (size_t)(row >= 0 ? row : 0) * K + kb * 64 + p * 8, row >= 0);
+        }
+    };
+    if (DEP) {
+        for (int j = 0; j < S - 1; j++) issue_a(j);
+        GPU_DEP();
+    }
+    for (int j = 0; j < S - 1; j++) {
+        if (!DEP) issue_a(j);
+        issue_b(j);
+        mm_cp_commit();
+    }
+    float acc[2][MMG_NW][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int n = 0; n < MMG_NW; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][n][e] = 0.f, tot[i][n][e] = 0.f;
+    const int q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
+    int cls = 0, left = q8 + (r8 > 0);   // the class being summed, its 64-blocks still to come
+    for (int j = 0; j < KB; j++) {
+        mm_cp_wait<S - 2>();
+        __syncthreads();   // stage j landed for every thread; stage j − 1 read by every warp
+        issue_a(j + S - 1);
+        issue_b(j + S - 1);
+        mm_cp_commit();
+        mmg_mul<KIND>(smem + (j % S) * ST, smem + (j % S) * ST + mmg_stage<KIND>::a, wm, wn, lut, acc);
+        if (--left == 0) {   // the class ends: its sum joins the total (the first is the total)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int n = 0; n < MMG_NW; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) tot[i][n][e] = cls == 0 ? acc[i][n][e] : tot[i][n][e] + acc[i][n][e], acc[i][n][e] = 0.f;
+            cls++;
+            left = q8 + (cls < r8);
+        }
+    }
+    mm_cp_wait<0>();   // nothing left in flight into shared memory
+    // classes without a 64-block (K < 64 · GPU_MM_WARPS) add their zero, as mm_at does
+    for (; cls < GPU_MM_WARPS; cls++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int n = 0; n < MMG_NW; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[i][n][e] += 0.f;
+}
+
+// Where tot[i][n][e] of mmg_run lies: row tile ti (of the block's GPU_MM_WARPS), row rr in it, token r.
+__device__ __forceinline__ void mmg_place(int i, int n, int e, int &ti, int &rr, int &r) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    ti = 2 * (w & 3) + i, rr = (lane >> 2) + 8 * (e >> 1), r = 8 * MMG_NW * (w >> 2) + 8 * n + 2 * (lane & 3) + (e & 1);
+}

@@ -259,7 +259,7 @@ static double hk_map_err(CUdeviceptr map, const int32_t *sel, int P, int E) {
     int pos = 0, last = -1;
     for (int i = 0; ok && i < m[0]; i++) {
         const int *it = m + 1 + 3 * i;
-        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= gpu_moe_cap(P);
+        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= gpu_moe_cap(&hk.k, P, E);
         for (int j = 0; ok && j < it[2]; j++) {
             int p = perm[it[1] + j];
             ok = p >= 0 && p < P && !seen[p] && sel[p] == it[0];
@@ -344,7 +344,7 @@ static void hk_linear(void) {
             hk_row("k_linear", shape, fmt, err, HK_TOL_SUM, us, wbytes + 4.0 * T * K + obytes);
             // the tensor cores: k_mm_split, then k_mm over the parts (outputs poisoned again)
             CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * K);
-            for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows));
+            for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows, hk.s));   // ordered before the launch on hk.s
             gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs);
             gpu_lin_set ms = set;
             gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
@@ -353,6 +353,76 @@ static void hk_linear(void) {
             hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);
             HK_TIME(us, gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs));
             hk_row("k_mm_split", shape, "f32", hk_split_err(xs, x, (size_t)T * K), HK_TOL_SPLIT, us, 4.0 * T * K + 2.0 * GPU_MM_SPLITS * T * K);
+            free(x);
+        }
+        for (int i = 0; i < n; i++) free(wb[i]), free(sb[i]);
+        hk_reset();
+    }
+}
+
+// k_mm_g (a prompt's dense products, tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens through shared
+// memory) against k_mm_p on the same parts: the same bits, asked of every shape (sass/mm.cuh), at
+// a step of 8,192 tokens and at one of 300 (a token tile cut short); the time of both and the
+// tensor-core rate (2 · T · rows · K per product, the three parts counted once).
+static void hk_gemm(void) {
+    const ck_config *c = &hk.m.cfg;
+    int H = c->hidden;
+    const struct {
+        const char *name;
+        int n, kind[GPU_LIN_SET], rows[GPU_LIN_SET], cols;
+    } sets[] = {
+        {"GDN qkv|z|b|a", 4, {CK_W_FP8, CK_W_FP8, CK_W_BF16, CK_W_BF16}, {c->conv_dim, c->value_dim, c->lv_heads, c->lv_heads}, H},
+        {"GDN out", 1, {CK_W_FP8}, {H}, c->value_dim},
+        {"router|shared g|u|gate", 4, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {c->n_experts, c->shared_inter, c->shared_inter, 1}, H},
+        {"shared down", 1, {CK_W_NVFP4}, {H}, c->shared_inter},
+    };
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        int n = sets[si].n, K = sets[si].cols;
+        ck_mat W[GPU_LIN_SET];
+        uint8_t *wb[GPU_LIN_SET], *sb[GPU_LIN_SET];
+        gpu_lin_set set;
+        memset(&set, 0, sizeof set);
+        set.n = n;
+        double rows_all = 0;
+        for (int i = 0; i < n; i++) {
+            W[i] = kt_random_mat(sets[si].kind[i], sets[si].rows[i], K, &wb[i], &sb[i]);
+            set.W[i] = gpu_put(&hk.d, &W[i], "matrix");
+            rows_all += W[i].rows;
+        }
+        static const int Ts[] = {300, 8192};
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            float *x = hk_normal((size_t)T * K, 1.0f);
+            CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)T * K), xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * K);
+            float *yp[GPU_LIN_SET];
+            for (int i = 0; i < n; i++) set.y[i] = hk_up(NULL, sizeof(float) * (size_t)T * W[i].rows), set.ldy[i] = W[i].rows;
+            gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs);
+            gpu_lin_set ms = set;
+            double up, ug;
+            gpu_k_mm_fixed(&hk.k, hk.s, &ms, xs, T, 2);
+            for (int i = 0; i < n; i++) yp[i] = hk_down(set.y[i], sizeof(float) * (size_t)T * W[i].rows);
+            HK_TIME(up, gpu_k_mm_fixed(&hk.k, hk.s, &ms, xs, T, 2));
+            for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows, hk.s));   // ordered before the launch on hk.s
+            ms = set;
+            gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
+            int same = 1;
+            for (int i = 0; i < n; i++) {
+                float *yg = hk_down(set.y[i], sizeof(float) * (size_t)T * W[i].rows);
+                size_t nd = 0, first = 0;
+                for (size_t j = 0; j < (size_t)T * W[i].rows; j++)
+                    if (memcmp(&yg[j], &yp[i][j], 4)) first = nd++ ? first : j;
+                if (nd)
+                    printf("  matrix %d: %zu of %zu differ, the first at token %zu row %zu: k_mm_p %.9g, k_mm_g %.9g\n", i, nd,
+                           (size_t)T * W[i].rows, first / W[i].rows, first % W[i].rows, yp[i][first], yg[first]);
+                same &= nd == 0;
+                free(yg), free(yp[i]);
+            }
+            HK_TIME(ug, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
+            CHECK(same, "k_mm_g %s T=%d: not the bits of k_mm_p", sets[si].name, T);
+            double fl = 2.0 * T * rows_all * K;
+            printf("%-18s %-46s T=%5d: k_mm_p %9.1f µs (%6.1f TFLOP/s), k_mm_g %9.1f µs (%6.1f TFLOP/s), bits %s\n", "k_mm_g", sets[si].name, T, up,
+                   fl / (up * 1e-6) / 1e12, ug, fl / (ug * 1e-6) / 1e12, same ? "equal" : "DIFFERENT");
+            fflush(stdout);
             free(x);
         }
         for (int i = 0; i < n; i++) free(wb[i]), free(sb[i]);
@@ -444,6 +514,7 @@ static void hk_route_fused(void) {
 // groups them; k_moe_down reads the GPU's own h, so each kernel is measured alone.
 static void hk_experts(int kind) {
     const ck_config *c = &hk.m.cfg;
+    hk.k.moe_kind = kind;   // (the launch shapes follow it, as the engine's)
     int E = c->n_experts, K = c->topk, H = c->hidden, I = c->inter;
     ck_mat *gate = malloc(sizeof(ck_mat) * E), *up = malloc(sizeof(ck_mat) * E), *down = malloc(sizeof(ck_mat) * E);
     uint8_t **bufs = malloc(sizeof(uint8_t *) * 6 * (size_t)E);
@@ -502,7 +573,7 @@ static void hk_experts(int kind) {
         // k_moe_dn reading them; against the same twins (down over the GPU's own h)
         CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * H), hs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I);
         CUdeviceptr map = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
-        CU_CHECK(cu.cuMemsetD8(yd, 0xff, sizeof(float) * (size_t)P * H));
+        CU_CHECK(cu.cuMemsetD8Async(yd, 0xff, sizeof(float) * (size_t)P * H, hk.s));   // ordered before the launches on hk.s
         gpu_k_mm_split(&hk.k, hk.s, xd, H, H, T, xs);
         gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
         gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I);
@@ -532,6 +603,30 @@ static void hk_experts(int kind) {
         snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
         hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
+        hk.k.moe_g_min = 0;   // the _g shape from any pairs per expert
+        int forced = gpu_moe_shape(&hk.k, P, E) == 2;
+        hk.k.moe_g_min = GPU_MMG_BN / 2;
+        if (forced && gpu_moe_shape(&hk.k, P, E) == 1) {   // _g against the _p this step takes: the same bits
+            double up_g, dn_g, up_p, dn_p;
+            hk.k.moe_g_min = 0;
+            CUdeviceptr hsg = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydg = hk_up(NULL, sizeof(float) * (size_t)P * H);
+            CUdeviceptr mapg = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
+            gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, mapg);
+            gpu_k_moe_up(&hk.k, hk.s, ex, mapg, E, K, xs, T, H, hsg, I);
+            gpu_k_moe_dn(&hk.k, hk.s, ex, mapg, E, hsg, P, I, ydg, H);
+            uint16_t *hpg = hk_down(hsg, 2 * GPU_MM_SPLITS * (size_t)P * I);
+            float *gyg = hk_down(ydg, sizeof(float) * (size_t)P * H);
+            int same = !memcmp(hp, hpg, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyg, sizeof(float) * (size_t)P * H);
+            HK_TIME(up_g, gpu_k_moe_up(&hk.k, hk.s, ex, mapg, E, K, xs, T, H, hsg, I));
+            HK_TIME(dn_g, gpu_k_moe_dn(&hk.k, hk.s, ex, mapg, E, hsg, P, I, ydg, H));
+            hk.k.moe_g_min = GPU_MMG_BN / 2;
+            CHECK(same, "k_moe_up_g / k_moe_dn_g %s T=%d: not the bits of the _p shape", hk_kind(kind), T);
+            HK_TIME(up_p, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I));
+            HK_TIME(dn_p, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
+            printf("%-18s %-46s %-12s up _p %.1f µs, _g %.1f µs; down _p %.1f µs, _g %.1f µs; bits %s\n", "k_moe_*_g", shape, hk_kind(kind), up_p,
+                   up_g, dn_p, dn_g, same ? "equal" : "DIFFERENT");
+            free(hpg), free(gyg);
+        }
         free(hp), free(gy2);
         free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
         CU_CHECK(cu.cuCtxSynchronize());
@@ -867,6 +962,7 @@ int main(void) {
     if (hk_want("embed")) hk_embed();
     if (hk_want("norm")) hk_norm();
     if (hk_want("linear")) hk_linear();
+    if (hk_want("gemm")) hk_gemm();
     if (hk_want("router")) hk_router(), hk_route_fused();
     if (hk_want("experts")) hk_experts(CK_W_PLANES), hk_experts(CK_W_NVFP4);
     if (hk_want("combine")) hk_combine_silu();
