@@ -766,6 +766,9 @@ typedef struct {
     // Speculative decoding with the model's MTP head (engine_admit.spec): the most draft tokens a
     // slot may ask for (0: this backend or model does not speculate).
     int max_spec;
+    // The slot (admitted with spec > 0) drafts k ≤ that many tokens from its next pick on (its
+    // answer is the same with any k; --speculative-tokens auto). NULL where max_spec is 0.
+    void (*set_spec)(void *self, int slot, int k);
 } engine_backend;
 
 // What launch and collect return when the device is lost (engine_backend.launch).
@@ -934,7 +937,8 @@ typedef struct {
     int mtp_pos;    // rows already in the MTP head's own cache (the next row's RoPE position)
     float *mtp_k, *mtp_v;  // [max_len, kvh·hd] the MTP head's keys and values (models with a head)
     // speculation (engine_admit.spec; models with a head): ref_be_spec_row
-    int spec;       // drafts per decode row (0: none)
+    int spec;       // drafts per decode row (0: none), at most spec_cap (engine_backend.set_spec)
+    int spec_cap;   // the drafts it was admitted with
     int nd;         // drafts waiting for the next decode row
     int32_t draft[MOET_MAX_SPEC];
     int has_pend;   // pend is the hidden state of the last fed token, whose successor was not fed yet
@@ -1933,8 +1937,16 @@ static int ref_be_admit_from(void *self, int slot, const engine_admit *a, const 
     ref_reset(r, slot);
     if (n_from) ref_prefix_restore(r, &r->seqs[slot], from, n_from);
     r->seqs[slot].limit = a->reserve;
-    r->seqs[slot].spec = a->spec;
+    r->seqs[slot].spec = r->seqs[slot].spec_cap = a->spec;
     return 0;
+}
+
+// engine_backend.set_spec: the slot drafts k (≤ what it was admitted with) from its next pick on.
+static void ref_be_set_spec(void *self, int slot, int k) {
+    ref_engine *r = self;
+    ref_seq *q = &r->seqs[slot];
+    MOET_ASSERT(k >= 0 && k <= q->spec_cap, "set_spec: %d drafts for slot %d, admitted with %d", k, slot, q->spec_cap);
+    q->spec = k;
 }
 
 static int ref_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) { return ref_be_admit_from(self, slot, a, NULL, 0, e); }
@@ -2138,7 +2150,7 @@ static engine_backend ref_backend(ref_engine *r) {
     engine_backend b = {r, r->m->cfg.vocab, r->max_seqs, r->max_len, 1, ref_be_admit, ref_be_release,
                         ref_be_launch, ref_be_collect, ref_be_forward_all, r->pfx_block, r->pfx_blocks,
                         r->pfx_blocks ? ref_be_admit_from : NULL, r->pfx_blocks ? ref_be_save : NULL,
-                        r->pfx_blocks ? ref_be_drop : NULL, r->spec_max};
+                        r->pfx_blocks ? ref_be_drop : NULL, r->spec_max, r->spec_max ? ref_be_set_spec : NULL};
     return b;
 }
 
@@ -2462,8 +2474,91 @@ typedef struct {
     int thinking;           // enable_thinking of requests that do not set it
     int max_new_tokens;     // max_tokens of requests that give none (generation_config.json); 0: to the context limit
     uint64_t prefix_identity;   // the prefix cache's chain seed (prefix_identity); the cache is on when the backend keeps blocks
-    int spec;               // drafts per decode step (--speculative-tokens; 0: none)
+    int spec;               // drafts per decode step (--speculative-tokens; 0: none); with spec_auto the most
+    int spec_auto;          // --speculative-tokens auto: each step's drafts chosen by measurement (spec_ctrl)
 } serve_config;
+
+// ---- --speculative-tokens auto: a step's drafts chosen by measurement ------------------------------
+//
+// Drafting pays when the tokens a step emits per row grow faster than its time, which depends on
+// the device, the batch and the text (the head's acceptance): so it is measured. Per decode
+// batch size (buckets 1, 2–3, 4–7, …), each k in 0 .. kmax is held for SPEC_RUN steps at a time;
+// a run's first step is not counted (it verifies what the k before drafted), the others feed the
+// k's running mean of tokens per second (exponential, weight SPEC_EWMA). Every k is run
+// SPEC_PROBES times first, in order 0, 1, …; then the k of the most tokens per second is held
+// (a k > 0 only when it beats k = 0 by SPEC_MARGIN, so noise does not make decoding slower), and
+// every SPEC_REPROBE steps one run of a neighbour (one less, then one more, in turn) keeps its
+// measure current. Only the speed depends on it: a sequence's tokens are the same with any drafts.
+#define SPEC_BUCKETS 13     // batch sizes up to 2^13 − 1 (MOET_MAX_SEQS 4,096)
+#define SPEC_RUN 4          // steps a choice is held
+#define SPEC_PROBES 2       // runs of every k before choosing
+#define SPEC_REPROBE 64     // steps between two runs of a neighbour of the choice
+#define SPEC_EWMA 0.25      // weight of a new measurement
+#define SPEC_MARGIN 1.03    // how much faster than no drafts a k > 0 must be
+#define SPEC_AUTO_MAX 4     // the most drafts auto tries
+_Static_assert(MOET_MAX_SEQS < (1 << SPEC_BUCKETS), "spec_ctrl: a bucket for every batch size");
+typedef struct {
+    int kmax;
+    double tps[SPEC_BUCKETS][MOET_MAX_SPEC + 1];   // tokens per second of steps with k drafts a row
+    int obs[SPEC_BUCKETS][MOET_MAX_SPEC + 1];      // steps counted
+    int runs[SPEC_BUCKETS][MOET_MAX_SPEC + 1];     // runs ended
+    int cur[SPEC_BUCKETS], left[SPEC_BUCKETS], first[SPEC_BUCKETS];   // the k held, its steps to go, its first step to come
+    int side[SPEC_BUCKETS];                        // the next reprobe's neighbour: 0 below, 1 above
+    uint64_t since[SPEC_BUCKETS];                  // steps since the last reprobe
+} spec_ctrl;
+
+static void spec_ctrl_init(spec_ctrl *c, int kmax) {
+    memset(c, 0, sizeof *c);
+    c->kmax = kmax < 0 ? 0 : kmax > MOET_MAX_SPEC ? MOET_MAX_SPEC : kmax;
+}
+
+static int spec_bucket(int B) {
+    int b = 0;
+    while (b + 1 < SPEC_BUCKETS && (2 << b) <= B) b++;
+    return b;
+}
+
+// The choice of bucket b: 0, or the fastest k measured when it beats 0 by SPEC_MARGIN.
+static int spec_ctrl_best(const spec_ctrl *c, int b) {
+    int best = 0;
+    for (int k = 1; k <= c->kmax; k++)
+        if (c->obs[b][k] && c->tps[b][k] > c->tps[b][best] && (best > 0 || c->tps[b][k] > SPEC_MARGIN * c->tps[b][0])) best = k;
+    return best;
+}
+
+// The drafts a row of a decode step of B rows proposes (held for SPEC_RUN steps of its bucket).
+static int spec_ctrl_pick(spec_ctrl *c, int B) {
+    int b = spec_bucket(B);
+    if (c->left[b] > 0) return c->cur[b];
+    int k = -1;
+    for (int i = 0; i <= c->kmax && k < 0; i++)
+        if (c->runs[b][i] < SPEC_PROBES) k = i;
+    if (k < 0) {
+        k = spec_ctrl_best(c, b);
+        if (c->since[b] >= SPEC_REPROBE && c->kmax > 0) {
+            c->since[b] = 0;
+            c->side[b] ^= 1;
+            int n = c->side[b] ? k + 1 : k - 1;
+            k = n < 0 ? k + 1 : n > c->kmax ? k - 1 : n;
+        }
+    }
+    c->cur[b] = k, c->left[b] = SPEC_RUN, c->first[b] = 1;
+    return k;
+}
+
+// A decode step of B rows with k drafts a row (spec_ctrl_pick's) emitted `tokens` in `seconds`.
+static void spec_ctrl_note(spec_ctrl *c, int B, int k, double tokens, double seconds) {
+    int b = spec_bucket(B);
+    if (k != c->cur[b] || c->left[b] <= 0 || seconds <= 0) return;
+    c->since[b]++;
+    if (--c->left[b] == 0) c->runs[b][k]++;
+    if (c->first[b]) {
+        c->first[b] = 0;
+        return;
+    }
+    double v = tokens / seconds;
+    c->tps[b][k] = c->obs[b][k]++ ? (1 - SPEC_EWMA) * c->tps[b][k] + SPEC_EWMA * v : v;
+}
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };
 enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR };
@@ -2553,6 +2648,7 @@ typedef struct {
     int32_t *chain;         // [max_len / prefix_block] one admission's cached blocks
     uint64_t cached_tokens; // prompt tokens restored from the cache
     uint64_t spec_drafted, spec_accepted;   // drafts verified, and emitted, over every request
+    spec_ctrl ctl;          // --speculative-tokens auto
     arena mem;
 } serve_ctx;
 
@@ -2607,6 +2703,9 @@ static void serve_carve(serve_ctx *S, arena *a) {
 static int serve_init(serve_ctx *S, const serve_config *cfg, engine_backend be, serve_codec codec, moet_err *e) {
     memset(S, 0, sizeof *S);
     S->cfg = *cfg;
+    MOET_ASSERT(!cfg->spec_auto || (be.set_spec && cfg->spec >= 1 && cfg->spec <= be.max_spec), "--speculative-tokens auto: up to %d drafts "
+                "on a backend of %d", cfg->spec, be.max_spec);
+    spec_ctrl_init(&S->ctl, cfg->spec_auto ? cfg->spec : 0);
     S->be = be;
     S->codec = codec;
     S->V = be.n_vocab;
@@ -2973,8 +3072,24 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
     po_fmt(o, ",\"cached_prompt_tokens\":%" PRIu64 ",\"prefix_cache\":{\"block_tokens\":%d,\"blocks\":%d,\"blocks_used\":%d,"
               "\"blocks_held\":%d,\"hits\":%" PRIu64 ",\"saves\":%" PRIu64 ",\"evictions\":%" PRIu64 "}",
            S->cached_tokens, T->block, T->cap, T->n_live, T->cap ? prefix_held(T) : 0, T->hits, T->saves, T->evictions);
-    po_fmt(o, ",\"speculation\":{\"draft_tokens\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 "}", S->cfg.spec, S->spec_drafted,
+    po_fmt(o, ",\"speculation\":{\"draft_tokens\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64, S->cfg.spec, S->spec_drafted,
            S->spec_accepted);
+    if (S->cfg.spec_auto) {   // each batch bucket's choice and tokens per second per k (null: not measured)
+        po_fmt(o, ",\"auto\":[");
+        int any = 0;
+        for (int b = 0; b < SPEC_BUCKETS; b++) {
+            int seen = 0;
+            for (int k = 0; k <= S->ctl.kmax; k++) seen |= S->ctl.obs[b][k] > 0;
+            if (!seen) continue;
+            po_fmt(o, "%s{\"batch_from\":%d,\"draft_tokens\":%d,\"tok_s\":[", any++ ? "," : "", 1 << b, spec_ctrl_best(&S->ctl, b));
+            for (int k = 0; k <= S->ctl.kmax; k++)
+                if (S->ctl.obs[b][k]) po_fmt(o, "%s%.1f", k ? "," : "", S->ctl.tps[b][k]);
+                else po_fmt(o, "%snull", k ? "," : "");
+            po_fmt(o, "]}");
+        }
+        po_fmt(o, "]");
+    }
+    po_fmt(o, "}");
     po_fmt(o, ",\"expert_cache\":{\"pool_slots\":%" PRIu64 ",\"file_slots\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
               ",\"bytes_read\":%" PRIu64 ",\"read_s\":",
            pf_cache_stats.pool_slots, pf_cache_stats.file_slots, pf_cache_stats.hits, pf_cache_stats.misses, pf_cache_stats.bytes);
@@ -3145,12 +3260,13 @@ static void serve_admit(serve_ctx *S) {
         int nb = 0;
         uint64_t h = 0;
         // requests draft with the MTP head (--speculative-tokens); they start from their first
-        // token (the head's cache is not in prefix blocks), and save blocks as any other
+        // token (the head's cache is not in prefix blocks), and save blocks as any other. With
+        // auto, a request whose prompt starts with cached blocks takes them and does not draft.
         int spec = S->cfg.spec;
-        if (S->pfx.cap && !spec) {
+        if (S->pfx.cap && (!spec || S->cfg.spec_auto)) {
             nb = prefix_match(&S->pfx, r->tok, (r->n_prompt - 1) / S->pfx.block, S->chain, &h);
             if (serve_prefix_pending(S, r, nb)) break;
-            if (nb) prefix_hold(&S->pfx, S->chain[nb - 1]);   // not evicted below (nor its parents: they have a child)
+            if (nb) prefix_hold(&S->pfx, S->chain[nb - 1]), spec = 0;   // not evicted below (nor its parents: they have a child)
         }
         engine_admit a = {r->sp, r->seed, r->logprobs, r->top_logprobs, r->tok, r->n_prompt, reserve, spec};
         moet_err e = {{0}};
@@ -3237,6 +3353,7 @@ static int serve_step(serve_ctx *S) {
         S->row_rec[n++] = S->running[i];
         S->off[n] = T;
     }
+    int n_dec = n;   // the decode rows: the first n_dec
     // prefill chunks, oldest first. A chunk ends at the prompt's end or at a multiple of
     // chunk_align (absolute positions; every earlier chunk ended at one, so n_fed is one): a
     // prompt whose next aligned block does not fit waits, and a later one may use the room.
@@ -3255,16 +3372,32 @@ static int serve_step(serve_ctx *S) {
         S->off[n] = T;
     }
     if (n == 0) return 0;
+    // --speculative-tokens auto: the drafts of this step's decode rows (spec_ctrl), timed when
+    // the step is all decode rows
+    int k = -1;
+    if (S->cfg.spec_auto && n_dec) {
+        k = spec_ctrl_pick(&S->ctl, n_dec);
+        for (int i = 0; i < n_dec; i++) {
+            const serve_rec *r = &S->recs[S->row_rec[i]];
+            if (r->spec) S->be.set_spec(S->be.self, r->slot, k < r->spec ? k : r->spec);
+        }
+    }
     moet_err e = {{0}};
     engine_step st = {n, S->row_slot, S->ids, S->off, S->want};
     engine_result res;
     S->steps++;
+    double t0 = moet_now();
     int rc = S->be.launch(S->be.self, &st, &e);
     if (rc == 0) {
         // host work while the step runs: new lines become requests (admitted before the next
         // step, as when they are read after this one), cancels are marked, errors answered
         if (!S->stopping) serve_input(S, 0);
         rc = S->be.collect(S->be.self, &res, &e);
+    }
+    if (rc == 0 && k >= 0 && n == n_dec) {
+        int emitted = 0;
+        for (int i = 0; i < n; i++) emitted += res.n_tok ? res.n_tok[i] : 1;
+        spec_ctrl_note(&S->ctl, n_dec, k, emitted, moet_now() - t0);
     }
     if (rc != 0) {
         // a failed step ends its own requests; a lost device every request there is (running and
@@ -3724,11 +3857,12 @@ static const char serve_usage[] =
     "                          input, while the layer computes (default on)\n"
     "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
     "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
-    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; a greedy\n"
-    "                          answer is the one without drafts, token for token, a sampled one\n"
-    "                          has its distribution. auto (default): 0 on every backend today\n"
-    "                          (the CPU reference computes each verified token in full, so drafts\n"
-    "                          cost more than they save; the GPU backend does not draft yet)\n"
+    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; an answer\n"
+    "                          is the one without drafts, token for token. auto (default): with a\n"
+    "                          head and a backend that drafts (the CPU reference; the GPU does not\n"
+    "                          draft yet), 0 to 4 drafts a step, for each batch size the fastest\n"
+    "                          measured (tried in turn at first, then now and then again); none\n"
+    "                          without a head\n"
     "  -h, --help              this text\n";
 
 typedef struct {
@@ -3828,8 +3962,8 @@ static int cmd_serve(int argc, char **argv) {
     if (ck_open(&m, model, &e)) goto fail;
     have_m = 1;
     if (fl.mtp && ck_mtp_open(&m, fl.mtp, &e)) goto fail;
-    // --speculative-tokens: auto drafts nowhere yet (see the usage); a number needs the head
-    int spec = !fl.spec || !strcmp(fl.spec, "auto") ? 0 : atoi(fl.spec);
+    // --speculative-tokens: a number needs the head; auto drafts where the backend can (below)
+    int spec_auto = !fl.spec || !strcmp(fl.spec, "auto"), spec = spec_auto ? 0 : atoi(fl.spec);
     if (spec && ck_mtp_need(&m, &e)) goto fail;
     if (ck_path(tpath, sizeof tpath, model, "tokenizer.json") || ck_path(cpath, sizeof cpath, model, "tokenizer_config.json")) {
         err_set(&e, "%s: path too long", model);
@@ -3866,7 +4000,12 @@ static int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     cfg.spec = spec;
-    if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
+    if (spec_auto && E.be.max_spec > 0) {   // a head and a backend that drafts: measured per batch size
+        cfg.spec = E.be.max_spec < SPEC_AUTO_MAX ? E.be.max_spec : SPEC_AUTO_MAX;
+        cfg.spec_auto = 1;
+        fprintf(stderr, "moet serve: speculative decoding: auto (0 to %d draft tokens per step, each batch size's fastest, measured)\n",
+                cfg.spec);
+    } else if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
     if (E.be.prefix_blocks) {
         cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
         size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);

@@ -185,7 +185,7 @@ static engine_backend gpu_backend_of(gpu_backend *b) {
     engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, b->g.chunk_align, gpu_be_admit, gpu_be_release,
                          gpu_be_launch, gpu_be_collect, gpu_be_forward_all, b->g.pfx_block, b->g.pfx_blocks,
                          b->g.pfx_blocks ? gpu_be_admit_from : NULL, b->g.pfx_blocks ? gpu_be_save : NULL,
-                         b->g.pfx_blocks ? gpu_be_drop : NULL, 0};   // no speculation on the GPU yet
+                         b->g.pfx_blocks ? gpu_be_drop : NULL, 0, NULL};   // no speculation on the GPU yet
     return be;
 }
 

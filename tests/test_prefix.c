@@ -421,7 +421,7 @@ static char input[4 << 20];
 static int run_server(engine_backend be, const char *in, int seqs, int batch, serve_ctx *S) {
     inner = be;
     if (be.drop) be.drop = checked_drop;
-    serve_config cfg = {seqs, batch, 256, 5, "test", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 0, {0}, 7, 0, 0, 12345, 0};
+    serve_config cfg = {seqs, batch, 256, 5, "test", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 0, {0}, 7, 0, 0, 12345, 0, 0};
     moet_err e = {{0}};
     if (serve_init(S, &cfg, be, (serve_codec){NULL, codec_encode, codec_piece}, &e)) {
         CHECK(0, "serve_init: %s", e.msg);

@@ -204,9 +204,9 @@ static int run_server(const char *input, int seqs, int batch_tokens, int queue, 
     tb.capacity = tb_capacity;
     tb.align = tb_align;
     engine_backend be = {&tb, TB_V, 64, max_len, tb_align > 1 ? tb_align : 1, tb_admit, tb_release, tb_launch, tb_collect, tb_forward_all,
-                         0, 0, NULL, NULL, NULL, 0};   // no prefix blocks, no drafts
+                         0, 0, NULL, NULL, NULL, 0, NULL};   // no prefix blocks, no drafts
     serve_codec codec = {NULL, tb_encode, tb_piece};
-    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens, 0, 0};
+    serve_config cfg = {seqs, batch_tokens, queue, 5, "test-model", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 2, {TB_IM_END, TB_EOT}, 42, 1, tb_max_new_tokens, 0, 0, 0};
     moet_err e = {{0}};
     if (samp_bank_init(&tb.bank, TB_V, 64, max_len, &e) != 0 || serve_init(&S, &cfg, be, codec, &e) != 0) {
         fprintf(stderr, "serve_init: %s\n", e.msg);
@@ -833,7 +833,62 @@ static void test_tools(void) {
           text, TOOLS3_PROMPT);
 }
 
+// spec_ctrl (--speculative-tokens auto) on modelled devices: a step of B rows with k drafts a row
+// takes c0 + c1·k seconds and emits B·(1 + p + … + p^k) tokens (acceptance p per draft). After
+// trying every k it holds the model's fastest — 0 where drafts cost more than they give, 0 where
+// a k > 0 is faster by less than SPEC_MARGIN — and leaves it only for the short runs that
+// measure a neighbour again; each batch bucket on its own.
+static void test_spec_ctrl(void) {
+    static const struct {
+        double c0, c1, p;
+    } dev[] = {{1.0, 0.05, 0.7}, {1.0, 0.6, 0.5}, {1.0, 0.02, 0.0}, {1.0, 0.0, 0.02}, {0.002, 0.0004, 0.8}};
+    for (size_t d = 0; d < sizeof dev / sizeof dev[0]; d++)
+        for (int B = 1; B <= 64; B *= 8) {
+            spec_ctrl c;
+            spec_ctrl_init(&c, 4);
+            double tps[5];
+            int want = 0, held[5] = {0}, steps = 2000, after = 400, in_range = 1;
+            for (int k = 0; k <= 4; k++) {
+                double emit = 0, a = 1;
+                for (int i = 0; i <= k; i++) emit += a, a *= dev[d].p;
+                tps[k] = B * emit / (dev[d].c0 + dev[d].c1 * k);
+                if (k && tps[k] > tps[want] && (want || tps[k] > SPEC_MARGIN * tps[0])) want = k;
+            }
+            for (int s = 0; s < steps; s++) {
+                int k = spec_ctrl_pick(&c, B);
+                if (k < 0 || k > 4) {
+                    in_range = 0;
+                    break;
+                }
+                spec_ctrl_note(&c, B, k, tps[k] * (dev[d].c0 + dev[d].c1 * k), dev[d].c0 + dev[d].c1 * k);
+                if (s >= after) held[k]++;
+            }
+            int other = spec_bucket(B) ? 0 : 1, untouched = 1;   // a bucket no step fell in: nothing measured there
+            for (int k = 0; k <= 4; k++) untouched &= c.obs[other][k] == 0;
+            CHECK(in_range && held[want] >= 0.9 * (steps - after) && spec_ctrl_best(&c, spec_bucket(B)) == want && untouched,
+                  "spec_ctrl, device %zu, batch %d: held %d drafts %d of %d steps (the model's fastest: %d), chose %d", d, B, want,
+                  held[want], steps - after, want, spec_ctrl_best(&c, spec_bucket(B)));
+        }
+    // two batch sizes in turn on one controller, drafts paying at 1 row and not at 16: each its own choice
+    {
+        spec_ctrl c;
+        spec_ctrl_init(&c, 4);
+        for (int s = 0; s < 4000; s++) {
+            int B = s % 2 ? 16 : 1, k = spec_ctrl_pick(&c, B);
+            double sec = B == 1 ? 1.0 + 0.05 * k : 1.0 + 1.0 * k, emit = 0, a = 1;
+            for (int i = 0; i <= k; i++) emit += a, a *= 0.7;
+            spec_ctrl_note(&c, B, k, B * emit, sec);
+        }
+        CHECK(spec_ctrl_best(&c, spec_bucket(1)) == 4 && spec_ctrl_best(&c, spec_bucket(16)) == 0,
+              "spec_ctrl: batches of 1 and 16 in turn chose %d and %d drafts (4 and 0 are the fastest)", spec_ctrl_best(&c, spec_bucket(1)),
+              spec_ctrl_best(&c, spec_bucket(16)));
+    }
+    printf("spec_ctrl: 5 modelled devices x 3 batch sizes: the fastest number of drafts held (0 where drafts cost more, or "
+           "gain less than %.0f %%); batches of 1 and 16 in turn each their own\n", (SPEC_MARGIN - 1) * 100);
+}
+
 int main(void) {
+    test_spec_ctrl();
     test_tools();
     test_admission_room();
     test_auto_ids();

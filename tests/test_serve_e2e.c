@@ -589,13 +589,13 @@ static void test_faults(void) {
     }
 }
 
-// Speculative decoding with the demo's trained MTP head (--mtp, --speculative-tokens 3): greedy
-// requests (one with a stop string, one with a token budget that ends inside a verified row)
-// give the tokens and logprobs of the run without drafts, and say in usage how many drafts
-// made it into the answer; a sampled request drafts too (its tokens may differ: only their
-// distribution is kept). The GPU backend refuses drafts.
+// Speculative decoding with the demo's trained MTP head (--mtp, --speculative-tokens 3, and auto:
+// the drafts of each step chosen by measurement): greedy requests (one with a stop string, one
+// with a token budget that ends inside a verified row) give the tokens and logprobs of the run
+// without drafts, and say in usage how many drafts made it into the answer; a sampled request
+// drafts too. The GPU backend refuses drafts.
 static void test_speculation(void) {
-    static char texts[2][6][4096];
+    static char texts[3][6][4096];
     size_t at = 0;
     for (int k = 0; k < 4; k++)
         at += (size_t)snprintf(input + at, sizeof input - at,
@@ -613,8 +613,8 @@ static void test_speculation(void) {
         return;
     }
     long long accepted = 0, rejected = 0;
-    for (int run = 0; run < 2; run++) {
-        const char *args[] = {"--mtp", mtp, "--speculative-tokens", run ? "3" : "0", "--max-num-seqs", "3", NULL};
+    for (int run = 0; run < 3; run++) {
+        const char *args[] = {"--mtp", mtp, "--speculative-tokens", run == 2 ? "auto" : run ? "3" : "0", "--max-num-seqs", "3", NULL};
         int rc = run_moet(input, args);
         parse_answers();
         CHECK(rc == 0, "speculation run %d: exit %d", run, rc);
@@ -630,15 +630,17 @@ static void test_speculation(void) {
                           *rej = path(a, "usage", "completion_tokens_details", "rejected_prediction_tokens", 0);
             if (run) {
                 CHECK(acc && rej && acc->type == JS_NUM && rej->type == JS_NUM, "%s: drafts counted in usage: %.400s", id, ans_line[a]);
-                if (acc && rej && k < 4) accepted += acc->i64, rejected += rej->i64;
+                if (acc && rej && k < 4 && run == 1) accepted += acc->i64, rejected += rej->i64;
             } else
                 CHECK(!acc && !rej, "%s: no completion_tokens_details without drafts", id);
-            if (run && k < 4) CHECK(!strcmp(texts[0][k], texts[1][k]), "%s: with drafts %.600s\nwithout %.600s", id, texts[1][k], texts[0][k]);
+            if (run && k < 4)
+                CHECK(!strcmp(texts[0][k], texts[run][k]), "%s: with drafts (%s) %.600s\nwithout %.600s", id, run == 2 ? "auto" : "3",
+                      texts[run][k], texts[0][k]);
         }
     }
     CHECK(accepted > 0, "greedy answers with drafts: %lld accepted, %lld rejected", accepted, rejected);
     printf("serve: speculative decoding, 4 greedy requests, 3 drafts a step: %lld drafts in the answers, %lld not; the answers as "
-           "without drafts\n", accepted, rejected);
+           "without drafts, with 3 and with auto\n", accepted, rejected);
 }
 
 // The expert cache (--expert-cache-gb, CPU): a pool of a quarter of the demo's slots (with the
