@@ -26,15 +26,15 @@ typedef struct {
     int no_graphs;                       // 1: every step's kernels launched one by one (moet bench --cuda-graphs off)
 } gpu_opts;
 
+// Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
+// gpu_linear_n and gpu_moe_layer a few more), and the step's head and tail as one more layer.
+#define GPU_GRAPH_LAYER_NODES 24
+
 // A decode step as a CUDA graph (gpu_graphs_capture): the kernels of a step of n rows of one
 // token each, captured at boot and replayed by one launch. Such steps differ only in their
 // metadata (device buffers the kernels read: ids, positions, slots, block tables) and in the
 // chunks split attention covers, the grid.z of its kernel: set again on the executable graph's
 // attention nodes when the step's deepest token enters another chunk (gpu_graph_launch).
-// Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
-// gpu_linear_n and gpu_moe_layer a few more), and the step's head and tail as one more layer.
-#define GPU_GRAPH_LAYER_NODES 24
-
 typedef struct {
     CUgraph graph;                       // kept: its kernel nodes own the argument copies att_p points at
     CUgraphExec exec;
