@@ -5,17 +5,19 @@
 //
 // Per batch size B: B sequences get a prompt of --prompt random tokens (prefill, timed, in
 // steps of --max-batch-tokens), then are filled to --depth tokens of context (untimed), then
-// decode --gen steps of B tokens each (timed). Tokens are random ids: throughput does not
+// decode --gen steps of B tokens each (timed). Prompt tokens are random ids: throughput does not
 // depend on the values (every op's work is fixed by the shapes), except the routed experts,
-// whose touched set at B > 1 follows the router.
+// whose touched set at B > 1 follows the router. Each decode step feeds every sequence its own
+// last token, picked greedily, as serving does; with --speculative-tokens N its MTP head drafts N
+// a step and a step emits 1 .. N + 1 tokens a sequence (counted: the decode rate is of tokens).
 
 typedef struct {
     const char *model, *planes, *backend, *kv_dtype_name;
     moet_list batch;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec;
     pf_serve_opts popt;
     double host_margin_gb, expert_cache_gb;
-    const char *prefetch, *graphs;
+    const char *prefetch, *graphs, *mtp;
 } bench_opts;
 
 static const char bench_usage[] =
@@ -36,6 +38,9 @@ static const char bench_usage[] =
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
     "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
     "                        host launches every kernel of every step\n"
+    "  --speculative-tokens N  drafts the MTP head proposes per decode step (default 0): each batch\n"
+    "                        then reports the drafts verified and accepted and the tokens per step\n"
+    "  --mtp FILE            the MTP head (mtp.* tensors) from this file, for a checkpoint without one\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                        memory plan leaves the host (default 4)\n"
@@ -62,6 +67,8 @@ static const moet_flag bench_flag_table[] = {
     FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", bench_opts, prefetch, "on|off"),
     FLAG_CHOICE("--cuda-graphs", bench_opts, graphs, "on|off"),
+    FLAG_INT("--speculative-tokens", bench_opts, spec, 0, MOET_MAX_SPEC),
+    FLAG_FILE("--mtp", bench_opts, mtp),
 };
 
 // The device's copy bandwidth: a 1 GiB device-to-device copy, best of 5, bytes read + written.
@@ -94,15 +101,21 @@ static double bench_copy_gbs(gpu_engine *g) {
 
 // One step through the backend interface, waited for (launch + collect): what serving does.
 // *launch_s (if not NULL) += the seconds the host spent queueing the step (be->launch): next to
-// the step's time, how much of it the host's launches take.
+// the step's time, how much of it the host's launches take. res (if not NULL): the step's results.
 static int bench_step(engine_backend *be, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, double *launch_s,
-                      moet_err *e) {
+                      engine_result *res, moet_err *e) {
     engine_step st = {n, slots, ids, off, want};
-    engine_result res;
+    engine_result r;
     double t = moet_now();
     if (be->launch(be->self, &st, e)) return -1;
     if (launch_s) *launch_s += moet_now() - t;
-    return be->collect(be->self, &res, e);
+    return be->collect(be->self, res ? res : &r, e);
+}
+
+// Row i's last token of a step's results: the picked one, or the last of those a speculating row emitted.
+static int32_t bench_last(const engine_result *res, int i) {
+    int nt = res->n_tok ? res->n_tok[i] : 1;
+    return nt > 1 ? res->more[(size_t)i * MOET_MAX_SPEC + nt - 2] : res->token[i];
 }
 
 // The expert cache (--expert-cache-gb, format/planes_model.c) over a batch's timed decode steps:
@@ -168,14 +181,25 @@ static int cmd_bench(int argc, char **argv) {
     ck_model m;
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
     const ck_config *c = &m.cfg;
-    int max_len = o.depth + o.gen + (o.profile ? 4 : 0), rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
+    // a decode step emits up to spec + 1 tokens a sequence
+    int max_len = o.depth + (o.gen + (o.profile ? 4 : 0)) * (o.spec + 1) + 1, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
     double copy_gbs = 0;
+    if ((o.mtp && ck_mtp_open(&m, o.mtp, &e)) || (o.spec && ck_mtp_need(&m, &e))) {
+        fprintf(stderr, "moet bench: %s\n", e.msg);
+        ck_close(&m);
+        return 1;
+    }
     engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb,
                       o.graphs && !strcmp(o.graphs, "off")};
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;
+    if (o.spec > be->max_spec) {
+        fprintf(stderr, "moet bench: --speculative-tokens %d: the %s backend %s\n", o.spec, use_gpu ? "GPU" : "CPU",
+                be->max_spec ? "drafts fewer tokens per step" : "does not draft (yet)");
+        goto out;
+    }
     if (o.profile && !use_gpu) {   // nothing to time kernel by kernel: say so rather than print nothing
         fprintf(stderr, "moet bench: --profile times the GPU's kernels; this run is on the CPU reference\n");
         rc = 2;
@@ -206,7 +230,7 @@ static int cmd_bench(int argc, char **argv) {
     for (int bi = 0; bi < o.batch.n; bi++) {
         int B = o.batch.v[bi];
         for (int s = 0; s < B; s++) {
-            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len, 0};   // greedy
+            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len, o.spec};   // greedy
             int ar = be->admit(be->self, s, &ad, &e);
             if (ar) {
                 fprintf(stderr, "moet bench: %s\n", ar > 0 ? "the KV cache has no room for every sequence" : e.msg);
@@ -215,6 +239,7 @@ static int cmd_bench(int argc, char **argv) {
         }
         // prefill: every sequence's prompt, as many whole sequences' chunks per step as fit
         int *fed = arena_sys_alloc(sizeof(int) * (size_t)B, "bench progress");
+        int32_t *last = arena_sys_alloc(sizeof(int32_t) * (size_t)B, "bench last tokens");   // each sequence's last pick
         double t0 = moet_now();
         int psteps = 0;
         if (use_gpu && o.profile) gpu_prof_start(&gp->k);   // the prompt's steps, each kernel timed
@@ -241,7 +266,10 @@ static int cmd_bench(int argc, char **argv) {
                     off[n] = T;
                 }
                 if (!n) break;
-                if (bench_step(be, n, slots, ids, off, want, NULL, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                engine_result res;
+                if (bench_step(be, n, slots, ids, off, want, NULL, &res, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                for (int i = 0; i < n; i++)
+                    if (want[i]) last[slots[i]] = bench_last(&res, i);
                 if (use_gpu && gp->k.prof) gpu_prof_collect(&gp->k), psteps++;
             }
             if (phase == 0) {
@@ -255,9 +283,10 @@ static int cmd_bench(int argc, char **argv) {
             }
         }
         double prefill_s = t0;
-        // decode: B tokens per step
+        // decode: each sequence's last token a step (and its drafts: 1 .. spec + 1 tokens out)
         double t1 = 0, ts = 0, launch_s = 0;
         int n_st = 0;
+        uint64_t emitted = 0, drafted = 0, accepted = 0;   // over the timed steps
         pf_cache_counters xc0 = pf_cache_stats;   // the expert cache's counters at the timed steps' start
         for (int step = 0; step < o.gen + 2; step++) {
             if (step == 2) t1 = moet_now(), xc0 = pf_cache_stats;   // two warm-up steps
@@ -267,14 +296,19 @@ static int cmd_bench(int argc, char **argv) {
                 slots[s] = s;
                 off[s] = s;
                 want[s] = 1;
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                ids[s] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
+                ids[s] = last[s];
             }
             off[B] = B;
             if (step >= o.gen) break;
-            if (bench_step(be, B, slots, ids, off, want, step >= 2 ? &launch_s : NULL, &e)) {
+            engine_result res;
+            if (bench_step(be, B, slots, ids, off, want, step >= 2 ? &launch_s : NULL, &res, &e)) {
                 fprintf(stderr, "moet bench: %s\n", e.msg);
                 goto out;
+            }
+            for (int i = 0; i < B; i++) {
+                int nt = res.n_tok ? res.n_tok[i] : 1;
+                last[i] = bench_last(&res, i);
+                if (step >= 2) emitted += (uint64_t)nt, drafted += (uint64_t)(res.n_tok ? res.drafted[i] : 0), accepted += (uint64_t)nt - 1;
             }
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
@@ -287,7 +321,7 @@ static int cmd_bench(int argc, char **argv) {
             gpu_prof_start(&gp->k);
             int steps = 4;
             for (int step = 0; step < steps; step++) {
-                if (bench_step(be, B, slots, ids, off, want, NULL, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
+                if (bench_step(be, B, slots, ids, off, want, NULL, NULL, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
                 gpu_prof_collect(&gp->k);
             }
             gp->k.prof = 0;
@@ -303,13 +337,13 @@ static int cmd_bench(int argc, char **argv) {
         double kv_b = use_gpu ? (double)B * (o.depth + o.gen / 2) * 2 * gpu_kv_page_bytes(c, o.kv_dtype) / GPU_KV_PAGE : 0;
         double dense_b = use_gpu ? gp->dense_bytes : 0;
         double step_b = dense_b + expert_b + state_b + kv_b;
-        double step_s = dec_s / timed;
+        double step_s = dec_s / timed, toks = emitted ? (double)emitted : (double)B * timed;   // tokens out of the timed steps
         js_w_obj(&w);
         js_w_key(&w, "batch"), js_w_int(&w, B);
         js_w_key(&w, "prompt"), js_w_int(&w, o.prompt);
         js_w_key(&w, "depth"), js_w_int(&w, o.depth);
         js_w_key(&w, "prefill_tok_s"), js_w_num(&w, round((double)B * o.prompt / prefill_s * 10) / 10);
-        js_w_key(&w, "decode_tok_s"), js_w_num(&w, round(B / step_s * 10) / 10);
+        js_w_key(&w, "decode_tok_s"), js_w_num(&w, round(toks / dec_s * 10) / 10);
         js_w_key(&w, "step_ms"), js_w_num(&w, round(step_s * 1e6) / 1e3);
         js_w_key(&w, "step_ms_p50"), js_w_num(&w, round(p50 * 1e6) / 1e3);
         js_w_key(&w, "step_ms_p99"), js_w_num(&w, round(p99 * 1e6) / 1e3);
@@ -322,9 +356,17 @@ static int cmd_bench(int argc, char **argv) {
             js_w_key(&w, "achieved_gbs"), js_w_num(&w, round(step_b / step_s / 1e8) / 10);
         }
         if (xc.on) bench_cache_json(&w, &xc);
+        if (o.spec) {   // the drafts of the timed steps: verified, accepted, and tokens a sequence per step
+            js_w_key(&w, "speculation"), js_w_obj(&w);
+            js_w_key(&w, "draft_tokens"), js_w_int(&w, o.spec);
+            js_w_key(&w, "drafted"), js_w_num(&w, (double)drafted);
+            js_w_key(&w, "accepted"), js_w_num(&w, (double)accepted);
+            js_w_key(&w, "tokens_per_step"), js_w_num(&w, round(toks / ((double)B * timed) * 1000) / 1000);
+            js_w_end_obj(&w);
+        }
         js_w_end_obj(&w);
         fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, "
-                        "p50 %.2f, p99 %.2f; the host queues a step in %.2f ms)", B, (double)B * o.prompt / prefill_s, B, o.prompt, B / step_s, o.depth, step_s * 1e3,
+                        "p50 %.2f, p99 %.2f; the host queues a step in %.2f ms)", B, (double)B * o.prompt / prefill_s, B, o.prompt, toks / dec_s, o.depth, step_s * 1e3,
                 p50 * 1e3, p99 * 1e3, launch_s / timed * 1e3);
         if (use_gpu)
             fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy (roofline %.0f tok/s)", step_b / 1e6, step_b / step_s / 1e9, copy_gbs,
@@ -334,9 +376,13 @@ static int cmd_bench(int argc, char **argv) {
                             "(%.2f GB/s), %.2f ms/step waiting on reads",
                     xc.pool, xc.file, xc.hits, xc.misses, 100.0 * xc.hits / (xc.hits + xc.misses > 0 ? (double)(xc.hits + xc.misses) : 1.0),
                     xc.bytes / 1e6, xc.read_gbs, xc.wait_ms);
+        if (o.spec)
+            fprintf(stderr, "; %d drafts a step: %" PRIu64 " verified, %" PRIu64 " accepted (%.1f %%), %.3f tokens a sequence per step", o.spec, drafted,
+                    accepted, drafted ? 100.0 * accepted / drafted : 0.0, toks / ((double)B * timed));
         fputc('\n', stderr);
         for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);
+        arena_sys_free(last, sizeof(int32_t) * (size_t)B);
     }
     js_w_end_arr(&w);
     js_w_end_obj(&w);

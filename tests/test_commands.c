@@ -366,6 +366,40 @@ static void test_bench_line(void) {
     js_free_doc(&d);
 }
 
+// moet bench --speculative-tokens 3 with the demo's MTP head (--mtp, the CPU reference): each
+// batch's line says the drafts of its timed steps — 3 a sequence every step (the reserve and the
+// step hold them all), accepted ones fewer — and the tokens a sequence per step they make:
+// 1 + accepted / (batch · steps); the decode rate counts them. Without a head the flag is refused.
+static void test_bench_spec(void) {
+    char *bench[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "8", "--gen", "12",
+                     "--mtp", "tests/fixtures/demo_mtp/mtp.safetensors", "--speculative-tokens", "3", NULL};
+    js_doc d;
+    const char *line;
+    const js_node *res = bench_results(bench, &d, &line);
+    if (res) {
+        int n = 0, ok = 1, timed = 12 - 2;
+        double acc_all = 0;
+        for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
+            const js_node *sp = js_get(&d, r, "speculation");
+            double B = NAN, k = NAN, dr = NAN, ac = NAN, tps = NAN, step = NAN, rate = NAN;
+            ok &= sp && js_num(js_get(&d, r, "batch"), &B) == 0 && js_num(js_get(&d, sp, "draft_tokens"), &k) == 0 &&
+                  js_num(js_get(&d, sp, "drafted"), &dr) == 0 && js_num(js_get(&d, sp, "accepted"), &ac) == 0 &&
+                  js_num(js_get(&d, sp, "tokens_per_step"), &tps) == 0 && js_num(js_get(&d, r, "step_ms"), &step) == 0 &&
+                  js_num(js_get(&d, r, "decode_tok_s"), &rate) == 0;
+            ok &= k == 3 && dr == 3 * B * timed && ac >= 0 && ac <= dr && fabs(tps - (1 + ac / (B * timed))) < 1e-3;
+            ok &= fabs(rate - B * tps / (step / 1e3)) <= 0.02 * rate + 0.1;   // tokens per second: batch × tokens per step / step
+            acc_all += ac;
+        }
+        CHECK(ok && n == 2 && acc_all > 0, "moet bench --speculative-tokens 3: drafted, accepted, tokens_per_step per batch: %s", line);
+        js_free_doc(&d);
+    }
+    char *nohead[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3",
+                      "--speculative-tokens", "2", NULL};
+    int st = moet(nohead, NULL, OUT_CAPTURE);
+    CHECK(!exited(st, 0) && strstr(r_err, "multi-token-prediction head") && !strstr(r_out, "\"bench\""),
+          "moet bench --speculative-tokens without a head: refused, no result line (exit %d): %s", st, r_err);
+}
+
 // moet bench --expert-cache-gb (the CPU reference reading a quarter of the demo's 64 slots): each
 // batch's line holds the cache over its timed steps, and its bytes are its reads (the steps'
 // misses and the prefetch thread's) times one slot's bytes, the same slot size in every batch;
@@ -949,6 +983,7 @@ int main(void) {
     test_stdout_fails();
     test_model_name();
     test_bench_line();
+    test_bench_spec();
     test_bench_cache();
     test_bom();
     test_numbers();
