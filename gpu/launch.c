@@ -143,14 +143,12 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
 // parts of x [T, K] (gpu_k_mm_split).
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
-    int sh = gpu_mm_shape(T), rt = gpu_mm_rt[sh];
+    int sh = gpu_mm_shape(T);
     MOET_ASSERT(set->n >= 1 && set->n <= GPU_LIN_SET, "k_mm: a set of %d matrices", set->n);
-    set->first[0] = 0;
-    for (int i = 0; i < set->n; i++) {
+    set->first[0] = 0;   // (each shape's blocks per matrix below)
+    for (int i = 0; i < set->n; i++)
         MOET_ASSERT(gpu_mm_ok(&set->W[i]) && set->W[i].cols == set->W[0].cols, "k_mm: matrix %d (kind %d, [%d, %d])", i, set->W[i].kind,
                     set->W[i].rows, set->W[i].cols);
-        set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, 16 * rt);
-    }
     // k_mm_v: runs of row tiles per block, GPU_MM_V_BLOCKS blocks per multiprocessor, the ring of
     // weights and the tokens' parts in shared memory, where they fit (48 + 96 KiB at T = 4 and
     // K = 4,096; a GB10 block takes 99 KiB: there such a step takes k_mm_d, the same bits).
@@ -184,8 +182,8 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     gpu_k_mm_fixed(k, s, set, xs, T, sh);
 }
 
-// gpu_k_mm in launch shape sh (0 _d, 1 _b, 2 _p) whatever T (the harness compares them), set->first
-// as gpu_k_mm left it for that shape.
+// gpu_k_mm in launch shape sh (0 _d, 1 _b, 2 _p) whatever T (the harness compares them); set->first
+// in that shape's row blocks.
 static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int sh) {
     static const int fn[3] = {K_MM_D, K_MM_B, K_MM_P};
     set->first[0] = 0;
