@@ -619,6 +619,14 @@ static float samp_logprobs(samp_scratch *sc, const float *logits, int V, const f
 
 // ---- the bank's pick ------------------------------------------------------------------------
 
+// Whether slot's pick is its row's first largest logit and nothing else (greedy, no penalty to
+// apply or count, no logprobs): samp_bank_pick then draws no random number and changes no state,
+// so a backend may take that token where the logits are (the GPU's k_argmax) and skip the pick.
+static int samp_bank_plain_greedy(const samp_bank *b, int slot) {
+    const samp_slot *s = &b->slot[slot];
+    return s->active && s->sp.temperature == 0 && !s->penalized && !s->logprobs;
+}
+
 // Picks the next token of the sequence in slot from its logits row [V] and notes it in the
 // slot's penalty counts. When the slot asked for logprobs, *lp gets the token's logprob and
 // top_ids / top_lp [top_logprobs] the most likely tokens; otherwise they are not written.

@@ -4,7 +4,9 @@
 // launch queues the whole step on the compute stream, then the copy of the rows' logits into
 // pinned memory, and returns; collect waits for that copy and picks each wanted row's token
 // with the slot's sampler (samp_bank, the same code as the CPU backend: a request samples the
-// same way on both). Admission takes KV pages from the free list (gpu_seq_start) and answers 1
+// same way on both). A step whose wanted rows are all greedy without penalties or logprobs
+// (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
+// pick) and copies 4 bytes a row rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
 // when there are not enough: the request waits, nothing is preempted.
 
 typedef struct {
@@ -18,6 +20,7 @@ typedef struct {
     int *l_slots;            // [max_seqs] the launched step's slots and wants (the caller's arrays
     uint8_t *l_want;         // [max_seqs]  may change before collect)
     int l_n, l_rows, launched;
+    int l_greedy;            // the launched step's wanted rows are all plain greedy: their ids come back (k_argmax), not logits
     int lost;                // a step's synchronisation failed: the context is unusable (ENGINE_LOST from then on)
     engine_fault fault;      // MOET_FAULT (the backend's test hook)
     arena mem;
@@ -90,7 +93,13 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     if (gpu_be_check(b, "launch", s->n, s->slots, s->ids, s->off, e)) return -1;
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
-    gpu_step_logits_async(&b->g, nr);
+    // rows whose pick is their largest logit take it on the device: 4 bytes a row come back instead
+    // of the vocabulary's logits (every wanted row, or the logits of all)
+    int greedy = nr > 0;
+    for (int i = 0; i < s->n; i++) greedy &= !s->want[i] || samp_bank_plain_greedy(&b->bank, s->slots[i]);
+    if (greedy) gpu_step_greedy_async(&b->g, nr);
+    else gpu_step_logits_async(&b->g, nr);
+    b->l_greedy = greedy;
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
     memcpy(b->l_want, s->want, (size_t)s->n);
     b->l_n = s->n;
@@ -117,6 +126,10 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
     for (int i = 0, j = 0; i < b->l_n; i++) {
         b->res_tok[i] = -1;   // no token for a mid-prompt chunk
         if (!b->l_want[i]) continue;
+        if (b->l_greedy) {   // samp_bank_pick's token without its work (samp_bank_plain_greedy)
+            b->res_tok[i] = b->g.ids_host[j++];
+            continue;
+        }
         samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
                        b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
     }

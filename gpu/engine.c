@@ -84,6 +84,7 @@ typedef struct {
     int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
+    CUdeviceptr ids;                 // int32 [Tm] greedy rows' tokens (k_argmax), copied to ids_host
     // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
@@ -108,6 +109,7 @@ typedef struct {
     CUdeviceptr meta;                // step metadata (below), copied from meta_host once per step
     int32_t *meta_host;              // pinned
     float *logits_host;              // pinned [Tm, V]
+    int32_t *ids_host;               // pinned [Tm]
     size_t meta_ints;
     double dense_bytes;              // weight bytes every decode step reads: all but the embedding and the routed experts
     double expert_bytes;             // bytes of one routed expert (gate, up, down with scales)
@@ -169,6 +171,22 @@ static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {
         return err_set(e, "%s [%d, %d] (%s): the GPU kernels need in_features divisible by %d", what, m->rows, m->cols,
                        m->kind == CK_W_PLANES ? "planes" : ck_algo_name(m->kind == CK_W_FP8 ? CK_Q_FP8 : m->kind == CK_W_NVFP4 ? CK_Q_NVFP4 : CK_Q_NONE),
                        need);
+    // the tensor-core products widen e4m3 by its bits (sass/mm.cuh: mm_fp8x2), which reads the NaN
+    // codes 0x7f / 0xff as ±480 where the reference has NaN: no quantizer writes them, refused here
+    if (m->kind == CK_W_FP8) {
+        size_t n = gpu_mat_bytes(m), bad = n;
+        for (size_t i = 0; i < n && bad == n; i += 65536) {   // a plain scan, a branch per 64 KiB
+            size_t end = i + 65536 < n ? i + 65536 : n;
+            int hit = 0;
+            for (size_t j = i; j < end; j++) hit |= (m->w[j] & 0x7f) == 0x7f;
+            if (hit)
+                for (size_t j = i; j < end && bad == n; j++)
+                    if ((m->w[j] & 0x7f) == 0x7f) bad = j;
+        }
+        if (bad < n)
+            return err_set(e, "%s [%d, %d] (fp8): byte %zu of its weights is 0x%02x, e4m3's NaN (row %zu)", what, m->rows, m->cols, bad,
+                           m->w[bad], bad / m->row_bytes);
+    }
     return 0;
 }
 
@@ -276,6 +294,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->sh = gpu_take_f32(a, Tm * H, "shared output");
     g->sgate = gpu_take_f32(a, Tm, "shared expert gate");
     g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
+    g->ids = gpu_take_f32(a, Tm, "greedy tokens");
     g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
     // the widest input of a product: H, the attention output (qd), the GDN output (value_dim),
     // the shared expert's (shared_inter)
@@ -352,6 +371,7 @@ static void gpu_carve_pinned(gpu_engine *g, arena *a) {
     g->meta_ints = (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs;
     g->meta_host = arena_take(a, sizeof(int32_t) * g->meta_ints, 256, "step metadata");
     g->logits_host = arena_take(a, sizeof(float) * Tm * g->m->cfg.vocab, 256, "logits");
+    g->ids_host = arena_take(a, sizeof(int32_t) * Tm, 256, "greedy tokens");
 }
 
 static void gpu_carve_host(gpu_engine *g, arena *a) {
@@ -503,8 +523,11 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
                                 &L->sh_up, &L->sh_down, &L->sh_gate_w};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             if (mats[i]->w && gpu_mat_check(mats[i], "a layer weight", e)) return gpu_close(&g->dev), -1;
-        if (!planes && (gpu_mat_check(&L->gate[0], "a routed expert", e) || gpu_mat_check(&L->down[0], "a routed expert", e)))
-            return gpu_close(&g->dev), -1;
+        if (!planes)   // (the shapes are every expert's; an FP8 expert's codes are scanned one by one)
+            for (int x = 0; x < (L->gate[0].kind == CK_W_FP8 ? c->n_experts : 1); x++)
+                if (gpu_mat_check(&L->gate[x], "a routed expert", e) || gpu_mat_check(&L->up[x], "a routed expert", e) ||
+                    gpu_mat_check(&L->down[x], "a routed expert", e))
+                    return gpu_close(&g->dev), -1;
     }
     if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
     if (gpu_fa_refuse(c, o->kv_dtype, g->dev.smem_optin, e)) return gpu_close(&g->dev), -1;
@@ -1004,6 +1027,15 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
 // Queues the copy of the last step's logits (rows [0, nr)) into the pinned buffer.
 static void gpu_step_logits_async(gpu_engine *g, int nr) {
     if (nr) CU_CHECK(cu.cuMemcpyDtoHAsync(g->logits_host, g->logits, sizeof(float) * (size_t)nr * g->m->cfg.vocab, g->compute));
+}
+
+// Queues each row's largest logit's index (rows [0, nr) of the last step: k_argmax) and its copy
+// into the pinned ids_host: the tokens of greedy rows without penalties, 4 bytes a row where the
+// logits are V · 4.
+static void gpu_step_greedy_async(gpu_engine *g, int nr) {
+    if (!nr) return;
+    gpu_k_argmax(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->ids, nr);
+    CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 
 // Copies the logits of the last step (rows [0, nr)) into the pinned buffer and waits.

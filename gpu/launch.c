@@ -138,6 +138,35 @@ static size_t gpu_mmg_smem(int kind) {
     return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * GPU_MM_SPLITS * GPU_MMG_BN * 64);
 }
 
+// Whether k_mm_t can take every matrix of the set: each bulk copy's source and size 16-byte
+// aligned (sass/mm.cuh: mt_stage) — FP8 and BF16 rows, NVFP4 rows and their scale rows (K a
+// multiple of 256), the planes as stored.
+static int gpu_mt_ok(const gpu_lin_set *set) {
+    for (int i = 0; i < set->n; i++) {
+        const gpu_mat *W = &set->W[i];
+        if (W->w % 16 || W->scale % 16 || (W->kind != GPU_W_PLANES && W->row_bytes % 16) || (W->kind == GPU_W_NVFP4 && W->cols % 256)) return 0;
+    }
+    return 1;
+}
+
+// k_mm_v (bulk 0) or k_mm_t (bulk 1, gpu_mt_ok): runs of row tiles per block, GPU_MM_V_BLOCKS
+// blocks per multiprocessor, the ring of weights and the tokens' parts in dynamic shared memory
+// (it must fit the device: asserted); the same bits.
+static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int bulk) {
+    size_t smem = (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
+    const int room = gpu_smem_room(k, bulk ? K_MM_T : K_MM_V, smem);   // (the kernel's opt-in, taken once)
+    MOET_ASSERT(T >= 1 && T <= GPU_MM_TOK_V && (!bulk || gpu_mt_ok(set)) && room, "k_mm_%c: %d tokens, %zu bytes of shared memory",
+                bulk ? 't' : 'v', T, smem);
+    long long tiles = 0;
+    for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
+    int per = (int)gpu_cdiv(tiles, (long long)(bulk ? GPU_MT_BLOCKS : GPU_MM_V_BLOCKS) * (k->sms > 0 ? k->sms : 1));
+    set->pad[0] = per;
+    set->first[0] = 0;
+    for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(gpu_cdiv(set->W[i].rows, 16), per);
+    gpu_launch(k, bulk ? K_MM_T : K_MM_V, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,
+               GPU_ARGS((void *)set, &xs, &T));
+}
+
 static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int sh);
 
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
@@ -149,20 +178,24 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     for (int i = 0; i < set->n; i++)
         MOET_ASSERT(gpu_mm_ok(&set->W[i]) && set->W[i].cols == set->W[0].cols, "k_mm: matrix %d (kind %d, [%d, %d])", i, set->W[i].kind,
                     set->W[i].rows, set->W[i].cols);
-    // k_mm_v: runs of row tiles per block, GPU_MM_V_BLOCKS blocks per multiprocessor, the ring of
+    // k_mm_v, or k_mm_t for sets of GPU_MT_MIN_BYTES of weights or more but FP8 (the kernel
+    // harness on the H200: the NVFP4 lm_head 343 → 244 µs at one token, 401 → 298 at four; a 64 MiB
+    // BF16 stream 45 → 33 at one, even at four; the FP8 products within 1 µs at one token and up to
+    // 12 µs slower at four, k_mm_v ahead on small sets): runs of row tiles per block, the ring of
     // weights and the tokens' parts in shared memory, where they fit (48 + 96 KiB at T = 4 and
     // K = 4,096; a GB10 block takes 99 KiB: there such a step takes k_mm_d, the same bits).
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
     size_t smem = GPU_MM_RING_BYTES + (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
     if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
-        long long tiles = 0;
-        for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
-        int per = (int)gpu_cdiv(tiles, (long long)GPU_MM_V_BLOCKS * (k->sms > 0 ? k->sms : 1));
-        set->pad[0] = per;
-        for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(gpu_cdiv(set->W[i].rows, 16), per);
-        gpu_launch(k, K_MM_V, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,
-                   GPU_ARGS((void *)set, &xs, &T));
+        double bytes = 0;
+        int fp8 = 0;
+        for (int i = 0; i < set->n; i++) {
+            bytes += set->W[i].kind == GPU_W_PLANES ? (double)set->W[i].rows * set->W[i].cols / 4 : (double)set->W[i].rows * (double)set->W[i].row_bytes;
+            fp8 |= set->W[i].kind == GPU_W_FP8;
+        }
+        int bulk = !fp8 && bytes >= GPU_MT_MIN_BYTES && gpu_mt_ok(set) && gpu_smem_room(k, K_MM_T, smem - GPU_MM_RING_BYTES + GPU_MT_RING);
+        gpu_k_mm_stream(k, s, set, xs, T, bulk);
         return;
     }
     // k_mm_g: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged (its shared memory
@@ -486,6 +519,13 @@ static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicep
     }
     gpu_launch(k, K_ATTN_MERGE, (gpu_dim){T, nh, 1, "(tokens, query heads, 1)"}, GPU_ATT_NT, 0, s,
                GPU_ARGS(&proj, &tok_pos, &part, &nc, &core, &nh, &hd, &xs));
+}
+
+// ids[r] = the first index of row r's largest value in logits [rows, V] (int32 ids [rows]): a
+// greedy row's token, as samp_pick takes it at temperature 0 without penalties (sass/argmax.cu).
+static void gpu_k_argmax(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr ids, int rows) {
+    MOET_ASSERT(V >= 1, "k_argmax: rows of %d", V);
+    gpu_launch(k, K_ARGMAX, (gpu_dim){rows, 1, 1, "(rows, 1, 1)"}, GPU_ARGMAX_NT, 0, s, GPU_ARGS(&logits, &V, &ids));
 }
 
 #undef GPU_ARGS

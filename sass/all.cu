@@ -16,3 +16,4 @@
 #include "attn_prep.cu"
 #include "attention.cu"
 #include "flash.cu"
+#include "argmax.cu"

@@ -116,7 +116,7 @@ __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst
         const int key = i / CPR, c = i % CPR, pos = base + key;
         const bool ok = pos <= pmax;
         __nv_bfloat16 *d = dst + fa_at<HD>(key, c);
-        if (f8) {   // fp8: 8 bytes widened to 8 bf16, exactly
+        if (f8) {   // fp8: 8 bytes widened to 8 bf16, exactly (the cache's rounding saturates: no NaN code unless the key was NaN)
             uint2 raw = ok ? __ldg((const uint2 *)((const uint8_t *)src + kv_index(btr, pos, kvd, j * HD) + c * 8)) : make_uint2(0u, 0u);
             *(uint4 *)d = make_uint4(mm_fp8x2(raw.x), mm_fp8x2(raw.x >> 16), mm_fp8x2(raw.y), mm_fp8x2(raw.y >> 16));
         } else {

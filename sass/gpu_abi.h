@@ -76,6 +76,7 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
 #define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
 #define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
 #define GPU_SILU_NT 256      // k_silu_mul: a thread per element
+#define GPU_ARGMAX_NT 1024   // k_argmax: a block per row of logits
 
 // k_mm*, k_moe_up*, k_moe_dn* (sass/mm.cuh): a block of GPU_MM_WARPS warps, each one slice of
 // k (the 64-blocks kb ≡ warp mod GPU_MM_WARPS), over a tile of 16·RT rows and GPU_MM_TOK tokens
@@ -94,6 +95,14 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
 #define GPU_MM_TOK_V 4
 #define GPU_MM_RING_BYTES 49152
 #define GPU_MM_V_BLOCKS 3
+// k_mm_t: k_mm_v's row tiles, the weights through a ring of GPU_MT_RING bytes of stages of at
+// most GPU_MT_STAGE_BYTES (sass/mm.cuh: mt_kbc) that bulk copies fill, at most GPU_MT_STAGES of
+// them (their mbarriers are static), GPU_MT_BLOCKS blocks per multiprocessor.
+#define GPU_MT_RING 73728
+#define GPU_MT_STAGE_BYTES 24576
+#define GPU_MT_STAGES 8
+#define GPU_MT_BLOCKS 2
+#define GPU_MT_MIN_BYTES (32.0 * 1024 * 1024)   // gpu_k_mm: k_mm_t from this many bytes of weights (none FP8)
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_mm_g (sass/mm.cuh: mmg_run): prompt steps in tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens per block
 // (warp w copies row tile w of 16; warps as 4 × 2 of 32 rows × GPU_MMG_BN / 2 tokens), GPU_MMG_STAGES

@@ -165,6 +165,149 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(
     }
 }
 
+// ---- decode, the weights through the copy engine (k_mm_t) ----------------------------------------
+//
+// k_mm_t: k_mm_v's row tiles per block and its order of operations (the same bits), but the
+// weights come through a ring of GPU_MT_RING bytes in stages (mm.cuh: mt_kind, mt_kbc) that bulk
+// copies fill (cp.async.bulk: the copy engine, not every thread's 16-byte copies): one copy per
+// tile where its rows are contiguous and a stage holds them whole, else one per row. A stage's
+// copies complete on its `full` mbarrier; each warp releases it on its `empty` mbarrier once it
+// has multiplied its 64-blocks of it, and warp 0 refills it. Only for matrices whose copies are
+// 16-byte pieces (gpu_k_mm: gpu_mt_ok); k_mm_v takes the others.
+template <int KIND>
+__device__ __forceinline__ void mt_issue(const gpu_mat &W, int tile, int kb0, int nkb, int KBc, uint8_t *st, uint64_t *bar) {
+    constexpr int CODE = mt_kind<KIND>::code, SC = mt_kind<KIND>::sc;
+    const int lane = threadIdx.x & 31, KB = W.cols / 64, r0 = 16 * tile, nv = min(16, W.rows - r0), P = KBc * CODE;
+    const uint8_t *w = (const uint8_t *)W.w, *scale = (const uint8_t *)W.scale;
+    if (lane == 0) mt_expect(bar, KIND == GPU_W_PLANES ? nkb * (CODE + SC) : nv * nkb * (CODE + SC));
+    __syncwarp();
+    if (KIND == GPU_W_PLANES) {
+        if (lane == 0) mt_copy(st, w + ((size_t)tile * KB + kb0) * CODE, nkb * CODE, bar);
+        if (lane == 1) mt_copy(st + KBc * CODE, scale + ((size_t)tile * KB + kb0) * SC, nkb * SC, bar);
+    } else if (nkb == KB && W.row_bytes == (unsigned long long)KB * CODE) {   // the tile's rows are one piece
+        if (lane == 0) mt_copy(st, w + (size_t)r0 * W.row_bytes, nv * KB * CODE, bar);
+        if (SC && lane == 1) mt_copy(st + 16 * P, scale + (size_t)r0 * KB * SC, nv * KB * SC, bar);
+    } else if (lane < nv) {
+        mt_copy(st + lane * P, w + (size_t)(r0 + lane) * W.row_bytes + (size_t)kb0 * CODE, nkb * CODE, bar);
+        if (SC) mt_copy(st + 16 * P + lane * KBc * SC, scale + (size_t)(r0 + lane) * KB * SC + (size_t)kb0 * SC, nkb * SC, bar);
+    }
+}
+
+// mm_load's bytes of lane (g, t) for the stage's 64-block kbl from a landed stage of pitch P;
+// rows past the matrix are zeros (no copy wrote them).
+template <int KIND>
+__device__ __forceinline__ void mt_fetch(const uint8_t *st, int P, int KBc, int kbl, int g, int t, bool va, bool vb, mm_raw &r) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    if (KIND == GPU_W_FP8) {
+        r.r0 = va ? *(const uint4 *)(st + g * P + kbl * 64 + 16 * t) : z;
+        r.r1 = vb ? *(const uint4 *)(st + (g + 8) * P + kbl * 64 + 16 * t) : z;
+    } else if (KIND == GPU_W_NVFP4) {
+        const uint2 a = va ? *(const uint2 *)(st + g * P + kbl * 32 + 8 * t) : make_uint2(0, 0);
+        const uint2 b = vb ? *(const uint2 *)(st + (g + 8) * P + kbl * 32 + 8 * t) : make_uint2(0, 0);
+        r.r0 = make_uint4(a.x, a.y, b.x, b.y);
+        const uint8_t *sc = st + 16 * P + kbl * 4 + t;
+        r.s = (va ? (uint32_t)sc[g * KBc * 4] : 0u) | ((vb ? (uint32_t)sc[(g + 8) * KBc * 4] : 0u) << 8);
+    } else if (KIND == GPU_W_BF16) {
+        r.r0 = va ? *(const uint4 *)(st + g * P + kbl * 128 + 32 * t) : z;
+        r.r1 = va ? *(const uint4 *)(st + g * P + kbl * 128 + 32 * t + 16) : z;
+        r.r2 = vb ? *(const uint4 *)(st + (g + 8) * P + kbl * 128 + 32 * t) : z;
+        r.r3 = vb ? *(const uint4 *)(st + (g + 8) * P + kbl * 128 + 32 * t + 16) : z;
+    } else {
+        const uint2 c = *(const uint2 *)(st + kbl * 256 + (g * 4 + t) * 8);
+        r.r0 = make_uint4(c.x, c.y, 0, 0);
+        const uint8_t *sc = st + KBc * 256 + kbl * 32 + g;
+        r.s = (uint32_t)sc[0] | ((uint32_t)sc[8] << 8) | ((uint32_t)sc[16] << 16) | ((uint32_t)sc[24] << 24);
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *__restrict__ xs, __nv_bfloat16 *xsm,
+                                          uint8_t *ring, uint64_t *full, uint64_t *empty, int T, float *red, uint32_t *lut,
+                                          float *__restrict__ y, int ldy) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int K = W.cols, KB = K / 64, KBc = mt_kbc<KIND>(KB), ns = (KB + KBc - 1) / KBc, njob = ntile * ns;
+    const int SB = KBc * mt_kind<KIND>::per_kb, P = KBc * mt_kind<KIND>::code, R = min(GPU_MT_STAGES, GPU_MT_RING / SB);
+    const float post = mm_post(W);
+    const bool tok = g < T;   // this lane's B column holds a token
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R; i++) mt_init(&full[i], 1), mt_init(&empty[i], GPU_MM_WARPS);
+        mt_init_fence();
+    }
+    __syncthreads();
+    auto issue = [&](int js) {   // stage js (tile js / ns, its (js % ns)-th piece of K) into slot js % R
+        const int kb0 = (js % ns) * KBc;
+        mt_issue<KIND>(W, tile0 + js / ns, kb0, min(KBc, KB - kb0), KBc, ring + (size_t)(js % R) * SB, &full[js % R]);
+    };
+    // the first stages' weights on their way, then the activations (GPU_DEP) into shared memory
+    if (w == 0)
+        for (int js = 0; js < R && js < njob; js++) issue(js);
+    GPU_DEP();
+    const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
+    for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+    mm_plane_lut(lut);
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int js = 0; js < njob; js++) {   // uniform over the block: every warp has the same stages
+        const int slot = js % R, ph = (js / R) & 1, tile = tile0 + js / ns, kb0 = (js % ns) * KBc, kbe = min(kb0 + KBc, KB);
+        const uint8_t *st = ring + (size_t)slot * SB;
+        const bool va = 16 * tile + g < W.rows, vb = 16 * tile + g + 8 < W.rows;
+        mt_wait(&full[slot], ph);   // the stage's copies have landed
+        for (int kb = kb0 + w; kb < kbe; kb += GPU_MM_WARPS) {   // this warp's 64-blocks of the stage, ascending
+            mm_raw raw;
+            mt_fetch<KIND>(st, P, KBc, kb - kb0, g, t, va, vb, raw);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
+                uint2 b[GPU_MM_SPLITS];
+#pragma unroll
+                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xsm + ((size_t)s * T + g) * K + ko) : make_uint2(0, 0);
+                uint32_t a[4];
+                mm_widen<KIND>(raw, q, lut, a);
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[e] += c[e];
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mt_arrive(&empty[slot]);   // this warp's reads of the stage are done
+        if (w == 0 && js + R < njob) {   // refill the slot once every warp has read it
+            mt_wait(&empty[slot], ph);
+            issue(js + R);
+        }
+        if (js % ns == ns - 1) {   // the tile's last stage: the warps' sums meet
+            const int ti = js / ns;
+            float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
+#pragma unroll
+            for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[c], acc[c] = 0.f;
+            __syncthreads();
+            const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
+            if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MT_BLOCKS) k_mm_t(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    __shared__ uint32_t lut[16];
+    __shared__ float red[2 * GPU_MM_WARPS * 128];
+    __shared__ uint64_t full[GPU_MT_STAGES], empty[GPU_MT_STAGES];
+    int m = 0;
+    while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
+    const gpu_mat W = set.W[m];
+    const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
+    const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
+    uint8_t *ring = mm_smem;                                      // GPU_MT_RING
+    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MT_RING);   // [GPU_MM_SPLITS][T][K]
+    float *__restrict__ y = (float *)set.y[m];
+    switch (W.kind) {
+    case GPU_W_FP8: mt_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, ring, full, empty, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_NVFP4: mt_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, ring, full, empty, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_BF16: mt_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, ring, full, empty, T, red, lut, y, set.ldy[m]); break;
+    default: mt_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, ring, full, empty, T, red, lut, y, set.ldy[m]); break;
+    }
+}
+
 // ---- prompts: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens (mm.cuh: mmg_run) ---------------------
 template <int KIND>
 __device__ __forceinline__ void mm_dense_g(const gpu_mat &W, int base, int t0, const __nv_bfloat16 *__restrict__ xs, int T, const int *tok,

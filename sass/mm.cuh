@@ -38,24 +38,32 @@ __device__ __forceinline__ void mm_split3(float v, __nv_bfloat16 *o, size_t ss) 
     o[0] = h, o[ss] = m, o[2 * ss] = __float2bfloat16_rn(r2);
 }
 
-// e4m3 pair (low byte = first) → bf16 pair, exact (e4m3 ⊂ f16 ⊂ f32 ⊃ bf16 ⊃ e4m3).
+// e4m3 pair (low byte = first) → bf16 pair, exact, in integer operations (a conversion
+// instruction per element would run at a quarter of their rate): each byte's 7 magnitude bits
+// placed at bf16 bits 4..10 (exponent field 0000eeee, mantissa mmm0000) and its sign at bit 15
+// are its value · 2^-120, normals and subnormals alike (biases 7 and 127; a zero exponent field is
+// subnormal in both), then × 2^120, exact (at most 4 significant bits, in range). The code 0x7f
+// (e4m3's NaN) gives 480, as dec_e4m3 decodes it.
 __device__ __forceinline__ uint32_t mm_fp8x2(uint32_t v) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    float2 f = __half22float2(*(const __half2 *)&h);
-    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *(const uint32_t *)&b;
+    const uint32_t x = __byte_perm(v, 0u, 0x4140);   // bytes b0, 0, b1, 0
+    const uint32_t h = ((x << 4) & 0x07f007f0u) | ((x << 8) & 0x80008000u);
+    const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+    __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&h, two120);
+    return *(const uint32_t *)&r;
 }
 
-// e2m1 pair (a byte, low nibble first) times the block scale sc (a bf16 pair, both halves the
-// same e4m3 value, exact in bf16) → bf16 pair, exact. The nibble's magnitude bits placed as a
-// bf16's exponent field and first mantissa bit ((n & 7) << 6 | sign << 15) are its value · 2^-126,
-// for the subnormal 0.5 as for the normals; × 2^126, then × sc: both products exact in bf16
-// (at most 6 significant bits, within range), so the bits are those of e2m1 · scale rounded once.
-__device__ __forceinline__ uint32_t mm_fp4x2(uint32_t b, __nv_bfloat162 sc) {
-    uint32_t h = ((b & 7u) << 6) | ((b & 8u) << 12) | ((b & 0x70u) << 18) | ((b & 0x80u) << 24);
-    const __nv_bfloat162 two126 = __halves2bfloat162(__ushort_as_bfloat16(0x7e80), __ushort_as_bfloat16(0x7e80));
-    __nv_bfloat162 r = __hmul2(__hmul2(*(const __nv_bfloat162 *)&h, two126), sc);
-    return *(const uint32_t *)&r;
+// Four e2m1 codes (the low 16 bits of c, code 0 lowest) times the block scale sc → two bf16
+// pairs (codes 0, 1 in p01; 2, 3 in p23), exact: each magnitude looked up as a bf16 by byte
+// permutes of two 8-entry tables (its low and its high byte), the sign bits moved in, then × sc
+// (at most 6 significant bits: exact): about a third of the operations of building each value
+// from its bits.
+__device__ __forceinline__ void mm_fp4x4(uint32_t c, __nv_bfloat162 sc, uint32_t &p01, uint32_t &p23) {
+    const uint32_t sel = c & 0x7777u;   // magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (bf16 0000 3f00 3f80 3fc0 4000 4040 4080 40c0)
+    const uint32_t lo = __byte_perm(0xc0800000u, 0xc0804000u, sel), hi = __byte_perm(0x3f3f3f00u, 0x40404040u, sel);
+    uint32_t a = __byte_perm(lo, hi, 0x5140) | ((c << 12) & 0x8000u) | ((c << 24) & 0x80000000u);
+    uint32_t b = __byte_perm(lo, hi, 0x7362) | ((c << 4) & 0x8000u) | ((c << 16) & 0x80000000u);
+    __nv_bfloat162 ra = __hmul2(*(const __nv_bfloat162 *)&a, sc), rb = __hmul2(*(const __nv_bfloat162 *)&b, sc);
+    p01 = *(const uint32_t *)&ra, p23 = *(const uint32_t *)&rb;
 }
 
 // Two plane codes (a nibble, low pair first) → what a bf16 pair adds to its scale's exponent:
@@ -190,6 +198,51 @@ __device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int tid, int g
     }
 }
 
+// ---- the copy engine's bulk copies (k_mm_t) -------------------------------------------------------
+//
+// k_mm_t's ring holds stages of GPU_MT_STAGE_BYTES or less: a tile of 16 rows × KBc 64-blocks
+// (mt_kbc: K cut into equal stages, each a multiple of 8 64-blocks so a warp's blocks stay those
+// ≡ its index mod 8). Bytes per 64-block: `code` of a row (FP8 64, NVFP4 32, BF16 128) and `sc` of
+// its scales (NVFP4 4); PLANES per tile (256 codes, 32 scales). In a stage of pitch P = KBc·code:
+// row r's codes at r·P, NVFP4's scales at 16·P + r·KBc·4; PLANES' codes as stored (KBc·256
+// bytes), their scales after them.
+template <int KIND>
+struct mt_kind {
+    static constexpr int code = KIND == GPU_W_FP8 ? 64 : KIND == GPU_W_NVFP4 ? 32 : KIND == GPU_W_BF16 ? 128 : 256;
+    static constexpr int sc = KIND == GPU_W_NVFP4 ? 4 : KIND == GPU_W_PLANES ? 32 : 0;
+    static constexpr int per_kb = KIND == GPU_W_PLANES ? code + sc : 16 * (code + sc);   // a tile's bytes per 64-block
+};
+template <int KIND>
+__device__ __forceinline__ int mt_kbc(int KB) {
+    constexpr int cap = GPU_MT_STAGE_BYTES / mt_kind<KIND>::per_kb / 8 * 8;
+    const int n = (KB + cap - 1) / cap, c = ((KB + n - 1) / n + 7) / 8 * 8;
+    return c < KB ? c : KB;
+}
+
+__device__ __forceinline__ unsigned mt_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mt_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(mt_smem(bar)), "r"(count) : "memory");
+}
+// The barriers' initialisation visible to the copy engine (then a block barrier for the threads).
+__device__ __forceinline__ void mt_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// This thread's arrival, announcing `bytes` the stage's copies will complete.
+__device__ __forceinline__ void mt_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mt_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mt_arrive(uint64_t *bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(mt_smem(bar)) : "memory"); }
+// Waits until the barrier's phase of parity `ph` has completed.
+__device__ __forceinline__ void mt_wait(uint64_t *bar, int ph) {
+    asm volatile("{\n\t.reg .pred p;\n\tW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra W;\n\t}" ::"r"(mt_smem(bar)), "r"(ph)
+                 : "memory");
+}
+// n bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
+// completing on bar.
+__device__ __forceinline__ void mt_copy(uint8_t *dst, const void *src, int n, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(mt_smem(dst)), "l"(src),
+                 "r"(n), "r"(mt_smem(bar))
+                 : "memory");
+}
+
 // The A fragment of step q from the raw bytes (the table of the planes in shared memory).
 template <int KIND>
 __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t *lut, uint32_t a[4]) {
@@ -203,8 +256,8 @@ __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t 
         uint32_t wa = q < 2 ? r.r0.x : r.r0.y, wb = q < 2 ? r.r0.z : r.r0.w;
         int sh = (q & 1) * 16;
         const __nv_bfloat162 sa = __float2bfloat162_rn(dec_e4m3(r.s & 0xffu)), sb = __float2bfloat162_rn(dec_e4m3((r.s >> 8) & 0xffu));
-        a[0] = mm_fp4x2((wa >> sh) & 0xffu, sa), a[2] = mm_fp4x2((wa >> (sh + 8)) & 0xffu, sa);
-        a[1] = mm_fp4x2((wb >> sh) & 0xffu, sb), a[3] = mm_fp4x2((wb >> (sh + 8)) & 0xffu, sb);
+        mm_fp4x4(wa >> sh, sa, a[0], a[2]);
+        mm_fp4x4(wb >> sh, sb, a[1], a[3]);
     } else if (KIND == GPU_W_BF16) {
         // elements 4q..4q+3 are words 2q, 2q+1 of the row's 8
         const uint4 &ha = q < 2 ? r.r0 : r.r1, &hb = q < 2 ? r.r2 : r.r3;

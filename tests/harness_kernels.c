@@ -301,7 +301,7 @@ static void hk_linear(void) {
         {"GDN out", 1, 512, {CK_W_FP8}, {H}, c->value_dim},
         {"router|shared g|u|gate", 4, 512, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {c->n_experts, c->shared_inter, c->shared_inter, 1}, H},
         {"shared down", 1, 512, {CK_W_NVFP4}, {H}, c->shared_inter},
-        {"lm_head", 1, 1, {CK_W_NVFP4}, {c->vocab}, H},
+        {"lm_head", 1, 4, {CK_W_NVFP4}, {c->vocab}, H},
         // long streams of one format (64 MiB of FP8, 64 MiB of BF16): a kernel's rate once its
         // start and end no longer count
         {"stream", 1, 4, {CK_W_FP8}, {32768}, H},
@@ -351,6 +351,24 @@ static void hk_linear(void) {
             err = hk_set_err(&set, W, x, K, T);
             HK_TIME(us, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
             hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);
+            if (T <= GPU_MM_TOK_V && gpu_mt_ok(&ms)) {   // both streaming kernels on the same parts: k_mm's bits, their times
+                size_t ob = 0;
+                for (int i = 0; i < n; i++) ob += sizeof(float) * (size_t)T * W[i].rows;
+                float *h0 = malloc(ob), *h1 = malloc(ob);
+                for (size_t i = 0, o = 0; i < (size_t)n; o += (size_t)T * W[i].rows, i++)
+                    CU_CHECK(cu.cuMemcpyDtoH(h0 + o, set.y[i], sizeof(float) * (size_t)T * W[i].rows));
+                for (int bulk = 1; bulk >= 0; bulk--) {
+                    for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows, hk.s));
+                    gpu_k_mm_stream(&hk.k, hk.s, &ms, xs, T, bulk);
+                    CU_CHECK(cu.cuStreamSynchronize(hk.s));
+                    for (size_t i = 0, o = 0; i < (size_t)n; o += (size_t)T * W[i].rows, i++)
+                        CU_CHECK(cu.cuMemcpyDtoH(h1 + o, set.y[i], sizeof(float) * (size_t)T * W[i].rows));
+                    int same = !memcmp(h0, h1, ob);
+                    HK_TIME(us, gpu_k_mm_stream(&hk.k, hk.s, &ms, xs, T, bulk));
+                    hk_row(bulk ? "k_mm_t" : "k_mm_v", shape, fmt, same ? 0.0 : 1.0, 0.5, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);   // err 1: not k_mm's bits
+                }
+                free(h0), free(h1);
+            }
             HK_TIME(us, gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs));
             hk_row("k_mm_split", shape, "f32", hk_split_err(xs, x, (size_t)T * K), HK_TOL_SPLIT, us, 4.0 * T * K + 2.0 * GPU_MM_SPLITS * T * K);
             free(x);

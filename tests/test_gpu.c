@@ -493,6 +493,192 @@ static void kernel_linear_set(gpu_engine *g) {
     }
 }
 
+// The decode products' two streaming kernels and the 8-token shape give the same bits at 1–4
+// tokens: k_mm_t (bulk copies), k_mm_v (per-thread copies), k_mm_d; and each is within
+// GPU_TOL_LINEAR of ref_linear. Sets of every kind with tiles cut short (rows not a multiple of
+// 16), steps of fewer than 8 64-blocks (K = 320, 768) and the GDN input set; an NVFP4 matrix whose
+// scale rows are not 16-byte pieces (K = 320) is k_mm_v's only (gpu_mt_ok).
+static void kernel_mm_stream(gpu_engine *g) {
+    static const struct { int n, K, kind[4], rows[4]; } sets[] = {
+        {4, 2048, {CK_W_FP8, CK_W_FP8, CK_W_BF16, CK_W_BF16}, {8192, 4096, 32, 32}},
+        {4, 2048, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {256, 512, 512, 1}},
+        {4, 768, {CK_W_FP8, CK_W_NVFP4, CK_W_BF16, CK_W_PLANES}, {1000, 47, 33, 64}},
+        {3, 320, {CK_W_FP8, CK_W_BF16, CK_W_PLANES}, {100, 17, 32}},
+        {1, 320, {CK_W_NVFP4}, {40}},
+    };
+    enum { TM = GPU_MM_TOK_V };
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        int n = sets[si].n, K = sets[si].K;
+        ck_mat W[4];
+        uint8_t *w[4], *sc[4];
+        size_t outs = 0;
+        for (int i = 0; i < n; i++) W[i] = kt_random_mat(sets[si].kind[i], sets[si].rows[i], K, &w[i], &sc[i]), outs += sets[si].rows[i];
+        arena a = arena_measure("kernel test"), d;
+        for (int i = 0; i < n; i++) gpu_put(&a, &W[i], "matrix");
+        arena_take(&a, sizeof(float) * TM * K, 256, "x");
+        arena_take(&a, 2 * GPU_MM_SPLITS * TM * (size_t)K, 256, "parts");
+        for (int i = 0; i < n; i++) arena_take(&a, sizeof(float) * TM * (size_t)sets[si].rows[i], 256, "y");
+        moet_err e = {{0}};
+        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
+        gpu_lin_set set;
+        memset(&set, 0, sizeof set);
+        set.n = n;
+        for (int i = 0; i < n; i++) set.W[i] = gpu_put(&d, &W[i], "matrix"), set.ldy[i] = sets[si].rows[i];
+        float *x = malloc(sizeof(float) * TM * K), *h[3], *ref = malloc(sizeof(float) * TM * outs), *row = malloc(sizeof(float) * K);
+        for (int v = 0; v < 3; v++) h[v] = malloc(sizeof(float) * TM * outs);
+        for (int i = 0; i < TM * K; i++) x[i] = kt_normal();
+        CUdeviceptr xd = kt_dev(&d, x, TM * K), xs = (uintptr_t)arena_take(&d, 2 * GPU_MM_SPLITS * TM * (size_t)K, 256, "parts");
+        for (int i = 0; i < n; i++) set.y[i] = kt_dev(&d, NULL, (size_t)TM * sets[si].rows[i]);
+        const int bulk = gpu_mt_ok(&set);
+        CHECK(bulk == !(K % 256 != 0 && sets[si].kind[0] == CK_W_NVFP4), "gpu_mt_ok: set %zu (K %d): %d", si, K, bulk);
+        int same = 1;
+        double err = 0;
+        for (int T = 1; T <= TM; T++) {
+            gpu_k_mm_split(&g->k, g->compute, xd, K, K, T, xs);
+            for (int v = 0; v < 3; v++) {
+                if (v == 0 && !bulk) continue;
+                for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * sets[si].rows[i], g->compute));
+                if (v < 2) gpu_k_mm_stream(&g->k, g->compute, &set, xs, T, v == 0);
+                else gpu_k_mm_fixed(&g->k, g->compute, &set, xs, T, 0);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                for (size_t i = 0, o = 0; i < (size_t)n; o += (size_t)T * sets[si].rows[i], i++)
+                    CU_CHECK(cu.cuMemcpyDtoH(h[v] + o, set.y[i], sizeof(float) * (size_t)T * sets[si].rows[i]));
+            }
+            size_t tot = 0;
+            for (int i = 0; i < n; i++) {
+                ref_linear_job j = {&W[i], x, ref + tot, T, K, W[i].rows, 0, W[i].rows, row};
+                ref_linear_rows(&j);
+                tot += (size_t)T * W[i].rows;
+            }
+            same &= !memcmp(h[1], h[2], sizeof(float) * tot) && (!bulk || !memcmp(h[0], h[2], sizeof(float) * tot));
+            double e1 = check_nerr(h[2], ref, tot);
+            err = e1 > err ? e1 : err;
+        }
+        CHECK(same, "k_mm_t / k_mm_v / k_mm_d: different bits (set %zu)", si);
+        CHECK(err < GPU_TOL_LINEAR, "k_mm set %zu: normalised error %.3g vs ref_linear", si, err);
+        printf("k_mm_%s set %zu (%d matrices, %zu rows, K %d, T 1..%d): %s k_mm_d, error vs ref_linear %.2g\n", bulk ? "t, k_mm_v" : "v", si, n,
+               outs, K, TM, same ? "bitwise equal to" : "DIFFERENT from", err);
+        arena_release(&d);
+        free(x), free(ref), free(row);
+        for (int v = 0; v < 3; v++) free(h[v]);
+        for (int i = 0; i < n; i++) free(w[i]), free(sc[i]);
+    }
+}
+
+// The tensor-core products widen every stored code exactly: a matrix whose row r holds one code
+// in column J (FP8: code r, every one but e4m3's NaN; NVFP4: nibble r % 16 under block scale
+// sc[r / 16] — subnormal, negative, the largest) times x = e_J gives code · scale · weight_scale,
+// the reference's decoders' value (ck_e4m3_lut, ck_e2m1_lut), at 1 token (k_mm_t / k_mm_v), 8
+// (k_mm_d) and 200 (k_mm_g). (Through gpu_k_mm: k_linear, which the engine takes for widths past
+// its model's, folds the NVFP4 block scale and weight_scale_2 into one f32 first, an ulp away
+// at times.) And a matrix holding e4m3's NaN code is refused at boot
+// (gpu_mat_check: the widening reads it as 480).
+static void kernel_widen_codes(gpu_engine *g) {
+    enum { K = 512, J = 77, TN = 200 };
+    static const uint8_t scs[8] = {0x01, 0x07, 0x08, 0x30, 0x38, 0xb8, 0x7e, 0xfe};
+    for (int kind = 0; kind < 2; kind++) {
+        int N = kind == 0 ? 256 : 128;
+        uint8_t *w, *sc;
+        ck_mat W = kt_random_mat(kind == 0 ? CK_W_FP8 : CK_W_NVFP4, N, K, &w, &sc);
+        memset(w, 0, (size_t)N * W.row_bytes);
+        float *want = malloc(sizeof(float) * N);
+        for (int r = 0; r < N; r++) {
+            if (kind == 0) {
+                uint8_t b = (r & 0x7f) == 0x7f ? 0 : (uint8_t)r;
+                w[(size_t)r * K + J] = b;
+                want[r] = ck_e4m3_lut[b] * W.s;
+            } else {
+                int c = r % 16;
+                w[(size_t)r * (K / 2) + J / 2] = (uint8_t)(J % 2 ? c << 4 : c);
+                sc[(size_t)r * (K / 16) + J / 16] = scs[r / 16];
+                want[r] = (float)(ck_e2m1_lut[c] * (double)ck_e4m3_lut[scs[r / 16]]) * W.s;
+            }
+        }
+        arena a = arena_measure("kernel test"), d;
+        gpu_put(&a, &W, "matrix");
+        arena_take(&a, sizeof(float) * TN * K, 256, "x");
+        arena_take(&a, sizeof(float) * TN * N, 256, "y");
+        arena_take(&a, 2 * GPU_MM_SPLITS * (size_t)TN * K, 256, "parts");
+        moet_err e = {{0}};
+        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
+        gpu_lin_set set;
+        memset(&set, 0, sizeof set);
+        set.n = 1, set.W[0] = gpu_put(&d, &W, "matrix"), set.ldy[0] = N;
+        float *x = calloc((size_t)TN * K, sizeof(float)), *y = malloc(sizeof(float) * TN * N);
+        for (int t = 0; t < TN; t++) x[(size_t)t * K + J] = 1.f;
+        CUdeviceptr xd = kt_dev(&d, x, (size_t)TN * K), yd = kt_dev(&d, NULL, (size_t)TN * N),
+                    xs = (uintptr_t)arena_take(&d, 2 * GPU_MM_SPLITS * (size_t)TN * K, 256, "parts");
+        set.y[0] = yd;
+        static const int Ts[] = {1, 8, TN};
+        for (int ti = 0; ti < 3; ti++) {   // (gpu_k_mm directly: the engine's products take k_linear past its model's widths)
+            int T = Ts[ti], bad = -1;
+            gpu_k_mm_split(&g->k, g->compute, xd, K, K, T, xs);
+            gpu_k_mm(&g->k, g->compute, &set, xs, T);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(y, yd, sizeof(float) * (size_t)T * N));
+            for (int t = 0; t < T && bad < 0; t++)
+                for (int r = 0; r < N && bad < 0; r++)
+                    if (!(y[(size_t)t * N + r] == want[r])) bad = r;
+            CHECK(bad < 0, "%s code widening at T %d: row %d gives %a, the reference %a", kind ? "nvfp4" : "fp8", T, bad,
+                  bad < 0 ? 0.0 : (double)y[bad], bad < 0 ? 0.0 : (double)want[bad]);
+        }
+        printf("%s: every %s exactly the reference's value at 1, 8 and %d tokens\n", kind ? "nvfp4" : "fp8",
+               kind ? "nibble under 8 block scales (subnormal, negative, the largest)" : "e4m3 code but NaN", TN);
+        arena_release(&d);
+        free(x), free(y), free(want), free(w), free(sc);
+    }
+    uint8_t *w, *sc;
+    ck_mat W = kt_random_mat(CK_W_FP8, 32, 256, &w, &sc);
+    w[5 * 256 + 9] = 0xff;
+    moet_err e = {{0}};
+    CHECK(gpu_mat_check(&W, "a layer weight", &e) != 0 && strstr(e.msg, "0xff") && strstr(e.msg, "row 5"), "an e4m3 NaN code not refused: %s",
+          e.msg);
+    printf("an fp8 matrix holding e4m3's NaN code refused: %s\n", e.msg);
+    free(w), free(sc);
+}
+
+// k_argmax against samp_first_max (the sampler's greedy pick) over rows of the real vocabulary
+// and an odd width: random rows, the largest value repeated (the first wins), NaN before and at
+// the largest, −0 before +0 as the largest, a row of −inf and NaN, one of NaN alone (0).
+static void kernel_argmax(gpu_engine *g) {
+    enum { R = 8 };
+    static const int Vs[] = {248320, 1001};
+    moet_err e = {{0}};
+    arena d;
+    if (arena_init_kind(&d, "argmax test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + 2 * 4096, &e)) { CHECK(0, "%s", e.msg); return; }
+    for (int vi = 0; vi < 2; vi++) {
+        int V = Vs[vi], got[R], want[R], same = 1;
+        float *x = malloc(sizeof(float) * (size_t)R * V), *bmax = malloc(sizeof(float) * ((size_t)V / SAMP_BLOCK + 1));
+        for (size_t i = 0; i < (size_t)R * V; i++) x[i] = 3.0f * kt_normal();
+        float *r;
+        r = x + (size_t)1 * V, r[V / 3] = r[V / 2] = r[V - 1] = 50.f;                  // ties: the first
+        r = x + (size_t)2 * V, r[7] = NAN, r[V / 2] = 50.f, r[V / 2 + 1] = NAN;          // NaN never the largest
+        r = x + (size_t)3 * V;                                                           // −0 then +0, all else below
+        for (int t = 0; t < V; t++) r[t] = -1.f - (float)(t % 7);
+        r[V / 4] = -0.0f, r[V / 3] = 0.0f;
+        r = x + (size_t)4 * V;
+        for (int t = 0; t < V; t++) r[t] = t % 3 ? -INFINITY : NAN;                      // −inf is the largest
+        r = x + (size_t)5 * V;
+        for (int t = 0; t < V; t++) r[t] = NAN;                                          // nothing: 0
+        r = x + (size_t)6 * V, r[0] = 60.f;
+        r = x + (size_t)7 * V, r[V - 1] = INFINITY;
+        CUdeviceptr xd = kt_dev(&d, x, (size_t)R * V), idd = kt_dev(&d, NULL, R);
+        gpu_k_argmax(&g->k, g->compute, xd, V, idd, R);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
+        for (int i = 0; i < R; i++) {
+            const float *row = x + (size_t)i * V;
+            want[i] = samp_first_max(row, V, bmax, samp_block_max(row, V, bmax));
+            same &= got[i] == want[i];
+        }
+        CHECK(same, "k_argmax [%d rows of %d]: not samp_first_max's ids (row 1: %d vs %d, row 3: %d vs %d)", R, V, got[1], want[1], got[3], want[3]);
+        printf("k_argmax [%d rows of %d: ties, NaN, ±0, −inf, NaN alone]: samp_first_max's ids, each\n", R, V);
+        free(x), free(bmax);
+        d.used = 0;
+    }
+    arena_release(&d);
+}
+
 // The router, the residual add + RMSNorm and the GDN gated norm against their CPU twins
 // (ref_route, ref_rmsnorm1p, ref_gated_rmsnorm) on Qwen3.6's shapes: E 256 top-8, H 2048,
 // 32 value heads of 128; 37 tokens. Tolerances: f32 against f32 with f64 sums on the CPU side:
@@ -1218,7 +1404,10 @@ int main(void) {
         else {
             kernel_linear(&g);
             kernel_linear_set(&g);
+            kernel_mm_stream(&g);
+            kernel_widen_codes(&g);
             kernel_misc(&g);
+            kernel_argmax(&g);
             kernel_gdn(&g);
             gpu_free(&g);
             ck_close(&m);
