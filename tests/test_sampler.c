@@ -258,6 +258,34 @@ int main(void) {
     // the penalized logits pick, the raw ones report
     admit(0, &rep, 1, prompt, 1);
     CHECK(pick(0, x) == 2 && fabs(lp_chosen - (2.0 - log(z))) < 1e-6 && lp_ids[0] == 1, "logprobs of the raw logits");
+
+    // samp_bank_plain_greedy: the slots a backend may answer with the row's first largest logit
+    // (the GPU's k_argmax) instead of the pick — greedy, no penalty, no logprobs — and for them the
+    // pick is exactly that and leaves the slot as it was (no draw, nothing counted); any other
+    // slot is not one of them
+    {
+        admit(1, &greedy, 1, NULL, 0);   // (logprobs on: admit's)
+        CHECK(!samp_bank_plain_greedy(&B, 1), "a slot asking for logprobs is not plain greedy");
+        samp_bank_release(&B, 1);
+        CHECK(samp_bank_admit(&B, 1, &greedy, 7, 0, 0, prompt, 1, &e) == 0, "%s", e.msg);
+        CHECK(samp_bank_plain_greedy(&B, 1), "greedy without penalties or logprobs is plain greedy");
+        samp_slot before = B.slot[1];
+        float bm[1], ties[V] = {1.0f, 3.0f, -2.0f, 3.0f, NAN, 3.0f, 0.5f, -INFINITY};
+        int32_t t1 = pick(1, x), t2 = pick(1, ties);
+        CHECK(t1 == samp_first_max(x, V, bm, samp_block_max(x, V, bm)) && t2 == samp_first_max(ties, V, bm, samp_block_max(ties, V, bm)) && t2 == 1,
+              "plain greedy: the pick is the first largest logit (%d, %d)", t1, t2);
+        CHECK(!memcmp(&before.rng, &B.slot[1].rng, sizeof before.rng) && before.n_touched == B.slot[1].n_touched,
+              "plain greedy: the pick draws nothing and counts nothing");
+        samp_bank_release(&B, 1);
+        CHECK(!samp_bank_plain_greedy(&B, 1), "a free slot is not plain greedy");
+        samp_params hot = greedy, pen = greedy;
+        hot.temperature = 0.7f;
+        pen.presence_penalty = 0.1f;
+        CHECK(samp_bank_admit(&B, 1, &hot, 7, 0, 0, NULL, 0, &e) == 0 && !samp_bank_plain_greedy(&B, 1), "a sampled slot is not plain greedy");
+        samp_bank_release(&B, 1);
+        CHECK(samp_bank_admit(&B, 1, &pen, 7, 0, 0, NULL, 0, &e) == 0 && !samp_bank_plain_greedy(&B, 1), "a penalized slot is not plain greedy");
+        samp_bank_release(&B, 1);
+    }
     samp_bank_free(&B);
 
     rnd_state = 2024;
