@@ -6,7 +6,7 @@
 //
 // `./build.sh harness` builds and runs it on a machine with an NVIDIA GPU; the exit status is 1
 // when an error is past its bound (or there is no GPU). HK_ONLY=linear,experts (a comma-separated
-// list of embed, norm, linear, router, experts, combine, gdn, attention) runs those sections only.
+// list of embed, norm, linear, router, experts, combine, argmax, gdn, attention) runs those sections only.
 //
 // Shapes: tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json (H 2048; attention 16 query
 // heads over 2 KV heads of 256, 64 rotary dims; GDN 16 key / 32 value heads of 128, conv 4; 256
@@ -696,6 +696,30 @@ static void hk_combine_silu(void) {
     }
 }
 
+// k_argmax against samp_first_max (a greedy row's token on the device, instead of the row's logits
+// copied out): rows of the real vocabulary, 1 and 16 of them; err 0 when every id is the sampler's.
+static void hk_argmax(void) {
+    int V = hk.m.cfg.vocab;
+    for (int R = 1; R <= 16; R += 15) {
+        float *x = hk_normal((size_t)R * V, 3.0f), *bmax = malloc(sizeof(float) * ((size_t)V / SAMP_BLOCK + 1));
+        CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)R * V), idd = hk_up(NULL, sizeof(int32_t) * (size_t)R);
+        gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R);
+        int32_t *got = hk_down(idd, sizeof(int32_t) * (size_t)R);
+        int bad = 0;
+        for (int r = 0; r < R; r++) {
+            const float *row = x + (size_t)r * V;
+            bad += got[r] != samp_first_max(row, V, bmax, samp_block_max(row, V, bmax));
+        }
+        double us;
+        HK_TIME(us, gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R));
+        char shape[64];
+        snprintf(shape, sizeof shape, "%d rows of %d", R, V);
+        hk_row("k_argmax", shape, "f32", bad ? 1.0 : 0.0, 0.5, us, 4.0 * R * V + 4.0 * R);   // err 1: an id not the sampler's
+        free(x), free(bmax), free(got);
+        hk_reset();
+    }
+}
+
 // k_gdn_conv against ref_gdn_conv, token after token of one row, and the window it leaves.
 static void hk_gdn_conv(void) {
     const ck_config *c = &hk.m.cfg;
@@ -984,6 +1008,7 @@ int main(void) {
     if (hk_want("router")) hk_router(), hk_route_fused();
     if (hk_want("experts")) hk_experts(CK_W_PLANES), hk_experts(CK_W_NVFP4);
     if (hk_want("combine")) hk_combine_silu();
+    if (hk_want("argmax")) hk_argmax();
     if (hk_want("gdn")) {
         hk_gdn_conv();
         hk_gdn_rule(K_GDN_RULE, 1);
