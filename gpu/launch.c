@@ -139,7 +139,7 @@ static size_t gpu_mmg_smem(int kind) {
 }
 
 // Whether k_mm_t can take every matrix of the set: each bulk copy's source and size 16-byte
-// aligned (sass/mm.cuh: mt_stage) — FP8 and BF16 rows, NVFP4 rows and their scale rows (K a
+// aligned (sass/mm.cuh: mt_kind, mt_kbc) — FP8 and BF16 rows, NVFP4 rows and their scale rows (K a
 // multiple of 256), the planes as stored.
 static int gpu_mt_ok(const gpu_lin_set *set) {
     for (int i = 0; i < set->n; i++) {
