@@ -2,7 +2,8 @@
 // chooses a backend for `run`, `serve` and `bench` (--backend auto|cpu|gpu).
 //
 // launch queues the whole step on the compute stream, then the copy of the rows' logits into
-// pinned memory, and returns; collect waits for that copy and picks each wanted row's token
+// pinned memory, and returns (a step with speculating rows runs before it returns:
+// gpu_be_spec_row); collect waits for that copy and picks each wanted row's token
 // with the slot's sampler (samp_bank, the same code as the CPU backend: a request samples the
 // same way on both). A step whose wanted rows are all greedy without penalties or logprobs
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
@@ -23,6 +24,23 @@ typedef struct {
     int l_greedy;            // the launched step's wanted rows are all plain greedy: their ids come back (k_argmax), not logits
     int lost;                // a step's synchronisation failed: the context is unusable (ENGINE_LOST from then on)
     engine_fault fault;      // MOET_FAULT (the backend's test hook)
+    // speculation with the MTP head (g.o.mtp; as the CPU's ref_be_spec_row): per slot the drafts
+    // per decode row (spec ≤ spec_cap, set_spec), the drafts ready for its next row (draft [nd]),
+    // whether the head waits for a chunk's next token (has_pend, its h in g.mtp_pend); a step with
+    // speculating rows runs in launch (l_sync) and collect gives its results
+    int max_spec;
+    int *spec, *spec_cap, *nd, *has_pend;   // [max_seqs]
+    int32_t *draft;                          // [max_seqs, MOET_MAX_SPEC]
+    int *res_n, *res_drafted;                // [max_seqs] (engine_result)
+    int32_t *res_more;                       // [max_seqs, MOET_MAX_SPEC]
+    float *res_more_lp;                      // [max_seqs, MOET_MAX_SPEC]
+    int32_t *res_more_top_ids;               // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
+    float *res_more_top_lp;                  // [max_seqs, MOET_MAX_SPEC, MOET_MAX_LOGPROBS]
+    int32_t *spec_tok, *spec_next;           // [MOET_MAX_SPEC + 1] a verification's fed tokens; [Tm] the head rows' next tokens
+    int *sub_slots, *sub_off, *sub_row;      // [max_seqs], [max_seqs + 1], [max_seqs] the step's other rows
+    int32_t *sub_ids;                        // [Tm]
+    uint8_t *sub_want;                       // [max_seqs]
+    int l_sync, l_spec;
     arena mem;
 } gpu_backend;
 
@@ -35,6 +53,25 @@ static void gpu_be_carve(gpu_backend *b, arena *a) {
     ARENA_TAKE(a, b->res_top_lp, (size_t)S * MOET_MAX_LOGPROBS, "top logprobs");
     ARENA_TAKE(a, b->l_slots, S, "step slots");
     ARENA_TAKE(a, b->l_want, S, "step wants");
+    size_t Sp = b->max_spec ? (size_t)MOET_MAX_SPEC : 0, Sq = b->max_spec ? (size_t)S : 0, Tm = b->max_spec ? (size_t)b->g.o.max_tokens : 0;
+    ARENA_TAKE(a, b->spec, Sq, "drafts per row");
+    ARENA_TAKE(a, b->spec_cap, Sq, "drafts admitted");
+    ARENA_TAKE(a, b->nd, Sq, "drafts ready");
+    ARENA_TAKE(a, b->has_pend, Sq, "pending head rows");
+    ARENA_TAKE(a, b->draft, Sq * Sp, "drafts");
+    ARENA_TAKE(a, b->res_n, Sq, "step token counts");
+    ARENA_TAKE(a, b->res_drafted, Sq, "step drafts");
+    ARENA_TAKE(a, b->res_more, Sq * Sp, "step tokens past the first");
+    ARENA_TAKE(a, b->res_more_lp, Sq * Sp, "their logprobs");
+    ARENA_TAKE(a, b->res_more_top_ids, Sq * Sp * MOET_MAX_LOGPROBS, "their top logprob ids");
+    ARENA_TAKE(a, b->res_more_top_lp, Sq * Sp * MOET_MAX_LOGPROBS, "their top logprobs");
+    ARENA_TAKE(a, b->spec_tok, Sp ? Sp + 1 : 0, "verification tokens");
+    ARENA_TAKE(a, b->spec_next, Tm, "MTP head next tokens");
+    ARENA_TAKE(a, b->sub_slots, Sq, "other rows' slots");
+    ARENA_TAKE(a, b->sub_off, Sq ? Sq + 1 : 0, "other rows' offsets");
+    ARENA_TAKE(a, b->sub_row, Sq, "other rows' places");
+    ARENA_TAKE(a, b->sub_ids, Tm, "other rows' ids");
+    ARENA_TAKE(a, b->sub_want, Sq, "other rows' wants");
 }
 
 // The sequence in slot s for engine_check_step: its length and its reserve.
@@ -53,13 +90,27 @@ static int gpu_be_admit_from(void *self, int slot, const engine_admit *a, const 
     if (engine_check_admit(b->g.o.max_seqs, b->g.o.max_len, &b->bank, slot, a, e) ||
         engine_check_from(b->g.pfx_block, b->g.pfx_blocks, b->g.pfx_end, a, from, n_from, e))
         return -1;
+    if (a->spec < 0 || a->spec > b->max_spec)
+        return b->max_spec ? err_set(e, "admit: %d draft tokens per step; this backend drafts at most %d", a->spec, b->max_spec)
+                           : err_set(e, "admit: speculative decoding needs the model's multi-token-prediction head (mtp.*), which is not loaded");
+    if (a->spec && n_from)
+        return err_set(e, "admit: a speculating sequence starts from its first token (the MTP head's cache is not in prefix blocks)");
     if (gpu_seq_start_from(&b->g, slot, a->reserve, from, n_from)) return 1;   // not enough free KV pages now
     if (samp_bank_admit(&b->bank, slot, &a->sp, a->seed, a->logprobs, a->top_logprobs, a->prompt, a->n_prompt, e)) {
         gpu_seq_end(&b->g, slot);
         return -1;
     }
     b->reserve[slot] = a->reserve;
+    if (b->max_spec) b->spec[slot] = b->spec_cap[slot] = a->spec, b->nd[slot] = b->has_pend[slot] = 0;
     return 0;
+}
+
+// engine_backend.set_spec: the slot drafts k (≤ what it was admitted with) from its next pick on.
+static void gpu_be_set_spec(void *self, int slot, int k) {
+    gpu_backend *b = self;
+    MOET_ASSERT(b->max_spec && k >= 0 && k <= b->spec_cap[slot], "set_spec: %d drafts for slot %d, admitted with %d", k, slot,
+                b->max_spec ? b->spec_cap[slot] : 0);
+    b->spec[slot] = k;
 }
 
 static int gpu_be_admit(void *self, int slot, const engine_admit *a, moet_err *e) { return gpu_be_admit_from(self, slot, a, NULL, 0, e); }
@@ -84,6 +135,134 @@ static void gpu_be_release(void *self, int slot) {
     b->reserve[slot] = 0;
 }
 
+// Row i of a step (slot, ids [c], want) on a speculating slot, as the CPU's ref_be_spec_row (the
+// definition; moet.c): the fed tokens, then the slot's drafts when it is a decode row (c = 1) —
+// one verification of 1 + nd tokens through the recurrent GDN kernel (g.rule_rows: the bits of
+// single decode steps), every token's logits and hidden state after the final norm kept. After
+// each fed token j the slot's sampler picks y_j exactly as without drafts, and the draft fed next
+// is kept when it is y_j; past a rejection the GDN state is restored (gpu_snap) and the kept
+// tokens fed again. The head then takes a row per fed token whose successor is known (a prompt
+// chunk's last token waits in g.mtp_pend for the next chunk's first) and, after a picked token,
+// drafts from its last row (the greedy pick of its logits, k_argmax), each further draft feeding
+// the head's normed output back (those rows undone afterwards). Synchronous.
+static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, int c, int want, moet_err *e) {
+    gpu_engine *g = &b->g;
+    int H = g->m->cfg.hidden, V = g->m->cfg.vocab, p = g->pos[slot];
+    int nd = want && c == 1 ? b->nd[slot] : 0;
+    if (nd > b->reserve[slot] - p - 1) nd = b->reserve[slot] - p - 1;   // within the reserve
+    if (nd > g->o.max_tokens - 1) nd = g->o.max_tokens - 1;
+    if (nd < 0) nd = 0;
+    const int32_t *ft = nd ? b->spec_tok : ids;   // the fed tokens: the row's, then the drafts
+    if (nd) {
+        b->spec_tok[0] = ids[0];
+        memcpy(b->spec_tok + 1, b->draft + (size_t)slot * MOET_MAX_SPEC, sizeof(int32_t) * nd);
+        gpu_snap(g, slot, 1);
+    }
+    int off[2] = {0, c + nd}, nr;
+    uint8_t w1 = 1;   // every token's logits and hidden state (the head's rows)
+    g->rule_rows = nd > 0;
+    int rc = gpu_step(g, 1, &slot, ft, off, &w1, GPU_OUT_ALL, NULL, NULL, NULL, &nr, e);
+    g->rule_rows = 0;
+    if (rc) return -1;
+    CU_CHECK(cu.cuMemcpyDtoDAsync(g->mtp_h, g->xn, sizeof(float) * (size_t)(c + nd) * H, g->compute));
+    const float *lg = want ? gpu_step_logits(g, nr) : NULL;   // (rows c − 1 .. c − 1 + nd: the picks')
+    int m = 0;             // accepted drafts
+    int32_t ylast = -1;    // the last token picked
+    b->res_tok[i] = -1, b->res_n[i] = 0, b->res_drafted[i] = nd;
+    b->nd[slot] = 0;
+    if (want)
+        for (int j = 0;; j++) {
+            int32_t y;
+            float lp;
+            int32_t *ti = j ? b->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
+            float *tl = j ? b->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
+            samp_bank_pick(&b->bank, slot, lg + (size_t)(c - 1 + j) * V, &y, &lp, ti, tl);
+            if (j) b->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, b->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
+            else b->res_tok[i] = y, b->res_lp[i] = lp;
+            b->res_n[i] = j + 1;
+            if (j == nd || ft[j + 1] != y) {
+                ylast = y;
+                break;
+            }
+            m++;
+        }
+    int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
+    if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again
+        gpu_snap(g, slot, 0);
+        g->pos[slot] = p;
+        int off2[2] = {0, kept};
+        uint8_t w0 = 0;
+        g->rule_rows = 1;
+        rc = gpu_step(g, 1, &slot, ft, off2, &w0, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e);
+        g->rule_rows = 0;
+        if (rc) return -1;
+    }
+    // the head: the pending row (its successor is this row's first token), then the kept tokens
+    // whose successors are known: each fed token but the last, and the last when a token was picked
+    if (b->has_pend[slot]) {
+        gpu_mtp_rows(g, slot, 1, g->mtp_pend + (CUdeviceptr)slot * H * sizeof(float), &ft[0], 0, NULL);
+        b->has_pend[slot] = 0;
+    }
+    for (int j = 0; j + 1 < kept; j++) b->spec_next[j] = ft[j + 1];   // (an accepted draft is the token picked there)
+    if (want) b->spec_next[kept - 1] = ylast;
+    int rows = want ? kept : kept - 1;
+    if (rows > 0) gpu_mtp_rows(g, slot, rows, g->mtp_h, b->spec_next, want, NULL);
+    if (!want) {
+        CU_CHECK(cu.cuMemcpyDtoDAsync(g->mtp_pend + (CUdeviceptr)slot * H * sizeof(float), g->mtp_h + (CUdeviceptr)(kept - 1) * H * sizeof(float),
+                                      sizeof(float) * H, g->compute));
+        b->has_pend[slot] = 1;
+        return 0;
+    }
+    // drafts: the last row's prediction, then the head's output fed back with each draft
+    int mtp_end = g->mtp_pos[slot], room = g->seq_pages[slot] * GPU_KV_PAGE < g->o.max_len ? g->seq_pages[slot] * GPU_KV_PAGE : g->o.max_len;
+    int32_t *dr = b->draft + (size_t)slot * MOET_MAX_SPEC;
+    for (int k = 0; k < b->spec[slot]; k++) {
+        if (k) {
+            if (g->mtp_pos[slot] + 1 > room) break;   // the head's cache is full: fewer drafts
+            CU_CHECK(cu.cuMemcpyDtoDAsync(g->mtp_tmp, g->xn + (CUdeviceptr)(k == 1 ? rows - 1 : 0) * H * sizeof(float), sizeof(float) * H, g->compute));
+            gpu_mtp_rows(g, slot, 1, g->mtp_tmp, &dr[k - 1], 1, NULL);
+        }
+        dr[k] = gpu_logits_argmax(g, k ? 0 : rows - 1);
+        b->nd[slot] = k + 1;
+    }
+    g->mtp_pos[slot] = mtp_end;
+    return 0;
+}
+
+// A step with speculating rows (gpu_be_spec_row, one by one), the others in one step after them,
+// all run before it returns (collect gives the results).
+static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e) {
+    int n = 0, V = b->g.m->cfg.vocab;
+    b->sub_off[0] = 0;
+    for (int i = 0; i < s->n; i++) {
+        int c = s->off[i + 1] - s->off[i];
+        b->res_n[i] = 1, b->res_drafted[i] = 0;
+        if (b->spec[s->slots[i]]) {
+            if (gpu_be_spec_row(b, i, s->slots[i], s->ids + s->off[i], c, s->want[i], e)) return -1;
+            continue;
+        }
+        memcpy(b->sub_ids + b->sub_off[n], s->ids + s->off[i], sizeof(int32_t) * c);
+        b->sub_slots[n] = s->slots[i], b->sub_want[n] = s->want[i], b->sub_row[n] = i;
+        b->sub_off[n + 1] = b->sub_off[n] + c;
+        n++;
+    }
+    if (n) {
+        int nr;
+        if (gpu_step(&b->g, n, b->sub_slots, b->sub_ids, b->sub_off, b->sub_want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
+        const float *lg = gpu_step_logits(&b->g, nr);
+        for (int k = 0, j = 0; k < n; k++) {
+            int i = b->sub_row[k];
+            b->res_tok[i] = -1;   // no token for a mid-prompt chunk
+            if (!b->sub_want[k]) continue;
+            samp_bank_pick(&b->bank, b->sub_slots[k], lg + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
+                           b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+        }
+    }
+    b->l_sync = 1;
+    b->launched = 1;
+    return 0;
+}
+
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "launch: the step launched before was not collected");
@@ -91,6 +270,10 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     int f = engine_fault_launch(&b->fault, e);
     if (f) return f;
     if (gpu_be_check(b, "launch", s->n, s->slots, s->ids, s->off, e)) return -1;
+    int n_spec = 0;
+    for (int i = 0; b->max_spec && i < s->n; i++) n_spec += b->spec[s->slots[i]] > 0;
+    b->l_sync = 0;
+    if (n_spec) return gpu_be_launch_spec(b, s, e);
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
     // rows whose pick is their largest logit take it on the device: 4 bytes a row come back instead
@@ -111,6 +294,13 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
 static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
     gpu_backend *b = self;
     if (!b->launched) return err_set(e, "collect: no step was launched");
+    if (b->l_sync) {   // a step with speculating rows: done in launch
+        b->launched = 0;
+        *out = (engine_result){.token = b->res_tok, .logprob = b->res_lp, .top_ids = b->res_top_ids, .top_lp = b->res_top_lp,
+                               .n_tok = b->res_n, .drafted = b->res_drafted, .more = b->res_more, .more_lp = b->res_more_lp,
+                               .more_top_ids = b->res_more_top_ids, .more_top_lp = b->res_more_top_lp};
+        return 0;
+    }
     // the step and its logits copy are done. An error here is the step's kernels' (launches and copies
     // were accepted): a fault in a kernel, which CUDA makes sticky — the context can run nothing
     // more. The scheduler answers every request and the server exits (ENGINE_LOST).
@@ -178,6 +368,7 @@ static int gpu_be_init_prefix(gpu_backend *b, const ck_model *m, const gpu_opts 
                               const pf_serve_opts *po, moet_err *e) {
     memset(b, 0, sizeof *b);
     if (gpu_init_prefix(&b->g, m, o, pfx_block, pfx_blocks, planes, po, e)) return -1;
+    b->max_spec = o->mtp ? MOET_MAX_SPEC : 0;
     arena_plan p = arena_plan_begin(&b->mem, "gpu backend", ARENA_HOST, e);
     while (arena_plan_pass(&p)) gpu_be_carve(b, p.on);
     if (p.failed || samp_bank_init(&b->bank, m->cfg.vocab, o->max_seqs, o->max_len, e)) {
@@ -198,7 +389,7 @@ static engine_backend gpu_backend_of(gpu_backend *b) {
     engine_backend be = {b, b->g.m->cfg.vocab, b->g.o.max_seqs, b->g.o.max_len, b->g.chunk_align, gpu_be_admit, gpu_be_release,
                          gpu_be_launch, gpu_be_collect, gpu_be_forward_all, b->g.pfx_block, b->g.pfx_blocks,
                          b->g.pfx_blocks ? gpu_be_admit_from : NULL, b->g.pfx_blocks ? gpu_be_save : NULL,
-                         b->g.pfx_blocks ? gpu_be_drop : NULL, 0, NULL};   // no speculation on the GPU yet
+                         b->g.pfx_blocks ? gpu_be_drop : NULL, b->max_spec, b->max_spec ? gpu_be_set_spec : NULL};
     return be;
 }
 
@@ -254,7 +445,9 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
     int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
     if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
     if (!want_cpu) {
-        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs};
+        // the MTP head on the device too where the model has one (speculation: --speculative-tokens)
+        gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs,
+                       m->mtp.present};
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
             return -1;

@@ -24,6 +24,7 @@ typedef struct {
     int kv_dtype;                        // GPU_KV_*
     size_t host_margin;                  // bytes of the host's MemAvailable a GPU sharing it leaves alone
     int no_graphs;                       // 1: every step's kernels launched one by one (moet bench --cuda-graphs off)
+    int mtp;                             // 1: the checkpoint's MTP head on the device too (gpu_mtp_rows)
 } gpu_opts;
 
 // Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
@@ -74,6 +75,23 @@ typedef struct {
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
     int *kind_index;                 // [L] index among attention or GDN layers
+    int n_kv;                        // attention layers with KV pages: the full-attention layers, and the MTP head's (gpu_opts.mtp)
+    // the MTP head (gpu_opts.mtp; sass/MODEL.md §6): its weights (fc as its two halves, the
+    // normed embedding's columns and the normed hidden state's), its layer's KV at kind index
+    // n_full, and per slot the head's rows so far (the next row's position in its cache)
+    gpu_layer mtp_layer;
+    gpu_mat mtp_norm_emb, mtp_norm_hid, mtp_fc_emb, mtp_fc_hid, mtp_norm;
+    int *mtp_pos;                    // [max_seqs]
+    size_t mtp_bytes;                // the head's weights (not in dense_bytes: a decode step without drafts reads none)
+    // speculation (gpu/backend.c): the main model's hidden states of a row's tokens after its final
+    // norm (the head's input h), each slot's pending row (a prompt chunk's last token, whose
+    // successor comes with the next chunk), one row's scratch; one slot's GDN states and conv windows
+    // before a verification (rows are verified one at a time); rule_rows: this step's rows all take
+    // the recurrent GDN kernel whatever their length (a verification's tokens give the bits of
+    // single decode steps)
+    CUdeviceptr mtp_h, mtp_pend, mtp_tmp;   // [Tm, H], [max_seqs, H], [H]
+    CUdeviceptr snap_win, snap_ssm;         // [win_slot], [ssm_slot] f32
+    int rule_rows;
     // prefix blocks (engine_backend.save): the GDN state of a sequence after a multiple of
     // pfx_block tokens copied on the device, the KV pages of the block's positions shared by
     // reference count (page_ref) with the sequence that wrote them and every one restored from it
@@ -190,7 +208,45 @@ static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {
     return 0;
 }
 
-// Every dense weight (and the routed experts unless a pool holds them), in model order.
+// One decoder layer's weights (attn: gated attention, else Gated DeltaNet) into G, its routed
+// experts' table (E rows of gate, up, down) and, when experts_here, the experts themselves.
+static void gpu_carve_layer(arena *a, const ck_layer *L, int attn, int experts_here, int E, gpu_layer *G) {
+    G->in_norm = gpu_put(a, &L->in_norm, "norms");
+    G->post_norm = gpu_put(a, &L->post_norm, "norms");
+    if (attn) {
+        G->q = gpu_put(a, &L->q, "attention");
+        G->k = gpu_put(a, &L->k, "attention");
+        G->v = gpu_put(a, &L->v, "attention");
+        G->o = gpu_put(a, &L->o, "attention");
+        G->q_norm = gpu_put(a, &L->q_norm, "attention");
+        G->k_norm = gpu_put(a, &L->k_norm, "attention");
+    } else {
+        G->qkv = gpu_put(a, &L->qkv, "gdn");
+        G->z = gpu_put(a, &L->z, "gdn");
+        G->b = gpu_put(a, &L->b, "gdn");
+        G->a = gpu_put(a, &L->a, "gdn");
+        G->conv = gpu_put(a, &L->conv, "gdn");
+        G->A_log = gpu_put(a, &L->A_log, "gdn");
+        G->dt_bias = gpu_put(a, &L->dt_bias, "gdn");
+        G->gnorm = gpu_put(a, &L->gnorm, "gdn");
+        G->out = gpu_put(a, &L->out, "gdn");
+    }
+    G->router = gpu_put(a, &L->router, "router");
+    G->sh_gate = gpu_put(a, &L->sh_gate, "shared expert");
+    G->sh_up = gpu_put(a, &L->sh_up, "shared expert");
+    G->sh_down = gpu_put(a, &L->sh_down, "shared expert");
+    G->sh_gate_w = gpu_put(a, &L->sh_gate_w, "shared expert");
+    gpu_mat *tab = arena_take(a, sizeof(gpu_mat) * 3 * (size_t)E, 256, "expert table");
+    if (a->base) G->experts = (uintptr_t)tab;
+    if (experts_here)
+        for (int x = 0; x < E; x++) {
+            gpu_mat t3[3] = {gpu_put(a, &L->gate[x], "routed experts"), gpu_put(a, &L->up[x], "routed experts"), gpu_put(a, &L->down[x], "routed experts")};
+            if (a->base) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(tab + 3 * x), t3, sizeof t3));
+        }
+}
+
+// Every dense weight (and the routed experts unless a pool holds them), in model order; then the
+// MTP head's (gpu_opts.mtp).
 static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
     const ck_model *m = g->m;
     const ck_config *c = &m->cfg;
@@ -203,6 +259,10 @@ static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
                 const ck_layer *L = &m->layers[l];
                 g->moe_mm &= gpu_mm_ok_ck(&L->gate[x]) && gpu_mm_ok_ck(&L->up[x]) && gpu_mm_ok_ck(&L->down[x]) && L->gate[x].kind == L->up[x].kind;
             }
+    for (int x = 0; g->o.mtp && x < c->n_experts; x++) {
+        const ck_layer *L = &m->mtp.layer;
+        g->moe_mm &= gpu_mm_ok_ck(&L->gate[x]) && gpu_mm_ok_ck(&L->up[x]) && gpu_mm_ok_ck(&L->down[x]) && L->gate[x].kind == L->up[x].kind;
+    }
     // the kind every routed expert matrix has (the launch shapes of gpu_moe_shape), or -1
     g->k.moe_kind = experts_here ? m->layers[0].gate[0].kind : GPU_W_PLANES;
     for (int l = 0; experts_here && l < c->n_layers; l++)
@@ -220,42 +280,20 @@ static void gpu_carve_weights(gpu_engine *g, arena *a, int experts_here) {
         CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)inv, tmp, sizeof(float) * (size_t)(c->rot_dim / 2 + 1)));
         g->inv_freq = (uintptr_t)inv;
     }
-    for (int l = 0; l < c->n_layers; l++) {
-        const ck_layer *L = &m->layers[l];
-        gpu_layer *G = a->base ? &g->layers[l] : &(gpu_layer){0};
-        G->in_norm = gpu_put(a, &L->in_norm, "norms");
-        G->post_norm = gpu_put(a, &L->post_norm, "norms");
-        if (c->full_attn[l]) {
-            G->q = gpu_put(a, &L->q, "attention");
-            G->k = gpu_put(a, &L->k, "attention");
-            G->v = gpu_put(a, &L->v, "attention");
-            G->o = gpu_put(a, &L->o, "attention");
-            G->q_norm = gpu_put(a, &L->q_norm, "attention");
-            G->k_norm = gpu_put(a, &L->k_norm, "attention");
-        } else {
-            G->qkv = gpu_put(a, &L->qkv, "gdn");
-            G->z = gpu_put(a, &L->z, "gdn");
-            G->b = gpu_put(a, &L->b, "gdn");
-            G->a = gpu_put(a, &L->a, "gdn");
-            G->conv = gpu_put(a, &L->conv, "gdn");
-            G->A_log = gpu_put(a, &L->A_log, "gdn");
-            G->dt_bias = gpu_put(a, &L->dt_bias, "gdn");
-            G->gnorm = gpu_put(a, &L->gnorm, "gdn");
-            G->out = gpu_put(a, &L->out, "gdn");
-        }
-        G->router = gpu_put(a, &L->router, "router");
-        G->sh_gate = gpu_put(a, &L->sh_gate, "shared expert");
-        G->sh_up = gpu_put(a, &L->sh_up, "shared expert");
-        G->sh_down = gpu_put(a, &L->sh_down, "shared expert");
-        G->sh_gate_w = gpu_put(a, &L->sh_gate_w, "shared expert");
-        gpu_mat *tab = arena_take(a, sizeof(gpu_mat) * 3 * (size_t)c->n_experts, 256, "expert table");
-        if (a->base) G->experts = (uintptr_t)tab;
-        if (experts_here)
-            for (int x = 0; x < c->n_experts; x++) {
-                gpu_mat t3[3] = {gpu_put(a, &L->gate[x], "routed experts"), gpu_put(a, &L->up[x], "routed experts"),
-                                 gpu_put(a, &L->down[x], "routed experts")};
-                if (a->base) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(tab + 3 * x), t3, sizeof t3));
-            }
+    for (int l = 0; l < c->n_layers; l++)
+        gpu_carve_layer(a, &m->layers[l], c->full_attn[l], experts_here, c->n_experts, a->base ? &g->layers[l] : &(gpu_layer){0});
+    if (g->o.mtp) {   // the MTP head: BF16 as released, its experts always from the checkpoint
+        const ck_mtp *M = &m->mtp;
+        size_t before = a->used;
+        g->mtp_norm_emb = gpu_put(a, &M->norm_emb, "mtp head");
+        g->mtp_norm_hid = gpu_put(a, &M->norm_hid, "mtp head");
+        gpu_mat fc = gpu_put(a, &M->fc, "mtp head");   // [H, 2H]: the embedding's columns first
+        g->mtp_fc_emb = fc, g->mtp_fc_hid = fc;
+        g->mtp_fc_emb.cols = g->mtp_fc_hid.cols = c->hidden;
+        g->mtp_fc_hid.w += (unsigned long long)c->hidden * (M->fc.kind == CK_W_F32 ? 4 : 2);
+        g->mtp_norm = gpu_put(a, &M->norm, "mtp head");
+        gpu_carve_layer(a, &M->layer, 1, 1, c->n_experts, &g->mtp_layer);
+        g->mtp_bytes = a->used - before;
     }
 }
 
@@ -295,6 +333,9 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->sgate = gpu_take_f32(a, Tm, "shared expert gate");
     g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
     g->ids = gpu_take_f32(a, Tm, "greedy tokens");
+    g->mtp_h = g->o.mtp ? gpu_take_f32(a, Tm * H, "MTP head inputs") : 0;
+    g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
+    g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
     g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
     // the widest input of a product: H, the attention output (qd), the GDN output (value_dim),
     // the shared expert's (shared_inter)
@@ -328,6 +369,11 @@ static void gpu_carve_state(gpu_engine *g, arena *a) {
     uint8_t *w = arena_take(a, sizeof(float) * g->win_slot * g->o.max_seqs + 4, 256, "conv windows");
     uint8_t *s = arena_take(a, sizeof(float) * g->ssm_slot * g->o.max_seqs + 4, 256, "GDN states");
     if (a->base) g->win = (uintptr_t)w, g->ssm = (uintptr_t)s;
+    if (g->o.mtp) {   // one slot's state before a verification (gpu/backend.c: speculation)
+        uint8_t *sw = arena_take(a, sizeof(float) * g->win_slot + 4, 256, "conv windows before a verification");
+        uint8_t *ss = arena_take(a, sizeof(float) * g->ssm_slot + 4, 256, "GDN states before a verification");
+        if (a->base) g->snap_win = (uintptr_t)sw, g->snap_ssm = (uintptr_t)ss;
+    }
     if (g->pfx_blocks) {
         uint8_t *pw = arena_take(a, sizeof(float) * g->win_slot * g->pfx_blocks + 4, 256, "prefix conv windows");
         uint8_t *ps = arena_take(a, sizeof(float) * g->ssm_slot * g->pfx_blocks + 4, 256, "prefix GDN states");
@@ -344,21 +390,23 @@ static size_t gpu_prefix_bytes(const ck_config *c, int kv_dtype, int block) {
 
 // Bytes of one page (GPU_KV_PAGE positions) of keys or of values over all attention layers,
 // with the fp8 scales.
-static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype) {
+static size_t gpu_kv_page_bytes_n(int n_kv, const ck_config *c, int kv_dtype) {
     size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t b = (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(kv_dtype);
-    if (kv_dtype == GPU_KV_FP8) b += (size_t)c->n_full * GPU_KV_PAGE * c->n_kv_heads * sizeof(float);
+    size_t b = (size_t)n_kv * GPU_KV_PAGE * kvd * gpu_kv_elem(kv_dtype);
+    if (kv_dtype == GPU_KV_FP8) b += (size_t)n_kv * GPU_KV_PAGE * c->n_kv_heads * sizeof(float);
     return b;
 }
+// (the main model's attention layers: without the MTP head's)
+static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype) { return gpu_kv_page_bytes_n(c->n_full, c, kv_dtype); }
 
 static void gpu_carve_kv(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)c->n_full * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, per = (size_t)g->n_kv * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     uint8_t *k = arena_take(a, per * g->n_pages + 4, 256, "KV keys");
     uint8_t *v = arena_take(a, per * g->n_pages + 4, 256, "KV values");
     uint8_t *ks = NULL, *vs = NULL;
     if (g->o.kv_dtype == GPU_KV_FP8) {
-        size_t sc = (size_t)c->n_full * GPU_KV_PAGE * c->n_kv_heads * sizeof(float) * g->n_pages + 4;
+        size_t sc = (size_t)g->n_kv * GPU_KV_PAGE * c->n_kv_heads * sizeof(float) * g->n_pages + 4;
         ks = arena_take(a, sc, 256, "KV key scales");
         vs = arena_take(a, sc, 256, "KV value scales");
     }
@@ -382,6 +430,7 @@ static void gpu_carve_host(gpu_engine *g, arena *a) {
     ARENA_TAKE(a, g->free_pages, g->n_pages, "free pages");
     ARENA_TAKE(a, g->seq_pages, g->o.max_seqs, "pages per sequence");
     ARENA_TAKE(a, g->pos, g->o.max_seqs, "positions");
+    ARENA_TAKE(a, g->mtp_pos, g->o.mtp ? g->o.max_seqs : 0, "MTP head positions");
     ARENA_TAKE(a, g->page_ref, g->n_pages, "page holders");
     ARENA_TAKE(a, g->pfx_page, (size_t)g->pfx_blocks * g->pfx_pages, "prefix block pages");
     ARENA_TAKE(a, g->pfx_end, g->pfx_blocks, "prefix block ends");
@@ -530,6 +579,18 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
                     return gpu_close(&g->dev), -1;
     }
     if (gpu_mat_check(&m->lm_head, "lm_head", e)) return gpu_close(&g->dev), -1;
+    if (o->mtp) {   // the MTP head: its weights as the kernels take them
+        if (!m->mtp.present) return err_set(e, "the model has no MTP head (mtp.* weights)"), gpu_close(&g->dev), -1;
+        const ck_layer *L = &m->mtp.layer;
+        const ck_mat *mats[] = {&m->mtp.fc, &L->q, &L->k, &L->v, &L->o, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_w};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (gpu_mat_check(mats[i], "an MTP head weight", e)) return gpu_close(&g->dev), -1;
+        for (int x = 0; x < c->n_experts; x++)
+            if (gpu_mat_check(&L->gate[x], "an MTP head expert", e) || gpu_mat_check(&L->up[x], "an MTP head expert", e) ||
+                gpu_mat_check(&L->down[x], "an MTP head expert", e))
+                return gpu_close(&g->dev), -1;
+    }
+    g->n_kv = c->n_full + (o->mtp ? 1 : 0);
     if (gpu_fa_refuse(c, o->kv_dtype, g->dev.smem_optin, e)) return gpu_close(&g->dev), -1;
     if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
@@ -548,7 +609,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
                               "up to the context of %d", pfx_block, unit, o->max_len), gpu_close(&g->dev), -1;
         g->pfx_block = pfx_block;
         g->pfx_blocks = pfx_blocks;
-        g->pfx_pages = c->n_full ? pfx_block / GPU_KV_PAGE : 0;
+        g->pfx_pages = g->n_kv ? pfx_block / GPU_KV_PAGE : 0;
     }
     CU_CHECK(cu.cuStreamCreate(&g->compute, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuStreamCreate(&g->copy, GPU_STREAM_NON_BLOCKING));
@@ -574,11 +635,11 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         pool_bytes = g->slot_stride * g->n_slots;
         pf_close(&pf);
     }
-    g->page_bytes_all = 2 * gpu_kv_page_bytes(c, o->kv_dtype);
+    g->page_bytes_all = 2 * gpu_kv_page_bytes_n(g->n_kv, c, o->kv_dtype);
     // every sequence at full length, and the pages the prefix blocks keep beyond them: a page a
     // block shares stays taken when its sequence ends
     size_t want_pages = (size_t)o->max_seqs * g->bt_stride + (size_t)g->pfx_blocks * g->pfx_pages;
-    if (c->n_full == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
+    if (g->n_kv == 0) want_pages = o->max_seqs;   // no attention layer: pages only name positions
     size_t free_b = 0, total_b = 0;
     CU_CHECK(cu.cuMemGetInfo(&free_b, &total_b));
     arena ph0 = arena_measure("engine host");
@@ -590,7 +651,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     g->n_pages = want_pages;   // the host arena with its page lists at their longest
     gpu_carve_host(g, &ph0);
     gpu_fit_in fit_in = {pw.used, pool_bytes, ps.used, pa.used, pp.used, ph0.used, g->page_bytes_all, want_pages,
-                         c->n_full ? (size_t)g->bt_stride : want_pages, free_b, g->dev.integrated,
+                         g->n_kv ? (size_t)g->bt_stride : want_pages, free_b, g->dev.integrated,
                          g->dev.integrated ? gpu_mem_available() : 0, o->host_margin};
     size_t fit = 0;
     if (gpu_plan_fit(&fit_in, g->dev.name, o->max_len, &fit, e)) return gpu_free(g), -1;
@@ -631,6 +692,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     g->n_free = g->n_pages;
     for (int b = 0; b < g->pfx_blocks; b++) g->pfx_end[b] = 0;
     for (int s = 0; s < o->max_seqs; s++) g->seq_pages[s] = 0, g->pos[s] = 0;
+    for (int s = 0; o->mtp && s < o->max_seqs; s++) g->mtp_pos[s] = 0;
     memset(g->bt_host, 0, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride);
     CU_CHECK(cu.cuMemcpyHtoD(g->bt, g->bt_host, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride));
     CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
@@ -649,7 +711,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     g->expert_bytes = planes ? (double)g->slot_stride
                              : (double)(gpu_mat_bytes(&L0->gate[0]) + gpu_scale_bytes(&L0->gate[0]) + gpu_mat_bytes(&L0->up[0]) +
                                         gpu_scale_bytes(&L0->up[0]) + gpu_mat_bytes(&L0->down[0]) + gpu_scale_bytes(&L0->down[0]));
-    g->dense_bytes = (double)g->weights.cap - (double)gpu_mat_bytes(&m->embed) -
+    g->dense_bytes = (double)g->weights.cap - (double)gpu_mat_bytes(&m->embed) - (double)g->mtp_bytes -
                      (planes ? 0 : g->expert_bytes * c->n_experts * c->n_layers);
     gpu_graphs_capture(g);
     return 0;
@@ -663,7 +725,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
 // the free list. 1 when there are not enough free pages (nothing changed).
 static int gpu_seq_start_from(gpu_engine *g, int slot, int reserve, const int32_t *from, int n_from) {
     MOET_ASSERT(slot >= 0 && slot < g->o.max_seqs && g->seq_pages[slot] == 0, "slot %d is not free", slot);
-    int need = g->m->cfg.n_full ? (reserve + GPU_KV_PAGE - 1) / GPU_KV_PAGE : 0;
+    int need = g->n_kv ? (reserve + GPU_KV_PAGE - 1) / GPU_KV_PAGE : 0;
     if (need > g->bt_stride) need = g->bt_stride;
     int shared = n_from * g->pfx_pages;
     MOET_ASSERT(shared <= need, "%d shared pages of %d", shared, need);
@@ -681,6 +743,7 @@ static int gpu_seq_start_from(gpu_engine *g, int slot, int reserve, const int32_
     }
     g->seq_pages[slot] = need;
     g->pos[slot] = n_from * g->pfx_block;
+    if (g->o.mtp) g->mtp_pos[slot] = 0;   // (a sequence after prefix blocks has no head rows yet)
     // ordered before the next step on the same stream
     CUdeviceptr win = g->win + (CUdeviceptr)slot * g->win_slot * 4, ssm = g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4;
     if (need) CU_CHECK(cu.cuMemcpyHtoDAsync(g->bt + (CUdeviceptr)slot * g->bt_stride * 4, row, sizeof(int32_t) * (size_t)need, g->compute));
@@ -790,14 +853,16 @@ static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat 
     gpu_k_add_rmsnorm(&g->k, g->compute, x, y, *w, xn, g->xs, rows, c->hidden, (float)c->eps, n);
 }
 
-static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int layer, int T) {
+// The gated attention layer G over the KV pages of attention kind kv (kind_index of its layer;
+// the MTP head's: n_full).
+static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int kv, int T) {
     const ck_config *c = &g->m->cfg;
     int nh = c->n_heads, kvh = c->n_kv_heads, hd = c->head_dim, qd = nh * hd, kvd = kvh * hd, H = c->hidden, rot = c->rot_dim;
     gpu_lin_out qkv[3] = {{&G->q, g->proj, 2 * qd}, {&G->k, g->kk, kvd}, {&G->v, g->vv, kvd}};
     gpu_linear_n(g, 3, qkv, g->xn, H, T, g->xs);
-    size_t lay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
+    size_t lay = (size_t)kv * g->n_pages * GPU_KV_PAGE * kvd * gpu_kv_elem(g->o.kv_dtype);
     CUdeviceptr kc = g->kc + lay, vc = g->vc + lay, tp = gpu_meta(g, GM_TOK_POS), ts = gpu_meta(g, GM_TOK_SLOT);
-    size_t slay = (size_t)g->kind_index[layer] * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
+    size_t slay = (size_t)kv * g->n_pages * GPU_KV_PAGE * kvh * sizeof(float);
     CUdeviceptr ks = g->ks ? g->ks + slay : 0, vs = g->vs ? g->vs + slay : 0;
     gpu_k_attn_prep(&g->k, g->compute, g->o.kv_dtype, g->proj, g->kk, g->vv, G->q_norm, G->k_norm, g->inv_freq, rot, tp, ts, g->bt,
                     g->bt_stride, kc, vc, ks, vs, nh, kvh, hd, (float)c->eps, T);
@@ -871,17 +936,18 @@ static void gpu_step_assert(const gpu_engine *g, int n, const int *slots, const 
         int s = slots[i], reach = g->pos[s] + (off[i + 1] - off[i]);
         MOET_ASSERT(s >= 0 && s < g->o.max_seqs && off[i + 1] > off[i] && reach <= g->o.max_len, "row %d: slot %d", i, s);
         for (int j = 0; j < i; j++) MOET_ASSERT(slots[j] != s, "slot %d twice in one step", s);
-        MOET_ASSERT(!g->m->cfg.n_full || reach <= g->seq_pages[s] * GPU_KV_PAGE, "slot %d: %d tokens in %d KV pages", s, reach,
+        MOET_ASSERT(!g->n_kv || reach <= g->seq_pages[s] * GPU_KV_PAGE, "slot %d: %d tokens in %d KV pages", s, reach,
                     g->seq_pages[s]);
     }
     for (int t = 0; t < T; t++) MOET_ASSERT(ids[t] >= 0 && ids[t] < V, "token id %d", ids[t]);
 }
 
-// Writes a step's metadata into meta_host (the layout above) for rows at their slots' current
-// positions: nr output rows (as gpu_step's out and want say), n1 rows of one token and nm longer
-// ones (the two GDN kernels' row lists); and g->reach.
-static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
-                          int *nr_out, int *n1_out, int *nm_out) {
+// Writes a step's metadata into meta_host (the layout above) for rows at positions pos[slot]
+// (the slots' current ones: gpu_step_meta; the MTP head's: gpu_mtp_rows): nr output rows (as
+// gpu_step's out and want say), n1 rows of one token and nm longer ones (the two GDN kernels' row
+// lists); and g->reach.
+static void gpu_step_meta_at(gpu_engine *g, const int *pos, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want,
+                             int out, int *nr_out, int *n1_out, int *nm_out) {
     int Tm = g->o.max_tokens, ms = g->o.max_seqs, nr = 0, n1 = 0, nm = 0, reach = 0;
     int32_t *mh = g->meta_host;
     for (int i = 0; i < n; i++) {
@@ -889,20 +955,26 @@ static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t 
         for (int t = off[i]; t < off[i + 1]; t++) {
             mh[GM_IDS * Tm + t] = ids[t];
             mh[GM_TOK_SLOT * Tm + t] = s;
-            mh[GM_TOK_POS * Tm + t] = g->pos[s] + (t - off[i]);
+            mh[GM_TOK_POS * Tm + t] = pos[s] + (t - off[i]);
             if (out == GPU_OUT_ALL) mh[GM_OUT_ROWS * Tm + nr++] = t;
         }
         if (out == GPU_OUT_LAST && (!want || want[i])) mh[GM_OUT_ROWS * Tm + nr++] = off[i + 1] - 1;
         mh[GM_ROWS * Tm + 0 * ms + i] = s;
         mh[GM_ROWS * Tm + 1 * ms + i] = off[i];
         mh[GM_ROWS * Tm + 2 * ms + i] = off[i + 1] - off[i];
-        mh[GM_ROWS * Tm + 3 * ms + i] = g->pos[s];
-        if (off[i + 1] - off[i] == 1 || g->chunk_align == 1) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
+        mh[GM_ROWS * Tm + 3 * ms + i] = pos[s];
+        if (off[i + 1] - off[i] == 1 || g->chunk_align == 1 || g->rule_rows) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
         else mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
-        if (g->pos[s] + off[i + 1] - off[i] > reach) reach = g->pos[s] + off[i + 1] - off[i];
+        if (pos[s] + off[i + 1] - off[i] > reach) reach = pos[s] + off[i + 1] - off[i];
     }
     *nr_out = nr, *n1_out = n1, *nm_out = nm;
     g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
+}
+
+// gpu_step_meta_at for rows at their slots' current positions.
+static void gpu_step_meta(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
+                          int *nr_out, int *n1_out, int *nm_out) {
+    gpu_step_meta_at(g, g->pos, n, slots, ids, off, want, out, nr_out, n1_out, nm_out);
 }
 
 // The kernels of a step of T tokens in n rows (n1 of one token, nm longer: gpu_step_meta's lists),
@@ -924,7 +996,7 @@ static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(hidden[l], g->x, sizeof(float) * (size_t)T * H));
         }
-        if (c->full_attn[l]) gpu_attention_layer(g, G, l, T);
+        if (c->full_attn[l]) gpu_attention_layer(g, G, g->kind_index[l], T);
         else gpu_gdn_layer(g, G, l, n, n1, nm, T);
         gpu_norm(g, g->x, g->y, &G->post_norm, g->xn, none, T);
         gpu_moe_layer(g, G, T);
@@ -1045,3 +1117,77 @@ static const float *gpu_step_logits(gpu_engine *g, int nr) {
     return g->logits_host;
 }
 
+// ---- the MTP head (sass/MODEL.md §6) ------------------------------------------------------------
+
+// Stage k of gpu_mtp_rows into the host buffer stages[k] [n, H] (tests), when asked.
+static void gpu_mtp_stage(gpu_engine *g, float **stages, int k, CUdeviceptr src, int n) {
+    if (!stages) return;
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    CU_CHECK(cu.cuMemcpyDtoH(stages[k], src, sizeof(float) * (size_t)n * g->m->cfg.hidden));
+}
+
+// The head's n rows for the sequence in slot (gpu_opts.mtp), appended to its cache at positions
+// mtp_pos[slot] .. + n: row t from h [n, H] (device, f32: the main model's hidden states after
+// its final norm) and next[t], the token after h_t's (as ref_mtp). u = fc(cat(norm_emb(embed(next)),
+// norm_hid(h))) — the fc as its two halves, fc_hid · b + fc_emb · a, summed by the layer's input
+// norm —, one gated-attention + MoE layer over the head's KV (attention kind n_full), then the
+// head's norm: the rows after it in g->xn [n, H] and, when logits, the shared lm_head's logits in
+// g->logits [n, V]. stages (tests: host buffers [n, H], synchronous copies): [0] the normed
+// embeddings, [1] the normed hidden states, [2] u, [3] the layer's output, [4] after the head's norm.
+static void gpu_mtp_rows(gpu_engine *g, int slot, int n, CUdeviceptr h, const int32_t *next, int logits, float **stages) {
+    const ck_config *c = &g->m->cfg;
+    const gpu_layer *L = &g->mtp_layer;
+    int H = c->hidden, V = c->vocab;
+    CUdeviceptr none = 0;
+    MOET_ASSERT(g->o.mtp && slot >= 0 && slot < g->o.max_seqs && n >= 1 && n <= g->o.max_tokens, "MTP head: %d rows in slot %d", n, slot);
+    MOET_ASSERT(g->mtp_pos[slot] + n <= g->o.max_len && (!g->n_kv || g->mtp_pos[slot] + n <= g->seq_pages[slot] * GPU_KV_PAGE),
+                "MTP head of slot %d: %d + %d rows past its %d KV pages", slot, g->mtp_pos[slot], n, g->seq_pages[slot]);
+    for (int t = 0; t < n; t++) MOET_ASSERT(next[t] >= 0 && next[t] < V, "token id %d", next[t]);
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));   // the previous step's metadata copy is done
+    int off[2] = {0, n}, nr, n1, nm;
+    gpu_step_meta_at(g, g->mtp_pos, 1, &slot, next, off, NULL, GPU_OUT_ALL, &nr, &n1, &nm);
+    CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
+    // a = norm_emb(embed(next)); y = fc_emb · a
+    gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, n);
+    gpu_k_add_rmsnorm(&g->k, g->compute, g->x, none, g->mtp_norm_emb, g->xn, g->xs, none, H, (float)c->eps, n);
+    gpu_mtp_stage(g, stages, 0, g->xn, n);
+    gpu_linear(g, &g->mtp_fc_emb, g->xn, H, n, g->y, H, g->xs);
+    // b = norm_hid(h); x = fc_hid · b
+    CU_CHECK(cu.cuMemcpyDtoDAsync(g->x, h, sizeof(float) * (size_t)n * H, g->compute));
+    gpu_k_add_rmsnorm(&g->k, g->compute, g->x, none, g->mtp_norm_hid, g->xn, g->xs, none, H, (float)c->eps, n);
+    gpu_mtp_stage(g, stages, 1, g->xn, n);
+    gpu_linear(g, &g->mtp_fc_hid, g->xn, H, n, g->x, H, g->xs);
+    // u = x + y, normed for the layer
+    gpu_norm(g, g->x, g->y, &L->in_norm, g->xn, none, n);
+    gpu_mtp_stage(g, stages, 2, g->x, n);
+    gpu_attention_layer(g, L, c->n_full, n);
+    gpu_norm(g, g->x, g->y, &L->post_norm, g->xn, none, n);
+    // the head's experts (BF16) must not take a launch shape chosen for the main experts' kind
+    int kind = g->k.moe_kind;
+    g->k.moe_kind = -1;
+    gpu_moe_layer(g, L, n);
+    g->k.moe_kind = kind;
+    gpu_norm(g, g->x, g->y, &g->mtp_norm, g->xn, none, n);
+    gpu_mtp_stage(g, stages, 3, g->x, n);
+    gpu_mtp_stage(g, stages, 4, g->xn, n);
+    if (logits) gpu_linear(g, &g->lm_head, g->xn, H, n, g->logits, V, g->xs);
+    g->mtp_pos[slot] += n;
+}
+
+// Slot's GDN states and conv windows into the snapshot (save) or back from it (restore), on the
+// compute stream: around a verification that may be rejected (gpu/backend.c).
+static void gpu_snap(gpu_engine *g, int slot, int save) {
+    MOET_ASSERT(g->o.mtp && slot >= 0 && slot < g->o.max_seqs, "snapshot of slot %d", slot);
+    CUdeviceptr win = g->win + (CUdeviceptr)slot * g->win_slot * 4, ssm = g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4;
+    CU_CHECK(cu.cuMemcpyDtoDAsync(save ? g->snap_win : win, save ? win : g->snap_win, g->win_slot * 4, g->compute));
+    CU_CHECK(cu.cuMemcpyDtoDAsync(save ? g->snap_ssm : ssm, save ? ssm : g->snap_ssm, g->ssm_slot * 4, g->compute));
+}
+
+// The largest logit's first index of row r of g->logits (k_argmax), read back: a greedy draft.
+static int32_t gpu_logits_argmax(gpu_engine *g, int r) {
+    int V = g->m->cfg.vocab;
+    gpu_k_argmax(&g->k, g->compute, g->logits + (CUdeviceptr)r * V * sizeof(float), V, g->ids, 1);
+    CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t), g->compute));
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    return g->ids_host[0];
+}

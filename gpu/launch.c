@@ -231,7 +231,8 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 // a step of k->moe_g_min pairs per expert or more (GPU_MMG_BN / 2: measured on the H200 at 16 pairs
 // per expert, k_moe_up_g's emptier tiles took 1.31 ms where _p took 0.78); the pairs an item holds, and the
 // row tiles of 16 per block of k_moe_up and k_moe_dn (_d, _p). Every shape gives the same bits. The
-// grouping (k_moe_sort, k_route) and the products take the same shape: k->moe_kind is set once.
+// grouping (k_moe_sort, k_route) and the products take the same shape: k->moe_kind is set once
+// (the MTP head's BF16 experts run with it at -1: gpu_mtp_rows).
 static int gpu_moe_shape(gpu_kernels *k, long long P, int E) {
     if (P <= GPU_MM_TOK_B) return 0;
     int g = P >= (long long)k->moe_g_min * E && (k->moe_kind == GPU_W_PLANES || k->moe_kind == GPU_W_NVFP4) &&
