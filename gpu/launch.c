@@ -436,7 +436,7 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
     gpu_assert_attn("k_attn_prep", kv_dtype, ks, vs, nh, kvh, hd);
     MOET_ASSERT(gpu_multiple(rot, 2) && rot <= hd && qn.cols == hd && kn.cols == hd, "k_attn_prep: %d rotary dims, norms of %d and %d, heads of %d",
                 rot, qn.cols, kn.cols, hd);
-    gpu_launch(k, K_ATTN_PREP_F32 + kv_dtype, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_PREP_NT, 0, s,
+    gpu_launch(k, K_ATTN_PREP_F32 + kv_dtype, (gpu_dim){T, gpu_cdiv(nh + kvh, GPU_PREP_NT / 32), 1, "(tokens, head groups, 1)"}, GPU_PREP_NT, 0, s,
                GPU_ARGS(&proj, &kk, &vv, &qn, &kn, &inv_freq, &rot, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &nh, &kvh, &hd,
                         &eps));
 }

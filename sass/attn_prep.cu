@@ -6,8 +6,9 @@
 // CPU twin: ref_attn_prep (moet.c; one token), with ref_kv_round for the bf16 / fp8 caches.
 // In/out: proj [T, 2·nh·hd] (per head h: q at h·2hd, gate at h·2hd + hd; q normed + roped in place),
 // kk, vv [T, kvd]. Cache: kc/vc of this layer [pages, GPU_KV_PAGE, kvd]; block table
-// bt [slots, bt_stride]. Launch (gpu_k_attn_prep): block GPU_PREP_NT (4 warps, one head at a time
-// each), grid T.
+// bt [slots, bt_stride]. Launch (gpu_k_attn_prep): block GPU_PREP_NT (4 warps), grid (T,
+// ceil((nh + kvh) / 4)): a warp per head (q heads, then k heads), each on its own, so how the
+// heads are spread over blocks changes no bit.
 #include "kv.cuh"
 
 template <class KV>
@@ -18,7 +19,7 @@ __device__ void attn_prep(float *__restrict__ proj, const float *__restrict__ kk
     int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int p = tok_pos[t], kvd = kvh * hd, half = rot / 2;
     const int *btr = bt + (size_t)tok_slot[t] * bt_stride;
-    for (int h = w; h < nh + kvh; h += nw) {
+    for (int h = (int)blockIdx.y * nw + w; h < nh + kvh; h += nw * (int)gridDim.y) {
         int isq = h < nh;
         float *u = isq ? proj + (size_t)t * 2 * nh * hd + (size_t)h * 2 * hd : (float *)kk + (size_t)t * kvd + (size_t)(h - nh) * hd;
         const gpu_mat &nw_ = isq ? qn : kn;
