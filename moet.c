@@ -2495,12 +2495,17 @@ typedef struct {
 // k's running mean of tokens per second (exponential, weight SPEC_EWMA). Every k is run
 // SPEC_PROBES times first, in order 0, 1, …; then the k of the most tokens per second is held
 // (a k > 0 only when it beats k = 0 by SPEC_MARGIN, so noise does not make decoding slower), and
-// every SPEC_REPROBE steps one run of a neighbour (one less, then one more, in turn) keeps its
-// measure current. Only the speed depends on it: a sequence's tokens are the same with any drafts.
+// one run of a neighbour (one less, then one more, in turn) keeps its measure current: SPEC_REPROBE
+// steps after the choice was made, then twice as long after each run that leaves the choice as it
+// was (up to SPEC_REPROBE_MAX), so a neighbour that keeps losing — drafts that cost far more than
+// they give, as a head that is never accepted — costs SPEC_RUN of SPEC_REPROBE_MAX steps; a run
+// that changes the choice starts the gap again. Only the speed depends on it: a sequence's tokens
+// are the same with any drafts.
 #define SPEC_BUCKETS 13     // batch sizes up to 2^13 − 1 (MOET_MAX_SEQS 4,096)
 #define SPEC_RUN 4          // steps a choice is held
 #define SPEC_PROBES 2       // runs of every k before choosing
-#define SPEC_REPROBE 64     // steps between two runs of a neighbour of the choice
+#define SPEC_REPROBE 64     // steps between two runs of a neighbour of the choice, at first
+#define SPEC_REPROBE_MAX 2048   // ... and at most, the gap doubling after each run that changed nothing
 #define SPEC_EWMA 0.25      // weight of a new measurement
 #define SPEC_MARGIN 1.03    // how much faster than no drafts a k > 0 must be
 #define SPEC_AUTO_MAX 4     // the most drafts auto tries
@@ -2513,11 +2518,14 @@ typedef struct {
     int cur[SPEC_BUCKETS], left[SPEC_BUCKETS], first[SPEC_BUCKETS];   // the k held, its steps to go, its first step to come
     int side[SPEC_BUCKETS];                        // the next reprobe's neighbour: 0 below, 1 above
     uint64_t since[SPEC_BUCKETS];                  // steps since the last reprobe
+    int gap[SPEC_BUCKETS];                         // steps from one reprobe to the next (SPEC_REPROBE .. SPEC_REPROBE_MAX)
+    int probe[SPEC_BUCKETS], choice[SPEC_BUCKETS]; // the k of the reprobe under way (-1: none) and the choice it was run against
 } spec_ctrl;
 
 static void spec_ctrl_init(spec_ctrl *c, int kmax) {
     memset(c, 0, sizeof *c);
     c->kmax = kmax < 0 ? 0 : kmax > MOET_MAX_SPEC ? MOET_MAX_SPEC : kmax;
+    for (int b = 0; b < SPEC_BUCKETS; b++) c->gap[b] = SPEC_REPROBE, c->probe[b] = -1;
 }
 
 static int spec_bucket(int B) {
@@ -2543,11 +2551,13 @@ static int spec_ctrl_pick(spec_ctrl *c, int B) {
         if (c->runs[b][i] < SPEC_PROBES) k = i;
     if (k < 0) {
         k = spec_ctrl_best(c, b);
-        if (c->since[b] >= SPEC_REPROBE && c->kmax > 0) {
+        if (c->since[b] >= (uint64_t)c->gap[b] && c->kmax > 0) {
             c->since[b] = 0;
             c->side[b] ^= 1;
+            c->choice[b] = k;
             int n = c->side[b] ? k + 1 : k - 1;
             k = n < 0 ? k + 1 : n > c->kmax ? k - 1 : n;
+            c->probe[b] = k;
         }
     }
     c->cur[b] = k, c->left[b] = SPEC_RUN, c->first[b] = 1;
@@ -2559,13 +2569,17 @@ static void spec_ctrl_note(spec_ctrl *c, int B, int k, double tokens, double sec
     int b = spec_bucket(B);
     if (k != c->cur[b] || c->left[b] <= 0 || seconds <= 0) return;
     c->since[b]++;
-    if (--c->left[b] == 0) c->runs[b][k]++;
-    if (c->first[b]) {
-        c->first[b] = 0;
-        return;
+    const int end = --c->left[b] == 0;
+    if (end) c->runs[b][k]++;
+    if (c->first[b]) c->first[b] = 0;
+    else {
+        double v = tokens / seconds;
+        c->tps[b][k] = c->obs[b][k]++ ? (1 - SPEC_EWMA) * c->tps[b][k] + SPEC_EWMA * v : v;
     }
-    double v = tokens / seconds;
-    c->tps[b][k] = c->obs[b][k]++ ? (1 - SPEC_EWMA) * c->tps[b][k] + SPEC_EWMA * v : v;
+    if (end && c->probe[b] == k) {   // a reprobe's run ended: the next one later if it changed nothing
+        c->probe[b] = -1;
+        c->gap[b] = spec_ctrl_best(c, b) == c->choice[b] ? (c->gap[b] * 2 < SPEC_REPROBE_MAX ? c->gap[b] * 2 : SPEC_REPROBE_MAX) : SPEC_REPROBE;
+    }
 }
 
 enum { REC_FREE, REC_WAITING, REC_PREFILL, REC_DECODE };

@@ -9,12 +9,16 @@
 // depend on the values (every op's work is fixed by the shapes), except the routed experts,
 // whose touched set at B > 1 follows the router. Each decode step feeds every sequence its own
 // last token, picked greedily, as serving does; with --speculative-tokens N its MTP head drafts N
-// a step and a step emits 1 .. N + 1 tokens a sequence (counted: the decode rate is of tokens).
+// a step and a step emits 1 .. N + 1 tokens a sequence (counted: the decode rate is of tokens);
+// with --speculative-tokens auto each step's drafts come from the server's controller (spec_ctrl,
+// moet.c), whose first probes of every k run untimed before the timed steps (which then hold its
+// choice, with its reprobes), as a server that has been running a while decodes.
 
 typedef struct {
     const char *model, *planes, *backend, *kv_dtype_name;
     moet_list batch;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec, spec_auto;
+    const char *spec_name;
     pf_serve_opts popt;
     double host_margin_gb, expert_cache_gb;
     const char *prefetch, *graphs, *mtp;
@@ -38,8 +42,10 @@ static const char bench_usage[] =
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
     "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
     "                        host launches every kernel of every step\n"
-    "  --speculative-tokens N  drafts the MTP head proposes per decode step (default 0): each batch\n"
-    "                        then reports the drafts verified and accepted and the tokens per step\n"
+    "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step (default 0): each\n"
+    "                        batch then reports the drafts verified and accepted and the tokens per\n"
+    "                        step; auto: the server's choice per batch size (0 to 4, measured; its\n"
+    "                        first probes untimed), reported with the tok/s it measured for each\n"
     "  --mtp FILE            the MTP head (mtp.* tensors) from this file, for a checkpoint without one\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
@@ -67,7 +73,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", bench_opts, prefetch, "on|off"),
     FLAG_CHOICE("--cuda-graphs", bench_opts, graphs, "on|off"),
-    FLAG_INT("--speculative-tokens", bench_opts, spec, 0, MOET_MAX_SPEC),
+    FLAG_CHOICE("--speculative-tokens", bench_opts, spec_name, "auto|0|1|2|3|4|5|6|7|8"),
     FLAG_FILE("--mtp", bench_opts, mtp),
 };
 
@@ -174,6 +180,11 @@ static int cmd_bench(int argc, char **argv) {
     // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
     o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, !o.prefetch || strcmp(o.prefetch, "off")};
     if (o.depth < 0) o.depth = o.prompt;
+    o.spec_auto = o.spec_name && !strcmp(o.spec_name, "auto");
+    o.spec = o.spec_auto ? SPEC_AUTO_MAX : o.spec_name ? atoi(o.spec_name) : 0;
+    _Static_assert(SPEC_AUTO_MAX <= MOET_MAX_SPEC, "bench: auto's drafts fit a row's");
+    // auto: the controller's first probes of every k (SPEC_PROBES runs of SPEC_RUN steps each), untimed
+    const int probe_steps = o.spec_auto ? SPEC_PROBES * (SPEC_AUTO_MAX + 1) * SPEC_RUN : 0;
     if (o.depth < o.prompt) { fprintf(stderr, "moet bench: --depth %d is shorter than --prompt %d\n", o.depth, o.prompt); return 2; }
     int maxB = 0;
     for (int i = 0; i < o.batch.n; i++) if (o.batch.v[i] > maxB) maxB = o.batch.v[i];
@@ -182,7 +193,7 @@ static int cmd_bench(int argc, char **argv) {
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
     const ck_config *c = &m.cfg;
     // a decode step emits up to spec + 1 tokens a sequence
-    int max_len = o.depth + (o.gen + (o.profile ? 4 : 0)) * (o.spec + 1) + 1, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
+    int max_len = o.depth + (o.gen + probe_steps + (o.profile ? 4 : 0)) * (o.spec + 1) + 1, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
     double copy_gbs = 0;
     if ((o.mtp && ck_mtp_open(&m, o.mtp, &e)) || (o.spec && ck_mtp_need(&m, &e))) {
@@ -195,8 +206,9 @@ static int cmd_bench(int argc, char **argv) {
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;
+    if (o.spec_auto && be->max_spec > 0 && o.spec > be->max_spec) o.spec = be->max_spec;   // auto: up to what the backend drafts
     if (o.spec > be->max_spec) {
-        fprintf(stderr, "moet bench: --speculative-tokens %d: the %s backend %s\n", o.spec, use_gpu ? "GPU" : "CPU",
+        fprintf(stderr, "moet bench: --speculative-tokens %s: the %s backend %s\n", o.spec_name, use_gpu ? "GPU" : "CPU",
                 be->max_spec ? "drafts fewer tokens per step" : "does not draft (yet)");
         goto out;
     }
@@ -288,7 +300,9 @@ static int cmd_bench(int argc, char **argv) {
         int n_st = 0;
         uint64_t emitted = 0, drafted = 0, accepted = 0;   // over the timed steps
         pf_cache_counters xc0 = pf_cache_stats;   // the expert cache's counters at the timed steps' start
-        for (int step = 0; step < o.gen + 2; step++) {
+        static spec_ctrl ctl;   // --speculative-tokens auto: this batch's controller
+        spec_ctrl_init(&ctl, o.spec_auto ? o.spec : 0);
+        for (int step = -probe_steps; step < o.gen + 2; step++) {
             if (step == 2) t1 = moet_now(), xc0 = pf_cache_stats;   // two warm-up steps
             if (step > 2) step_t[n_st++] = moet_now() - ts;   // the step before this one, with its sampling
             ts = moet_now();
@@ -300,16 +314,26 @@ static int cmd_bench(int argc, char **argv) {
             }
             off[B] = B;
             if (step >= o.gen) break;
+            int k = -1;
+            if (o.spec_auto) {   // as the server: one choice for the step's rows
+                k = spec_ctrl_pick(&ctl, B);
+                for (int s = 0; s < B; s++) be->set_spec(be->self, s, k);
+            }
             engine_result res;
+            double tk = moet_now();
             if (bench_step(be, B, slots, ids, off, want, step >= 2 ? &launch_s : NULL, &res, &e)) {
                 fprintf(stderr, "moet bench: %s\n", e.msg);
                 goto out;
             }
+            tk = moet_now() - tk;
+            int out_n = 0;
             for (int i = 0; i < B; i++) {
                 int nt = res.n_tok ? res.n_tok[i] : 1;
+                out_n += nt;
                 last[i] = bench_last(&res, i);
                 if (step >= 2) emitted += (uint64_t)nt, drafted += (uint64_t)(res.n_tok ? res.drafted[i] : 0), accepted += (uint64_t)nt - 1;
             }
+            if (k >= 0) spec_ctrl_note(&ctl, B, k, out_n, tk);
         }
         int timed = o.gen - 2 > 0 ? o.gen - 2 : 1;
         double dec_s = moet_now() - t1;
@@ -358,7 +382,17 @@ static int cmd_bench(int argc, char **argv) {
         if (xc.on) bench_cache_json(&w, &xc);
         if (o.spec) {   // the drafts of the timed steps: verified, accepted, and tokens a sequence per step
             js_w_key(&w, "speculation"), js_w_obj(&w);
-            js_w_key(&w, "draft_tokens"), js_w_int(&w, o.spec);
+            if (o.spec_auto) {   // the controller's choice and what it measured for each k (null: not measured)
+                const int bk = spec_bucket(B);
+                js_w_key(&w, "draft_tokens"), js_w_str(&w, "auto");
+                js_w_key(&w, "auto_choice"), js_w_int(&w, spec_ctrl_best(&ctl, bk));
+                js_w_key(&w, "auto_tok_s"), js_w_arr(&w);
+                for (int k = 0; k <= ctl.kmax; k++)
+                    if (ctl.obs[bk][k]) js_w_num(&w, round(ctl.tps[bk][k] * 10) / 10);
+                    else js_w_null(&w);
+                js_w_end_arr(&w);
+            } else
+                js_w_key(&w, "draft_tokens"), js_w_int(&w, o.spec);
             js_w_key(&w, "drafted"), js_w_num(&w, (double)drafted);
             js_w_key(&w, "accepted"), js_w_num(&w, (double)accepted);
             js_w_key(&w, "tokens_per_step"), js_w_num(&w, round(toks / ((double)B * timed) * 1000) / 1000);
@@ -376,9 +410,15 @@ static int cmd_bench(int argc, char **argv) {
                             "(%.2f GB/s), %.2f ms/step waiting on reads",
                     xc.pool, xc.file, xc.hits, xc.misses, 100.0 * xc.hits / (xc.hits + xc.misses > 0 ? (double)(xc.hits + xc.misses) : 1.0),
                     xc.bytes / 1e6, xc.read_gbs, xc.wait_ms);
+        if (o.spec && o.spec_auto) {
+            const int bk = spec_bucket(B);
+            fprintf(stderr, "; auto drafts: %d chosen (tok/s measured for 0..%d drafts:", spec_ctrl_best(&ctl, bk), ctl.kmax);
+            for (int k = 0; k <= ctl.kmax; k++) fprintf(stderr, ctl.obs[bk][k] ? " %.1f" : " -", ctl.tps[bk][k]);
+            fprintf(stderr, ")");
+        }
         if (o.spec)
-            fprintf(stderr, "; %d drafts a step: %" PRIu64 " verified, %" PRIu64 " accepted (%.1f %%), %.3f tokens a sequence per step", o.spec, drafted,
-                    accepted, drafted ? 100.0 * accepted / drafted : 0.0, toks / ((double)B * timed));
+            fprintf(stderr, "; %s drafts a step: %" PRIu64 " verified, %" PRIu64 " accepted (%.1f %%), %.3f tokens a sequence per step",
+                    o.spec_name, drafted, accepted, drafted ? 100.0 * accepted / drafted : 0.0, toks / ((double)B * timed));
         fputc('\n', stderr);
         for (int s = 0; s < B; s++) be->release(be->self, s);
         arena_sys_free(fed, sizeof(int) * (size_t)B);

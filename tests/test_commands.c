@@ -369,7 +369,8 @@ static void test_bench_line(void) {
 // moet bench --speculative-tokens 3 with the demo's MTP head (--mtp, the CPU reference): each
 // batch's line says the drafts of its timed steps — 3 a sequence every step (the reserve and the
 // step hold them all), accepted ones fewer — and the tokens a sequence per step they make:
-// 1 + accepted / (batch · steps); the decode rate counts them. Without a head the flag is refused.
+// 1 + accepted / (batch · steps); the decode rate counts them. With auto, the controller's choice
+// and its measures. Without a head the flag is refused.
 static void test_bench_spec(void) {
     char *bench[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "8", "--gen", "12",
                      "--mtp", "tests/fixtures/demo_mtp/mtp.safetensors", "--speculative-tokens", "3", NULL};
@@ -391,6 +392,34 @@ static void test_bench_spec(void) {
             acc_all += ac;
         }
         CHECK(ok && n == 2 && acc_all > 0, "moet bench --speculative-tokens 3: drafted, accepted, tokens_per_step per batch: %s", line);
+        js_free_doc(&d);
+    }
+    // auto: the server's controller; its first probes run before the timed steps, so every k has
+    // a measure, and the choice is the controller's rule over them (JSON rounds to 0.1 tok/s)
+    char *aut[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "8", "--gen", "12",
+                   "--mtp", "tests/fixtures/demo_mtp/mtp.safetensors", "--speculative-tokens", "auto", NULL};
+    res = bench_results(aut, &d, &line);
+    if (res) {
+        int n = 0, ok = 1, timed = 12 - 2;
+        for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
+            const js_node *sp = js_get(&d, r, "speculation"), *kt = sp ? js_get(&d, sp, "draft_tokens") : NULL,
+                          *arr = sp ? js_get(&d, sp, "auto_tok_s") : NULL;
+            double B = NAN, ch = NAN, dr = NAN, ac = NAN, t[5] = {NAN, NAN, NAN, NAN, NAN};
+            ok &= sp && kt && js_str_is(kt, "auto") && js_num(js_get(&d, r, "batch"), &B) == 0 &&
+                  js_num(js_get(&d, sp, "auto_choice"), &ch) == 0 && js_num(js_get(&d, sp, "drafted"), &dr) == 0 &&
+                  js_num(js_get(&d, sp, "accepted"), &ac) == 0 && arr && arr->type == JS_ARR && arr->len == 5;
+            if (!ok) break;
+            int i = 0;
+            for (const js_node *x = js_first(arr); i < 5; x = js_next(&d, x), i++) ok &= js_num(x, &t[i]) == 0 && t[i] > 0;
+            ok &= ch >= 0 && ch <= 4 && ch == (int)ch && dr >= 0 && dr <= 4 * B * timed && ac >= 0 && ac <= dr;
+            if (!ok) break;
+            int c = (int)ch;
+            for (int k = 0; k < 5; k++) {
+                if (c == 0) ok &= t[k] <= SPEC_MARGIN * t[0] + 0.1;
+                else ok &= t[c] >= t[k] - 0.1 && t[c] >= SPEC_MARGIN * t[0] - 0.1;
+            }
+        }
+        CHECK(ok && n == 2, "moet bench --speculative-tokens auto: the choice and the tok/s measured for 0..4 drafts: %s", line);
         js_free_doc(&d);
     }
     char *nohead[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3",
