@@ -4030,7 +4030,7 @@ static int cmd_serve(int argc, char **argv) {
     } else if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
     if (E.be.prefix_blocks) {
         cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
-        size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);
+        size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block, E.g.g.o.mtp) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);
         fprintf(stderr, "moet serve: prefix cache: %d blocks of %d tokens, %.2f MiB each, %.2f GiB\n", E.be.prefix_blocks,
                 E.be.prefix_block, per / 1048576.0, (double)per * E.be.prefix_blocks / 1073741824.0);
     } else

@@ -449,7 +449,7 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs,
                        m->mtp.present};
         int blocks;
-        if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block), &blocks, e))
+        if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block, go.mtp), &blocks, e))
             return -1;
         // a flag the GPU cannot take is an error where there is one (asked before anything is
         // loaded), not a fallback

@@ -381,13 +381,6 @@ static void gpu_carve_state(gpu_engine *g, arena *a) {
     }
 }
 
-// Bytes one prefix block of `block` tokens takes on the device: the GDN state and conv windows
-// of a slot, and the KV pages of its positions (what --prefix-cache-gb is divided by).
-static size_t gpu_prefix_bytes(const ck_config *c, int kv_dtype, int block) {
-    size_t state = sizeof(float) * ((size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim + (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
-    return state + (c->n_full ? (size_t)(block / GPU_KV_PAGE) * 2 * gpu_kv_page_bytes(c, kv_dtype) : 0);
-}
-
 // Bytes of one page (GPU_KV_PAGE positions) of keys or of values over all attention layers,
 // with the fp8 scales.
 static size_t gpu_kv_page_bytes_n(int n_kv, const ck_config *c, int kv_dtype) {
@@ -398,6 +391,14 @@ static size_t gpu_kv_page_bytes_n(int n_kv, const ck_config *c, int kv_dtype) {
 }
 // (the main model's attention layers: without the MTP head's)
 static size_t gpu_kv_page_bytes(const ck_config *c, int kv_dtype) { return gpu_kv_page_bytes_n(c->n_full, c, kv_dtype); }
+
+// Bytes one prefix block of `block` tokens takes on the device: the GDN state and conv windows
+// of a slot, and the KV pages of its positions (what --prefix-cache-gb is divided by); with the
+// MTP head on the device (mtp) a page holds its attention kind too.
+static size_t gpu_prefix_bytes(const ck_config *c, int kv_dtype, int block, int mtp) {
+    size_t state = sizeof(float) * ((size_t)c->n_gdn * (c->conv_k - 1) * c->conv_dim + (size_t)c->n_gdn * c->lv_heads * c->lk_dim * c->lv_dim);
+    return state + (c->n_full ? (size_t)(block / GPU_KV_PAGE) * 2 * gpu_kv_page_bytes_n(c->n_full + (mtp ? 1 : 0), c, kv_dtype) : 0);
+}
 
 static void gpu_carve_kv(gpu_engine *g, arena *a) {
     const ck_config *c = &g->m->cfg;
@@ -472,7 +473,7 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
                 g->graph_rows, g->graph_size, g->graph_s);
     if (g->pfx_blocks)
         fprintf(f, "moet:   prefix cache: %d blocks of %d tokens, %.1f MiB each (GDN state %.1f MiB + %d KV pages among the above)\n",
-                g->pfx_blocks, g->pfx_block, gpu_prefix_bytes(&g->m->cfg, g->o.kv_dtype, g->pfx_block) / 1048576.0,
+                g->pfx_blocks, g->pfx_block, gpu_prefix_bytes(&g->m->cfg, g->o.kv_dtype, g->pfx_block, g->o.mtp) / 1048576.0,
                 sizeof(float) * (g->win_slot + g->ssm_slot) / 1048576.0, g->pfx_pages);
 }
 

@@ -75,7 +75,7 @@ static int bp_run(ck_model *m, const char *backend, const char *planes, pf_serve
     res->prompt = S.prompt_tokens, res->cached = S.cached_tokens, res->gen = S.gen_tokens, res->steps = S.steps;
     res->saves = S.pfx.saves, res->evictions = S.pfx.evictions, res->hits = S.pfx.hits;
     res->blocks = E.be.prefix_blocks, res->block = E.be.prefix_block;
-    res->block_mib = !E.be.prefix_blocks ? 0 : (E.is_gpu ? gpu_prefix_bytes(&m->cfg, kv_dtype, block) : ref_prefix_bytes(&m->cfg, block)) / 1048576.0;
+    res->block_mib = !E.be.prefix_blocks ? 0 : (E.is_gpu ? gpu_prefix_bytes(&m->cfg, kv_dtype, block, E.g.g.o.mtp) : ref_prefix_bytes(&m->cfg, block)) / 1048576.0;
     off_t size = lseek(fo, 0, SEEK_END);
     char *out = malloc((size_t)size + 1);
     MOET_ASSERT(out && pread(fo, out, (size_t)size, 0) == size, "read answers");
