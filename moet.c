@@ -1983,6 +1983,35 @@ static void ref_be_release(void *self, int slot) {
 
 static int moet_argmax(const float *x, int n);   // (below, with moet run)
 
+// A speculating row's results, either backend's (engine_result's arrays, [max_seqs, ...]).
+typedef struct {
+    int32_t *tok, *more, *top_ids, *more_top_ids;
+    float *lp, *more_lp, *top_lp, *more_top_lp;
+    int *n;
+} spec_res;
+
+// The picks of row i (slot's sampler) over the logits of its verified tokens, lg [nd + 1, V] (row
+// j: after fed token j; ft[j + 1] the draft fed next): y_j picked exactly as without drafts, the
+// draft kept while it is y_j. Returns the drafts accepted; *ylast is the last pick.
+static int spec_accept(samp_bank *bank, int slot, const float *lg, int V, const int32_t *ft, int nd, int i, const spec_res *o, int32_t *ylast) {
+    int m = 0;
+    for (int j = 0;; j++) {
+        int32_t y;
+        float lp;
+        int32_t *ti = j ? o->more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : o->top_ids + (size_t)i * MOET_MAX_LOGPROBS;
+        float *tl = j ? o->more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : o->top_lp + (size_t)i * MOET_MAX_LOGPROBS;
+        samp_bank_pick(bank, slot, lg + (size_t)j * V, &y, &lp, ti, tl);
+        if (j) o->more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, o->more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
+        else o->tok[i] = y, o->lp[i] = lp;
+        o->n[i] = j + 1;
+        if (j == nd || ft[j + 1] != y) {
+            *ylast = y;
+            return m;
+        }
+        m++;
+    }
+}
+
 // Row i of a step (slot `slot`, ids [c], want) on a speculating slot (sass/MODEL.md §6): the
 // fed tokens, then the slot's drafts when it is a decode row (c = 1) — one verification of
 // 1 + nd tokens, every hidden state after the final norm kept (hid_all). After each fed token j
@@ -2023,22 +2052,10 @@ static int ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, i
     int32_t ylast = -1;   // the last token picked
     r->res_tok[i] = -1, r->res_n[i] = 0, r->res_drafted[i] = nd;
     q->nd = 0;
-    if (want)
-        for (int j = 0;; j++) {
-            int32_t y;
-            float lp;
-            int32_t *ti = j ? r->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
-            float *tl = j ? r->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : r->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
-            samp_bank_pick(&r->bank, slot, r->spec_logits + (size_t)j * V, &y, &lp, ti, tl);
-            if (j) r->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, r->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
-            else r->res_tok[i] = y, r->res_lp[i] = lp;
-            r->res_n[i] = j + 1;
-            if (j == nd || ft[j + 1] != y) {
-                ylast = y;
-                break;
-            }
-            m++;
-        }
+    if (want) {
+        const spec_res o = {r->res_tok, r->res_more, r->res_top_ids, r->res_more_top_ids, r->res_lp, r->res_more_lp, r->res_top_lp, r->res_more_top_lp, r->res_n};
+        m = spec_accept(&r->bank, slot, r->spec_logits, V, ft, nd, i, &o, &ylast);
+    }
     int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
     if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again
         memcpy(q->conv, q->snap_conv, sizeof(float) * ref_conv_floats(cf));

@@ -170,22 +170,10 @@ static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, 
     int32_t ylast = -1;    // the last token picked
     b->res_tok[i] = -1, b->res_n[i] = 0, b->res_drafted[i] = nd;
     b->nd[slot] = 0;
-    if (want)
-        for (int j = 0;; j++) {
-            int32_t y;
-            float lp;
-            int32_t *ti = j ? b->res_more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
-            float *tl = j ? b->res_more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
-            samp_bank_pick(&b->bank, slot, lg + (size_t)(c - 1 + j) * V, &y, &lp, ti, tl);
-            if (j) b->res_more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, b->res_more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
-            else b->res_tok[i] = y, b->res_lp[i] = lp;
-            b->res_n[i] = j + 1;
-            if (j == nd || ft[j + 1] != y) {
-                ylast = y;
-                break;
-            }
-            m++;
-        }
+    if (want) {
+        const spec_res o = {b->res_tok, b->res_more, b->res_top_ids, b->res_more_top_ids, b->res_lp, b->res_more_lp, b->res_top_lp, b->res_more_top_lp, b->res_n};
+        m = spec_accept(&b->bank, slot, lg + (size_t)(c - 1) * V, V, ft, nd, i, &o, &ylast);
+    }
     int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
     if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again
         gpu_snap(g, slot, 0);
