@@ -4030,7 +4030,7 @@ static int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     int pblock = prefix_block ? prefix_block : MOET_PREFIX_BLOCK < max_len ? MOET_PREFIX_BLOCK : 0;
-    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0};
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, !spec_auto && !spec};
     if (engine_open_prefix(&E, backend, &m, &eo, pblock, prefix_gb, "moet serve", &e)) goto fail;
     have_r = 1;
     if (spec > E.be.max_spec) {
@@ -4249,7 +4249,7 @@ static int cmd_run(int argc, char **argv) {
             goto fail;
         }
     if (chunk > T) chunk = T;
-    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0};
+    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, 1};   // (run does not draft)
     if (engine_open(&E, backend, &m, &eo, "moet run", &e)) goto fail;
     have_e = 1;
     // a cut inside the prompt must lie at a multiple of the backend's chunk_align for the

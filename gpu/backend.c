@@ -391,6 +391,7 @@ typedef struct {
     pf_serve_opts popt;
     double host_margin_gb;               // GPU sharing the host's memory: GiB of MemAvailable left to the host
     int no_graphs;                       // GPU: no decode graphs, every kernel launched by the host (gpu_opts)
+    int no_drafts;                       // GPU: the command never drafts: the model's MTP head stays off the device
 } engine_opts;
 
 typedef struct {
@@ -433,9 +434,10 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
     int want_gpu = !strcmp(which, "gpu"), want_cpu = !strcmp(which, "cpu");
     if (!want_gpu && !want_cpu && strcmp(which, "auto")) return err_set(e, "--backend %s: expected auto, cpu or gpu", which);
     if (!want_cpu) {
-        // the MTP head on the device too where the model has one (speculation: --speculative-tokens)
+        // the MTP head on the device too where the model has one and the command may draft
+        // (speculation: --speculative-tokens; its BF16 layer is ~1.7 GB on Qwen3.6)
         gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs,
-                       m->mtp.present};
+                       m->mtp.present && !o->no_drafts};
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block, go.mtp), &blocks, e))
             return -1;

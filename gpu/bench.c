@@ -202,7 +202,7 @@ static int cmd_bench(int argc, char **argv) {
         return 1;
     }
     engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb,
-                      o.graphs && !strcmp(o.graphs, "off")};
+                      o.graphs && !strcmp(o.graphs, "off"), !o.spec};
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;

@@ -82,4 +82,14 @@ static double check_nerr(const float *a, const float *b, size_t n) {
     return mx / (sd > 0 ? sd : 1);
 }
 
+// check_nerr against a float64 reference b (an oracle computed in f64).
+static double check_nerr64(const float *a, const double *b, size_t n) {
+    double d = 0, mean = 0, var = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    for (size_t i = 0; i < n; i++) d = isnan(a[i]) ? INFINITY : fmax(d, fabs((double)a[i] - b[i]));
+    return d / sqrt(var / (double)n);
+}
+
 #endif

@@ -1105,14 +1105,16 @@ static void blocks_real(const char *dir, const char *planes) {
     ck_close(&m);
 }
 
-// check_nerr against float64 values: max |a − b| / std(b) (NaN: infinite).
-static double check_nerr64(const float *a, const double *b, size_t n) {
-    double d = 0, mean = 0, var = 0;
-    for (size_t i = 0; i < n; i++) mean += b[i];
-    mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
-    for (size_t i = 0; i < n; i++) d = isnan(a[i]) ? INFINITY : fmax(d, fabs((double)a[i] - b[i]));
-    return d / sqrt(var / (double)n);
+// The demo model with its trained MTP head, and the head's goldens (tests/fixtures/demo_mtp):
+// 0, or −1 with the failure reported and nothing left open.
+static int demo_mtp_open(ck_model *m, st_set *gs, moet_err *e) {
+    if (ck_open(m, "tests/fixtures/demo", e)) { CHECK(0, "%s", e->msg); return -1; }
+    if (ck_mtp_open(m, "tests/fixtures/demo_mtp/mtp.safetensors", e) || st_open(gs, "tests/fixtures/demo_mtp/golden_mtp.safetensors", e)) {
+        CHECK(0, "%s", e->msg);
+        ck_close(m);
+        return -1;
+    }
+    return 0;
 }
 
 // The MTP head on the GPU (gpu_mtp_rows; the demo model's trained head, tests/fixtures/demo_mtp)
@@ -1126,12 +1128,7 @@ static void mtp_goldens(void) {
     moet_err e = {{0}};
     ck_model m;
     st_set gs;
-    if (ck_open(&m, "tests/fixtures/demo", &e)) { CHECK(0, "%s", e.msg); return; }
-    if (ck_mtp_open(&m, "tests/fixtures/demo_mtp/mtp.safetensors", &e) || st_open(&gs, "tests/fixtures/demo_mtp/golden_mtp.safetensors", &e)) {
-        CHECK(0, "%s", e.msg);
-        ck_close(&m);
-        return;
-    }
+    if (demo_mtp_open(&m, &gs, &e)) return;
     const ck_config *c = &m.cfg;
     int H = c->hidden, V = c->vocab;
     gpu_opts o = {.max_seqs = 2, .max_len = 64, .max_tokens = 64, .kv_dtype = GPU_KV_F32, .mtp = 1};
@@ -1247,12 +1244,7 @@ static void mtp_speculation(void) {
     moet_err e = {{0}};
     ck_model m;
     st_set gs;
-    if (ck_open(&m, "tests/fixtures/demo", &e)) { CHECK(0, "%s", e.msg); return; }
-    if (ck_mtp_open(&m, "tests/fixtures/demo_mtp/mtp.safetensors", &e) || st_open(&gs, "tests/fixtures/demo_mtp/golden_mtp.safetensors", &e)) {
-        CHECK(0, "%s", e.msg);
-        ck_close(&m);
-        return;
-    }
+    if (demo_mtp_open(&m, &gs, &e)) return;
     gpu_backend b;
     gpu_opts o = {.max_seqs = 1, .max_len = 256, .max_tokens = 128, .kv_dtype = GPU_KV_F32, .mtp = 1};
     if (gpu_be_init(&b, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "%s", e.msg); st_close(&gs); ck_close(&m); return; }

@@ -52,15 +52,6 @@ static void norm64(const float *x, const ck_mat *w, int n, double eps, double *y
     for (int i = 0; i < n; i++) y[i] = x[i] * r * (1.0 + ck_at(w, 0, i));
 }
 
-// check_nerr against float64 values.
-static double nerr64(const float *a, const double *b, size_t n) {
-    double d = 0, mean = 0, var = 0;
-    for (size_t i = 0; i < n; i++) mean += b[i];
-    mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
-    for (size_t i = 0; i < n; i++) d = isnan(a[i]) ? INFINITY : fmax(d, fabs((double)a[i] - b[i]));
-    return d / sqrt(var / (double)n);
-}
 
 static void note(int k, double err) { if (err > worst[k]) worst[k] = err; }
 
@@ -329,9 +320,9 @@ static void run_prompts(const ck_model *m, const st_set *g, const char *layout) 
             ck_row_f32(&m->embed, x[t + 1], row);
             norm64(row, &m->mtp.norm_emb, H, c->eps, want + (size_t)t * H);
         }
-        double en = nerr64(st[0], want, (size_t)rows * H);
+        double en = check_nerr64(st[0], want, (size_t)rows * H);
         for (int t = 0; t < rows; t++) norm64(h + (size_t)t * H, &m->mtp.norm_hid, H, c->eps, want + (size_t)t * H);
-        double hn = nerr64(st[1], want, (size_t)rows * H);
+        double hn = check_nerr64(st[1], want, (size_t)rows * H);
         note(0, fmax(en, hn));
         CHECK(en < MTP_TOL_NORM, "%s prompt %d: normed embedding: error %.3g", layout, i, en);
         CHECK(hn < MTP_TOL_NORM, "%s prompt %d: normed hidden state: error %.3g", layout, i, hn);
