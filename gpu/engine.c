@@ -102,7 +102,7 @@ typedef struct {
     int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
-    CUdeviceptr ids;                 // int32 [Tm] greedy rows' tokens (k_argmax), copied to ids_host
+    CUdeviceptr ids;                 // int32 [GPU_ARGMAX_INTS(Tm)] greedy rows' tokens first (k_argmax), copied to ids_host
     // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
@@ -332,7 +332,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->sh = gpu_take_f32(a, Tm * H, "shared output");
     g->sgate = gpu_take_f32(a, Tm, "shared expert gate");
     g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
-    g->ids = gpu_take_f32(a, Tm, "greedy tokens");
+    g->ids = gpu_take_f32(a, GPU_ARGMAX_INTS(Tm), "greedy tokens");   // and k_argmax's slices (zeroed at boot)
     g->mtp_h = g->o.mtp ? gpu_take_f32(a, Tm * H, "MTP head inputs") : 0;
     g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
     g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
@@ -698,6 +698,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     CU_CHECK(cu.cuMemcpyHtoD(g->bt, g->bt_host, sizeof(int32_t) * (size_t)o->max_seqs * g->bt_stride));
     CU_CHECK(cu.cuMemsetD8(g->win, 0, sizeof(float) * g->win_slot * o->max_seqs));
     CU_CHECK(cu.cuMemsetD8(g->ssm, 0, sizeof(float) * g->ssm_slot * o->max_seqs));
+    CU_CHECK(cu.cuMemsetD8(g->ids, 0, sizeof(int32_t) * GPU_ARGMAX_INTS(o->max_tokens)));   // k_argmax's counters start at 0
     if (planes) {
         CUdeviceptr tables[MOET_MAX_LAYERS];
         for (int l = 0; l < c->n_layers; l++) tables[l] = g->layers[l].experts;
@@ -1107,7 +1108,7 @@ static void gpu_step_logits_async(gpu_engine *g, int nr) {
 // logits are V · 4.
 static void gpu_step_greedy_async(gpu_engine *g, int nr) {
     if (!nr) return;
-    gpu_k_argmax(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->ids, nr);
+    gpu_k_argmax(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->ids, g->o.max_tokens, nr);
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 
@@ -1187,7 +1188,7 @@ static void gpu_snap(gpu_engine *g, int slot, int save) {
 // The largest logit's first index of row r of g->logits (k_argmax), read back: a greedy draft.
 static int32_t gpu_logits_argmax(gpu_engine *g, int r) {
     int V = g->m->cfg.vocab;
-    gpu_k_argmax(&g->k, g->compute, g->logits + (CUdeviceptr)r * V * sizeof(float), V, g->ids, 1);
+    gpu_k_argmax(&g->k, g->compute, g->logits + (CUdeviceptr)r * V * sizeof(float), V, g->ids, g->o.max_tokens, 1);
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t), g->compute));
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     return g->ids_host[0];

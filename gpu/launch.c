@@ -522,11 +522,13 @@ static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicep
                GPU_ARGS(&proj, &tok_pos, &part, &nc, &core, &nh, &hd, &xs));
 }
 
-// ids[r] = the first index of row r's largest value in logits [rows, V] (int32 ids [rows]): a
-// greedy row's token, as samp_pick takes it at temperature 0 without penalties (sass/argmax.cu).
-static void gpu_k_argmax(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr ids, int rows) {
-    MOET_ASSERT(V >= 1, "k_argmax: rows of %d", V);
-    gpu_launch(k, K_ARGMAX, (gpu_dim){rows, 1, 1, "(rows, 1, 1)"}, GPU_ARGMAX_NT, 0, s, GPU_ARGS(&logits, &V, &ids));
+// ids[r] = the first index of row r's largest value in logits [rows, V] (ids: int32
+// [GPU_ARGMAX_INTS(cap)], the ids first; zero before its first use, as every launch leaves it past
+// the ids; every launch on one buffer gives the same cap): a greedy row's token, as samp_pick takes it at temperature 0 without penalties
+// (sass/argmax.cu).
+static void gpu_k_argmax(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr ids, int cap, int rows) {
+    MOET_ASSERT(V >= 1 && rows >= 1 && rows <= cap, "k_argmax: %d rows of %d in a buffer of %d", rows, V, cap);
+    gpu_launch(k, K_ARGMAX, (gpu_dim){rows, GPU_ARGMAX_SLICES, 1, "(rows, slices, 1)"}, GPU_ARGMAX_NT, 0, s, GPU_ARGS(&logits, &V, &ids, &cap));
 }
 
 #undef GPU_ARGS

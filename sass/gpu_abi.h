@@ -76,7 +76,13 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
 #define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
 #define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
 #define GPU_SILU_NT 256      // k_silu_mul: a thread per element
-#define GPU_ARGMAX_NT 1024   // k_argmax: a block per row of logits
+#define GPU_ARGMAX_NT 256    // k_argmax: a block per slice of a row of logits
+#define GPU_ARGMAX_SLICES 64 // k_argmax: the slices of a row (blocks), merged by the row's last block
+// k_argmax's int32 buffer for up to `rows` rows a launch: ids [rows], the rows' finished-slice counters [rows]
+// (zero between launches: set once, each row's last block puts it back), each slice's (largest
+// value, its first index) [rows][GPU_ARGMAX_SLICES][2]
+#define GPU_ARGMAX_INTS(rows) ((size_t)(rows) * (2 + 2 * GPU_ARGMAX_SLICES))
+GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k_argmax: a merging thread per slice");
 
 // k_mm*, k_moe_up*, k_moe_dn* (sass/mm.cuh): a block of GPU_MM_WARPS warps, each one slice of
 // k (the 64-blocks kb ≡ warp mod GPU_MM_WARPS), over a tile of 16·RT rows and GPU_MM_TOK tokens

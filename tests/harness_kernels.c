@@ -702,8 +702,10 @@ static void hk_argmax(void) {
     int V = hk.m.cfg.vocab;
     for (int R = 1; R <= 16; R += 15) {
         float *x = hk_normal((size_t)R * V, 3.0f), *bmax = malloc(sizeof(float) * ((size_t)V / SAMP_BLOCK + 1));
-        CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)R * V), idd = hk_up(NULL, sizeof(int32_t) * (size_t)R);
-        gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R);
+        int32_t *zero = calloc(GPU_ARGMAX_INTS(R), sizeof(int32_t));   // the slices' counters start at 0
+        CUdeviceptr xd = hk_up(x, sizeof(float) * (size_t)R * V), idd = hk_up(zero, sizeof(int32_t) * GPU_ARGMAX_INTS(R));
+        free(zero);
+        gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R, R);
         int32_t *got = hk_down(idd, sizeof(int32_t) * (size_t)R);
         int bad = 0;
         for (int r = 0; r < R; r++) {
@@ -711,7 +713,7 @@ static void hk_argmax(void) {
             bad += got[r] != samp_first_max(row, V, bmax, samp_block_max(row, V, bmax));
         }
         double us;
-        HK_TIME(us, gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R));
+        HK_TIME(us, gpu_k_argmax(&hk.k, hk.s, xd, V, idd, R, R));
         char shape[64];
         snprintf(shape, sizeof shape, "%d rows of %d", R, V);
         hk_row("k_argmax", shape, "f32", bad ? 1.0 : 0.0, 0.5, us, 4.0 * R * V + 4.0 * R);   // err 1: an id not the sampler's

@@ -639,13 +639,21 @@ static void kernel_widen_codes(gpu_engine *g) {
 
 // k_argmax against samp_first_max (the sampler's greedy pick) over rows of the real vocabulary
 // and an odd width: random rows, the largest value repeated (the first wins), NaN before and at
-// the largest, −0 before +0 as the largest, a row of −inf and NaN, one of NaN alone (0).
+// the largest, −0 before +0 as the largest, a row of −inf and NaN, one of NaN alone (0). The
+// rows' slices are merged by counters each launch leaves at 0: one buffer of R rows, zeroed once,
+// serves both widths and launches of R, 3, 1 and R rows again (a serving step's rows vary; each
+// must give its rows' ids), and is 0 past the ids afterwards.
 static void kernel_argmax(gpu_engine *g) {
     enum { R = 8 };
     static const int Vs[] = {248320, 1001};
     moet_err e = {{0}};
     arena d;
-    if (arena_init_kind(&d, "argmax test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + 2 * 4096, &e)) { CHECK(0, "%s", e.msg); return; }
+    const size_t nb = sizeof(int32_t) * GPU_ARGMAX_INTS(R);
+    if (arena_init_kind(&d, "argmax test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + nb + 2 * 4096, &e)) { CHECK(0, "%s", e.msg); return; }
+    CUdeviceptr idd = (uintptr_t)arena_take(&d, nb, 256, "argmax buffer");
+    CU_CHECK(cu.cuMemsetD8(idd, 0, nb));
+    CU_CHECK(cu.cuCtxSynchronize());
+    const size_t base = d.used;
     for (int vi = 0; vi < 2; vi++) {
         int V = Vs[vi], got[R], want[R], same = 1;
         float *x = malloc(sizeof(float) * (size_t)R * V), *bmax = malloc(sizeof(float) * ((size_t)V / SAMP_BLOCK + 1));
@@ -662,20 +670,30 @@ static void kernel_argmax(gpu_engine *g) {
         for (int t = 0; t < V; t++) r[t] = NAN;                                          // nothing: 0
         r = x + (size_t)6 * V, r[0] = 60.f;
         r = x + (size_t)7 * V, r[V - 1] = INFINITY;
-        CUdeviceptr xd = kt_dev(&d, x, (size_t)R * V), idd = kt_dev(&d, NULL, R);
-        gpu_k_argmax(&g->k, g->compute, xd, V, idd, R);
-        CU_CHECK(cu.cuStreamSynchronize(g->compute));
-        CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
+        CUdeviceptr xd = kt_dev(&d, x, (size_t)R * V);
         for (int i = 0; i < R; i++) {
             const float *row = x + (size_t)i * V;
             want[i] = samp_first_max(row, V, bmax, samp_block_max(row, V, bmax));
-            same &= got[i] == want[i];
+        }
+        static const int rows[] = {R, 3, 1, R};
+        for (int rep = 0; rep < 4; rep++) {
+            CU_CHECK(cu.cuMemsetD8(idd, 0xff, sizeof(int32_t) * R));   // ids of −1: stale ones must not survive
+            CU_CHECK(cu.cuCtxSynchronize());
+            gpu_k_argmax(&g->k, g->compute, xd, V, idd, R, rows[rep]);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
+            for (int i = 0; i < rows[rep]; i++) same &= got[i] == want[i];
         }
         CHECK(same, "k_argmax [%d rows of %d]: not samp_first_max's ids (row 1: %d vs %d, row 3: %d vs %d)", R, V, got[1], want[1], got[3], want[3]);
-        printf("k_argmax [%d rows of %d: ties, NaN, ±0, −inf, NaN alone]: samp_first_max's ids, each\n", R, V);
+        printf("k_argmax [%d rows of %d: ties, NaN, ±0, −inf, NaN alone; launches of 8, 3, 1, 8 rows]: samp_first_max's ids, each\n", R, V);
         free(x), free(bmax);
-        d.used = 0;
+        d.used = base;
     }
+    int32_t cnt[R];
+    CU_CHECK(cu.cuMemcpyDtoH(cnt, idd + sizeof(int32_t) * R, sizeof cnt));
+    int zero = 1;
+    for (int i = 0; i < R; i++) zero &= cnt[i] == 0;
+    CHECK(zero, "k_argmax: the rows' slice counters are left at 0 (row 0: %d)", cnt[0]);
     arena_release(&d);
 }
 
