@@ -37,6 +37,7 @@
 //             gpu/kernels.c         the embedded cubins, the kernel table, gpu_launch, profiler
 //             gpu/launch.c          one typed launcher per kernel (geometry from the shapes, limits checked)
 //             gpu/pool.c            the resident expert pool (O_DIRECT, SHA-256, copy streams)
+//             gpu/cache.c           the expert cache on the device (--expert-cache-gb: fetches per layer)
 //             gpu/engine.c          the device forward pass (arenas, weights, KV pages, steps)
 //             gpu/backend.c         the GPU engine_backend; engine_open (--backend)
 //   serving   (this file)           the prefix cache's block table (hash chains of prompt blocks,
@@ -2191,6 +2192,8 @@ static engine_backend ref_backend(ref_engine *r) {
 #include "gpu/launch.c"
 // defines: gpu_pool_load (the resident expert pool: O_DIRECT reads, SHA-256, copy streams)
 #include "gpu/pool.c"
+// defines: gpu_cache (the expert cache on the device: places, reader threads, the fetch stream)
+#include "gpu/cache.c"
 // defines: gpu_engine (device arenas, weights, KV pages, GDN state), gpu_init, gpu_step, gpu_seq_start/end
 #include "gpu/engine.c"
 // defines: gpu_backend (the GPU engine_backend), engine_open (--backend auto|cpu|gpu for every command)
@@ -3888,9 +3891,10 @@ static const char serve_usage[] =
     "  --default-thinking on|off  enable_thinking of requests that do not set it (default on, as\n"
     "                          the model's template; off for the bundled demo model, which was\n"
     "                          trained on answers without a thinking block)\n"
-    "  --expert-cache-gb G     with --planes on the CPU: hold at most G GiB of expert slots, reading\n"
-    "                          (and hashing) a missing one when a step needs it (default: every slot,\n"
-    "                          read at boot); the answers are the same bits either way\n"
+    "  --expert-cache-gb G     with --planes: hold at most G GiB of expert slots, reading (and\n"
+    "                          hashing) a missing one when a step needs it (default: every slot,\n"
+    "                          read at boot); the answers are the same bits either way. On the GPU\n"
+    "                          at least one layer's experts; its steps run without decode graphs\n"
     "  --expert-prefetch on|off  with --expert-cache-gb: a reader thread reads a layer's missing\n"
     "                          experts, and those the next layer's router picks on this layer's\n"
     "                          input, while the layer computes (default on)\n"
@@ -4158,8 +4162,9 @@ static const char run_usage[] =
     "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
     "  --host-margin-gb G   on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                       memory plan leaves the host (default 4)\n"
-    "  --expert-cache-gb G  with --planes on the CPU: hold at most G GiB of expert slots, reading a\n"
-    "                       missing one when a step needs it (default: every slot, read at boot)\n"
+    "  --expert-cache-gb G  with --planes: hold at most G GiB of expert slots (on the GPU at least one\n"
+    "                       layer's experts), reading a missing one when a step needs it (default:\n"
+    "                       every slot, read at boot)\n"
     "  --expert-prefetch on|off  with --expert-cache-gb: read a layer's missing experts, and those\n"
     "                       the next layer's router picks on this layer's input, ahead (default on)\n"
     "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"

@@ -443,15 +443,14 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
             return -1;
         // a flag the GPU cannot take is an error where there is one (asked before anything is
         // loaded), not a fallback
-        int bad_block = blocks && prefix_block % GPU_GDN_C, bad_cache = o->planes && o->popt.cache_gb > 0;
-        if (bad_block || bad_cache) {
+        int bad_block = blocks && prefix_block % GPU_GDN_C;
+        if (bad_block) {
             gpu_device d;
             moet_err pe = {{0}};
             if (gpu_open(&d, &pe) == 0) {
                 gpu_close(&d);
-                return bad_block ? err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
-                                           prefix_block, GPU_GDN_C)
-                                 : err_set(e, "--expert-cache-gb: the GPU backend holds every expert slot (its cache mode is not built yet)");
+                return err_set(e, "--prefix-block %d: the GPU backend cuts prompts at multiples of %d tokens; a block must be one",
+                               prefix_block, GPU_GDN_C);
             }
         }
         moet_err ge = {{0}};

@@ -56,8 +56,13 @@ typedef struct {
     gpu_layer *layers;               // [L] host copies of the descriptors
     gpu_mat embed, final_norm, lm_head;
     CUdeviceptr inv_freq;            // [rot / 2] f32
-    // expert pool: one slot per (layer, expert) of the plane file, or NULL (checkpoint experts)
+    // expert pool: one slot per (layer, expert) of the plane file, or NULL (checkpoint experts);
+    // with --expert-cache-gb fewer places than slots, filled per layer (gpu/cache.c)
     uint64_t slot_stride, n_slots;
+    int cached;                      // the pool is the expert cache's
+    gpu_cache cache;
+    int step_failed;                 // a fetch of this step failed: nothing more is launched (step_err says why)
+    moet_err step_err;
     // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
     size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
     int32_t *page_ref;               // [n_pages] holders of each page: the sequence that took it, the prefix blocks that keep it
@@ -421,6 +426,7 @@ static void gpu_carve_pinned(gpu_engine *g, arena *a) {
     g->meta_host = arena_take(a, sizeof(int32_t) * g->meta_ints, 256, "step metadata");
     g->logits_host = arena_take(a, sizeof(float) * Tm * g->m->cfg.vocab, 256, "logits");
     g->ids_host = arena_take(a, sizeof(int32_t) * Tm, 256, "greedy tokens");
+    if (g->cached) gpu_cache_carve_pinned(&g->cache, a, Tm, g->m->cfg.topk);
 }
 
 static void gpu_carve_host(gpu_engine *g, arena *a) {
@@ -439,6 +445,7 @@ static void gpu_carve_host(gpu_engine *g, arena *a) {
     ARENA_TAKE(a, g->graph_att, (size_t)(g->graph_rows + 1) * c->n_full, "decode graph attention nodes");
     ARENA_TAKE(a, g->graph_att_p, (size_t)(g->graph_rows + 1) * c->n_full, "decode graph attention parameters");
     ARENA_TAKE(a, g->graph_nodes, g->graph_cap, "decode graph nodes");
+    if (g->cached) gpu_cache_carve_host(&g->cache, a);
 }
 
 static void gpu_free(gpu_engine *g) {
@@ -451,6 +458,7 @@ static void gpu_free(gpu_engine *g) {
         if (g->graphs[n].exec) CU_CHECK(cu.cuGraphExecDestroy(g->graphs[n].exec));
         if (g->graphs[n].graph) CU_CHECK(cu.cuGraphDestroy(g->graphs[n].graph));
     }
+    if (g->cached) gpu_cache_close(&g->cache);   // its readers stopped before their buffers go
     arena *as[] = {&g->weights, &g->pool, &g->kv, &g->state, &g->act, &g->pinned, &g->host};
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) arena_release(as[i]);
     if (g->compute) CU_CHECK(cu.cuStreamDestroy(g->compute));
@@ -615,15 +623,6 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     CU_CHECK(cu.cuStreamCreate(&g->compute, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuStreamCreate(&g->copy, GPU_STREAM_NON_BLOCKING));
 
-    g->bt_stride = (o->max_len + GPU_KV_PAGE - 1) / GPU_KV_PAGE;
-    // plans: weights, pool, state, activations, pinned, host; the KV cache takes what it needs
-    // (or what --kv-pages says), and must fit in what the device has left.
-    arena pw = arena_measure("weights"), ps = arena_measure("state"), pa = arena_measure("activations"),
-          pp = arena_measure("staging"), ph = arena_measure("engine host");
-    gpu_carve_weights(g, &pw, planes == NULL);
-    gpu_carve_state(g, &ps);
-    gpu_carve_act(g, &pa);
-    gpu_carve_pinned(g, &pp);
     pf_file pf;
     memset(&pf, 0, sizeof pf);
     size_t pool_bytes = 0;
@@ -633,9 +632,27 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         if (pf_open_for_model(&pf, planes, c, m->dir, &oo, e)) return gpu_free(g), -1;
         g->slot_stride = pf.h.L.slot_stride;
         g->n_slots = pf.h.L.n_slots;
-        pool_bytes = g->slot_stride * g->n_slots;
+        int n_pool = (int)g->n_slots;
+        if (po->cache_gb > 0 && gpu_cache_places(po->cache_gb, g->slot_stride, g->n_slots, (int)pf.h.L.g.n_experts, &n_pool, e))
+            return pf_close(&pf), gpu_free(g), -1;
+        if ((uint64_t)n_pool < g->n_slots) {   // the expert cache: its places, maps and reads planned with the rest
+            g->cached = 1;
+            gpu_cache *x = &g->cache;
+            x->dev = &g->dev, x->n_pool = n_pool, x->n_layers = (int)pf.h.L.g.n_layers, x->E = (int)pf.h.L.g.n_experts;
+            x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = MOET_GPU_CACHE_READERS;
+        }
+        pool_bytes = g->slot_stride * (size_t)n_pool;
         pf_close(&pf);
     }
+    g->bt_stride = (o->max_len + GPU_KV_PAGE - 1) / GPU_KV_PAGE;
+    // plans: weights, pool, state, activations, pinned, host; the KV cache takes what it needs
+    // (or what --kv-pages says), and must fit in what the device has left.
+    arena pw = arena_measure("weights"), ps = arena_measure("state"), pa = arena_measure("activations"),
+          pp = arena_measure("staging"), ph = arena_measure("engine host");
+    gpu_carve_weights(g, &pw, planes == NULL);
+    gpu_carve_state(g, &ps);
+    gpu_carve_act(g, &pa);
+    gpu_carve_pinned(g, &pp);
     g->page_bytes_all = 2 * gpu_kv_page_bytes_n(g->n_kv, c, o->kv_dtype);
     // every sequence at full length, and the pages the prefix blocks keep beyond them: a page a
     // block shares stays taken when its sequence ends
@@ -646,7 +663,8 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     arena ph0 = arena_measure("engine host");
     // decode graphs for steps of up to MOET_GRAPH_ROWS rows (each row one token), their nodes at
     // most GPU_GRAPH_LAYER_NODES per layer and the head's and tail's few
-    g->graph_rows = o->no_graphs ? 0 : o->max_seqs < o->max_tokens ? o->max_seqs : o->max_tokens;
+    // (none with the expert cache: its layers wait on the host for the router's choices)
+    g->graph_rows = o->no_graphs || g->cached ? 0 : o->max_seqs < o->max_tokens ? o->max_seqs : o->max_tokens;
     if (g->graph_rows > MOET_GRAPH_ROWS) g->graph_rows = MOET_GRAPH_ROWS;
     g->graph_cap = g->graph_rows ? (size_t)GPU_GRAPH_LAYER_NODES * (c->n_layers + 1) : 0;
     g->n_pages = want_pages;   // the host arena with its page lists at their longest
@@ -702,7 +720,11 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (planes) {
         CUdeviceptr tables[MOET_MAX_LAYERS];
         for (int l = 0; l < c->n_layers; l++) tables[l] = g->layers[l].experts;
-        if (gpu_pool_load(&g->dev, (CUdeviceptr)(uintptr_t)g->pool.base, tables, m, planes, po, e)) return gpu_free(g), -1;
+        if (g->cached) {
+            g->cache.pool = (CUdeviceptr)(uintptr_t)g->pool.base;
+            for (int l = 0; l < c->n_layers; l++) g->cache.tables[l] = tables[l];
+            if (gpu_cache_open(&g->cache, m, planes, po, e)) return g->cached = 0, gpu_free(g), -1;
+        } else if (gpu_pool_load(&g->dev, (CUdeviceptr)(uintptr_t)g->pool.base, tables, m, planes, po, e)) return gpu_free(g), -1;
     }
     // the uploads and memsets above (and the pool's expert tables) went through the legacy
     // stream, which the non-blocking streams of the steps do not wait for
@@ -914,6 +936,18 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         gpu_k_router(&g->k, g->compute, g->rl, E, K, g->sel, g->selw, T);
         gpu_k_silu_mul(&g->k, g->compute, g->sg, g->su, g->sg, T * SI, g->shs);
     }
+    // the expert cache (a main layer's experts from the pool): the choices to the host, the shared
+    // expert's down product queued meanwhile (it reads no routed expert: the same bits in either
+    // order), then the layer's experts fetched and waited for (gpu/cache.c)
+    const int cache_l = g->cached && G >= g->layers && G < g->layers + c->n_layers ? (int)(G - g->layers) : -1;
+    if (cache_l >= 0) {
+        gpu_cache_routed(&g->cache, g->compute, g->sel, T, K);
+        gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
+        if (gpu_cache_fetch(&g->cache, g->compute, cache_l, T, K, &g->step_err)) {
+            g->step_failed = 1;   // nothing more of this step is launched (gpu_step_kernels, gpu_step)
+            return;
+        }
+    }
     if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
         if (!routed) gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
         gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
@@ -922,7 +956,7 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         gpu_k_moe_gate_up(&g->k, g->compute, G->experts, g->sel, g->xn, H, K, g->eh, I, T);
         gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
     }
-    gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
+    if (cache_l < 0) gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
     gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
 }
 
@@ -1002,6 +1036,7 @@ static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr
         else gpu_gdn_layer(g, G, l, n, n1, nm, T);
         gpu_norm(g, g->x, g->y, &G->post_norm, g->xn, none, T);
         gpu_moe_layer(g, G, T);
+        if (g->step_failed) return;   // an expert could not be fetched: the step ends here (gpu_step says why)
         if (trace_ids) {
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(trace_ids[l], g->sel, sizeof(int32_t) * (size_t)T * c->topk));
@@ -1081,7 +1116,8 @@ static void gpu_graph_launch(gpu_engine *g, gpu_graph *G) {
 // test entry's extras (synchronous copies, host buffers as ref_forward's).
 static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, const int *off, const uint8_t *want, int out,
                     float **hidden, int32_t **trace_ids, float **trace_w, int *n_out, moet_err *e) {
-    (void)e;   // the step was checked before (gpu_step_assert): nothing here fails but a CU_CHECK, which aborts
+    // the step was checked before (gpu_step_assert): nothing here fails but a CU_CHECK, which aborts,
+    // and an expert cache's fetch (a read or hash of a slot), which ends the step with e set
     gpu_step_assert(g, n, slots, ids, off);
     int T = off[n];
     // the previous step's metadata copy must be done before the host rewrites it
@@ -1093,6 +1129,11 @@ static int gpu_step(gpu_engine *g, int n, const int *slots, const int32_t *ids, 
         gpu_graph_launch(g, &g->graphs[n]);
         g->graph_steps++;
     } else gpu_step_kernels(g, n, n1, nm, T, nr, hidden, trace_ids, trace_w);
+    if (g->step_failed) {   // the expert cache could not fetch a slot: the step's rows fail (their state is partial)
+        g->step_failed = 0;
+        *e = g->step_err;
+        return -1;
+    }
     for (int i = 0; i < n; i++) g->pos[slots[i]] += off[i + 1] - off[i];
     *n_out = nr;
     return 0;

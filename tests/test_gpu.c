@@ -1013,6 +1013,124 @@ static void real_shapes(void) {
     }
 }
 
+// The expert cache on the device (gpu/cache.c): a model served with --expert-cache-gb through a
+// pool of fewer places than the plane file's slots gives the bits of the resident pool — a
+// prompt of T tokens, then 6 greedy decode steps, every step's last logits — with misses (the
+// pool starts empty) and hits; `places` places (at least one layer's experts). A pool of fewer is
+// refused; a failed read and a slot corrupted on disk after boot fail their step with the slot
+// named, and the engine goes on.
+static void cache_run(const ck_model *m, const char *planes, double cache_gb, int T, float *out /* [7, V] */, moet_err *e, int *ok) {
+    gpu_engine g;
+    gpu_opts o = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+    pf_serve_opts po = {0};
+    po.cache_gb = cache_gb;
+    *ok = 0;
+    if (gpu_init(&g, m, &o, planes, &po, e)) return;
+    const int V = m->cfg.vocab;
+    int32_t ids[64];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % V);
+    int slot = 0, off[2] = {0, T}, nr;
+    if (gpu_seq_start(&g, 0, T + 8)) { err_set(e, "pages"); gpu_free(&g); return; }
+    for (int s = 0; s < 7; s++) {
+        if (gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) { gpu_free(&g); return; }
+        memcpy(out + (size_t)s * V, gpu_step_logits(&g, nr), sizeof(float) * V);
+        ids[0] = argmax_row(out + (size_t)s * V, V), off[1] = 1;
+    }
+    gpu_free(&g);
+    *ok = 1;
+}
+
+static void expert_cache(const char *dir, const char *planes, int T, int places) {
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+    pf_file f;
+    if (pf_open_for_model(&f, planes, &m.cfg, m.dir, &(pf_serve_opts){.no_verify = 1}, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    const double slot_gib = (double)f.h.L.slot_stride / 1073741824.0;
+    const uint64_t n_slots = f.h.L.n_slots;
+    pf_close(&f);
+    const int V = m.cfg.vocab;
+    float *a = malloc(sizeof(float) * 7 * V), *b = malloc(sizeof(float) * 7 * V);
+    int ok;
+    cache_run(&m, planes, 0, T, a, &e, &ok);
+    CHECK(ok, "expert cache: the resident run: %s", e.msg);
+    cache_run(&m, planes, (places + 0.5) * slot_gib, T, b, &e, &ok);
+    CHECK(ok, "expert cache: the run through %d places: %s", places, e.msg);
+    if (ok) {
+        const pf_cache_counters x = pf_cache_stats;
+        CHECK(x.pool_slots == (uint64_t)places && x.file_slots == n_slots && x.misses > 0 && x.hits > 0,
+              "expert cache: %" PRIu64 " places of %" PRIu64 " slots, %" PRIu64 " misses, %" PRIu64 " hits", x.pool_slots, x.file_slots, x.misses, x.hits);
+        CHECK(!memcmp(a, b, sizeof(float) * 7 * V), "expert cache (%d of %" PRIu64 " slots): the logits differ from the resident pool's", places, n_slots);
+        printf("expert cache, %s: %d of %" PRIu64 " slots on the device, a %d-token prompt and 6 decode steps: the resident pool's "
+               "logits bit for bit (%" PRIu64 " misses, %" PRIu64 " hits)\n", dir, places, n_slots, T, x.misses, x.hits);
+    }
+    // a pool smaller than one layer's experts is refused with what it would take
+    gpu_engine g;
+    gpu_opts o = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+    pf_serve_opts po = {0};
+    po.cache_gb = (m.cfg.n_experts - 1) * slot_gib;
+    int rc = gpu_init(&g, &m, &o, planes, &po, &e);
+    CHECK(rc != 0 && strstr(e.msg, "--expert-cache-gb"), "expert cache of %d places for %d experts a layer: refused (%s)", m.cfg.n_experts - 1,
+          m.cfg.n_experts, rc ? e.msg : "accepted");
+    if (rc == 0) gpu_free(&g);
+    // a failed read (MOET_FAULT=read:3, the hook the CPU's cache has) fails the step naming the
+    // slot; the engine goes on: the prompt again (a new sequence) gives the resident logits
+    setenv("MOET_FAULT", "read:3", 1);
+    gpu_opts o1 = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+    pf_serve_opts po1 = {0};
+    po1.cache_gb = (places + 0.5) * slot_gib;
+    rc = gpu_init(&g, &m, &o1, planes, &po1, &e);
+    unsetenv("MOET_FAULT");
+    if (rc) CHECK(0, "%s", e.msg);
+    else {
+        int32_t ids[64];
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % V);
+        int slot = 0, off[2] = {0, T}, nr;
+        CHECK(gpu_seq_start(&g, 0, T + 8) == 0, "pages");
+        rc = gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e);
+        CHECK(rc != 0 && strstr(e.msg, "slot (layer") && strstr(e.msg, "MOET_FAULT=read:3"), "expert cache: a failed read fails the step with the slot named: %s",
+              rc ? e.msg : "the step passed");
+        gpu_seq_end(&g, 0);
+        CHECK(gpu_seq_start(&g, 0, T + 8) == 0, "pages");
+        rc = gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e);
+        CHECK(rc == 0 && !memcmp(gpu_step_logits(&g, nr), a, sizeof(float) * V), "expert cache: after a failed read the prompt again gives the "
+              "resident logits (%s)", rc ? e.msg : "they differ");
+        gpu_free(&g);
+    }
+    // a slot corrupted on disk after boot: caught when it is read (every read hashed)
+    {
+        char copy[512], cmd[1200];
+        snprintf(copy, sizeof copy, "build/gpu_cache_corrupt.planes");
+        snprintf(cmd, sizeof cmd, "cp %s %s", planes, copy);
+        CHECK(system(cmd) == 0, "%s", cmd);
+        gpu_opts o2 = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
+        pf_serve_opts po2 = {0};
+        po2.cache_gb = (places + 0.5) * slot_gib;
+        if (gpu_init(&g, &m, &o2, copy, &po2, &e)) CHECK(0, "%s", e.msg);
+        else {
+            const pf_layout *L = &g.cache.f.h.L;
+            int fd = open(copy, O_WRONLY);
+            CHECK(fd >= 0, "open %s", copy);
+            for (uint32_t x = 0; fd >= 0 && x < L->g.n_experts; x++) {   // a byte of every slot of the file's first layer
+                uint8_t v = 0x5a;
+                CHECK(pwrite(fd, &v, 1, (off_t)(pf_slot_offset(L, x) + 17)) == 1, "pwrite");
+            }
+            if (fd >= 0) close(fd);
+            int32_t ids[64];
+            for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7919 + 13) % m.cfg.vocab);
+            int slot = 0, off[2] = {0, T}, nr;
+            CHECK(gpu_seq_start(&g, 0, T + 8) == 0, "pages");
+            rc = gpu_step(&g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e);
+            CHECK(rc != 0 && strstr(e.msg, "SHA-256 mismatch") && strstr(e.msg, "slot (layer"),
+                  "expert cache: a slot corrupted on disk after boot is caught when read: %s", rc ? e.msg : "the step passed");
+            gpu_free(&g);
+        }
+        remove(copy);
+    }
+    free(a), free(b);
+    ck_close(&m);
+}
+
 // Each block of a layer alone on the real shapes (real4: H 2048; attention 16 heads of 256 over
 // 2 KV heads, partial RoPE; GDN 16 key / 32 value heads of 128; 256 experts top-8, NVFP4 or 2-bit
 // planes), from the same normed input on the GPU and in the reference: the attention block
@@ -1658,6 +1776,12 @@ int main(void) {
     mtp_goldens();
     mtp_speculation();
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
+    expert_cache("tests/fixtures/demo", "build/demo.planes", 40, 16);   // 16 of 64 slots: a quarter
+    {
+        char pl[512];
+        const char *dir = real4(pl, sizeof pl);
+        if (dir) expert_cache(dir, pl, 48, 256);   // 256 of 1,024: a quarter, one layer's experts
+    }
     eval_kl();
     return check_report("test_gpu");
 }

@@ -1,0 +1,291 @@
+// gpu/cache.c — the expert cache on the device (--expert-cache-gb with the GPU backend): a pool of
+// fewer places than the plane file has slots, filled as the layers' routers choose, so a GPU whose
+// memory does not hold every expert (or a GB10 sharing its memory) serves the model.
+//
+// Per layer of a step (gpu_moe_layer calls gpu_cache_routed after the router, then queues the
+// shared expert's down product, which needs no routed expert, then calls gpu_cache_fetch):
+//   compute stream  the router's choices sel [T, K] copied to pinned memory, event `routed`;
+//   host            waits for `routed` only (the shared expert's product runs meanwhile); each
+//                   distinct expert chosen is held (a hit: its place used now) or missing: a place
+//                   is taken — a free one, else the least recently used one not chosen by this
+//                   layer in this step (those are pinned) — and the slot is read by the reader
+//                   threads (O_DIRECT into each one's pinned buffer, SHA-256 against the table on
+//                   every read unless --no-verify) and copied to its place on the fetch stream;
+//                   the layer's expert table (a pinned copy) is rewritten for the new places and
+//                   copied after them; event `fetched`;
+//   compute stream  waits for `fetched` (the routed products read the new places and the table).
+// Strict: a routed product never runs before its experts are in place. A read or hash that fails
+// frees its place and fails the step with the slot named (gpu_step returns the error; the server
+// fails that step's requests and goes on). Eviction is safe: a place a queued kernel may still
+// read was chosen by an earlier layer, whose products the compute stream finished before this
+// layer's `routed` (stream order), and this layer's own choices are pinned. The bits are those of
+// the resident pool: the same kernels over the same slot bytes, at other addresses.
+// Counters: pf_cache_stats (format/planes_model.c), as the CPU's cache keeps them (bench, stats).
+
+typedef struct gpu_cache_s gpu_cache;
+
+typedef struct {
+    gpu_cache *c;
+    pthread_t tid;
+    uint8_t *buf;        // pinned [slot_stride]
+    CUevent ev;          // its last copy out of buf
+    int used;            // ev recorded
+    pf_sha sha;
+} gpu_cache_reader;
+
+struct gpu_cache_s {
+    const gpu_device *dev;
+    pf_file f;                   // open for the run
+    int verify;                  // hash every slot read
+    int n_pool, n_layers, E, first_layer;
+    uint64_t n_slots;
+    size_t stride;               // bytes per place (the file's slot stride)
+    CUdeviceptr pool;            // [n_pool · stride]
+    CUdeviceptr tables[MOET_MAX_LAYERS];   // each model layer's expert table on the device ([E, 3] gpu_mat)
+    int32_t *where;              // [n_slots] the place of each slot, −1: not held
+    int32_t *owner;              // [n_pool] the slot held there, −1: free
+    uint64_t *used;              // [n_pool] last use (a tick)
+    uint64_t tick, mark;         // mark: the first tick of the current layer
+    gpu_mat *tab;                // pinned [n_layers · E · 3] what the device tables hold
+    int32_t *sel;                // pinned [Tm · K] the router's choices
+    CUstream fetch;
+    CUevent routed, fetched;
+    // the current layer's reads: jobs [n_jobs) of slot job_slot[j] into place job_place[j]
+    pthread_mutex_t mu;
+    pthread_cond_t work, done_cv;
+    int64_t *job_slot;           // [E]
+    int32_t *job_place;          // [E] (−1 after a failed read)
+    int n_jobs, next_job, done_jobs, stop;
+    moet_err err;                // the first failed read of the layer
+    int failed;
+    uint64_t fault_read, reads;  // MOET_FAULT=read:N: the N-th read fails as an I/O error
+    int n_readers;
+    gpu_cache_reader rd[MOET_GPU_CACHE_READERS];
+    int started;                 // threads running
+};
+
+// Places for --expert-cache-gb G: the most whole slots in G GiB, at least what one layer of a step
+// can choose (every expert of a layer), at most the file's slots (then nothing is cached: every
+// slot resident). 0 with e set when G holds too few.
+static int gpu_cache_places(double gb, size_t stride, uint64_t n_slots, int E, int *n_pool, moet_err *e) {
+    double want = gb * 1073741824.0 / (double)stride;
+    if (want >= (double)n_slots) return *n_pool = (int)n_slots, 0;
+    if (want < E)
+        return err_set(e, "--expert-cache-gb %g holds %.0f expert slots of %zu bytes; a step can choose every one of a layer's %d "
+                          "experts: at least %.3f GiB", gb, floor(want), stride, E, (double)E * stride / 1073741824.0);
+    *n_pool = (int)want;
+    return 0;
+}
+
+// The cache's memory: pinned (reader buffers, choices, tables) and host (maps, jobs), planned in
+// the engine's arenas (gpu_carve_pinned, gpu_carve_host).
+static void gpu_cache_carve_pinned(gpu_cache *c, arena *a, size_t Tm, int K) {
+    for (int r = 0; r < c->n_readers; r++) c->rd[r].buf = arena_take(a, c->stride, PF_PAGE, "expert cache reads");
+    c->sel = arena_take(a, sizeof(int32_t) * Tm * K, 256, "expert cache choices");
+    c->tab = arena_take(a, sizeof(gpu_mat) * (size_t)c->n_layers * c->E * 3, 256, "expert cache tables");
+}
+static void gpu_cache_carve_host(gpu_cache *c, arena *a) {
+    ARENA_TAKE(a, c->where, c->n_slots, "expert cache: slot places");
+    ARENA_TAKE(a, c->owner, c->n_pool, "expert cache: place owners");
+    ARENA_TAKE(a, c->used, c->n_pool, "expert cache: place uses");
+    ARENA_TAKE(a, c->job_slot, c->E, "expert cache: reads");
+    ARENA_TAKE(a, c->job_place, c->E, "expert cache: read places");
+}
+
+// A reader thread: the current layer's jobs, one at a time, into its own buffer, then onto the
+// fetch stream (its buffer reused only once that copy is done).
+static void *gpu_cache_read(void *arg) {
+    gpu_cache_reader *r = arg;
+    gpu_cache *c = r->c;
+    const pf_layout *L = &c->f.h.L;
+    gpu_bind(c->dev);
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stop && c->next_job >= c->n_jobs) pthread_cond_wait(&c->work, &c->mu);
+        if (c->stop) break;
+        int j = c->next_job++;
+        int64_t i = c->job_slot[j];
+        int p = c->job_place[j], fault = c->fault_read && ++c->reads == c->fault_read;
+        pthread_mutex_unlock(&c->mu);
+        uint32_t layer = L->g.first_layer + (uint32_t)(i / L->g.n_experts), x = (uint32_t)(i % L->g.n_experts);
+        moet_err e = {{0}};
+        if (r->used) CU_CHECK(cu.cuEventSynchronize(r->ev));   // the buffer's previous copy is done
+        int rc = fault ? err_set(&e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
+                                 layer, x, strerror(EIO), c->fault_read)
+                       : pf_read_slot(&c->f, layer, x, r->buf, c->stride, c->verify ? &r->sha : NULL, &e);
+        if (rc == 0) {
+            CU_CHECK(cu.cuMemcpyHtoDAsync(c->pool + (CUdeviceptr)p * c->stride, r->buf, c->stride, c->fetch));
+            CU_CHECK(cu.cuEventRecord(r->ev, c->fetch));
+            r->used = 1;
+        }
+        pthread_mutex_lock(&c->mu);
+        if (rc) {
+            if (!c->failed) c->failed = 1, c->err = e;
+            c->job_place[j] = -1;
+        }
+        c->done_jobs++;
+        pthread_cond_broadcast(&c->done_cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void gpu_cache_close(gpu_cache *c) {
+    if (c->started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = 1;
+        pthread_cond_broadcast(&c->work);
+        pthread_mutex_unlock(&c->mu);
+        for (int r = 0; r < c->started; r++) pthread_join(c->rd[r].tid, NULL);
+        c->started = 0;
+    }
+    if (c->fetch) {
+        CU_CHECK(cu.cuStreamSynchronize(c->fetch));
+        for (int r = 0; r < c->n_readers; r++)
+            if (c->rd[r].ev) CU_CHECK(cu.cuEventDestroy(c->rd[r].ev));
+        CU_CHECK(cu.cuEventDestroy(c->routed));
+        CU_CHECK(cu.cuEventDestroy(c->fetched));
+        CU_CHECK(cu.cuStreamDestroy(c->fetch));
+        c->fetch = 0;
+        pthread_mutex_destroy(&c->mu), pthread_cond_destroy(&c->work), pthread_cond_destroy(&c->done_cv);
+        for (int r = 0; r < c->n_readers && c->verify; r++) pf_sha_free(&c->rd[r].sha);
+        pf_close(&c->f);
+    }
+}
+
+// Opens the plane file for the run, points every table entry at place 0 (no entry is read before
+// a fetch maps it: the router's choices are resolved first), starts the readers. The arenas are
+// carved (where, owner, tab, sel, buffers). 0, or −1 with e set (nothing left running).
+static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, const pf_serve_opts *po, moet_err *e) {
+    pf_serve_opts oo = *po;
+    oo.no_verify = 1;   // each slot is hashed as it is read
+    if (pf_open_for_model(&c->f, planes, &m->cfg, m->dir, &oo, e)) return -1;
+    const pf_layout *L = &c->f.h.L;
+    MOET_ASSERT(L->n_slots == c->n_slots && L->slot_stride == c->stride && (int)L->g.n_experts == c->E, "expert cache: the plane file changed");
+    c->verify = !po->no_verify;
+    c->first_layer = (int)L->g.first_layer;
+    for (uint64_t i = 0; i < c->n_slots; i++) c->where[i] = -1;
+    for (int p = 0; p < c->n_pool; p++) c->owner[p] = -1, c->used[p] = 0;
+    c->tick = c->mark = 0;
+    ck_mat m3[3];
+    pf_expert_mats(L, (const uint8_t *)(uintptr_t)c->pool, &m3[0], &m3[1], &m3[2]);
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int x = 0; x < c->E; x++)
+            for (int j = 0; j < 3; j++) c->tab[((size_t)l * c->E + x) * 3 + j] = gpu_mat_desc(&m3[j], (uintptr_t)m3[j].w, (uintptr_t)m3[j].scale);
+        CU_CHECK(cu.cuMemcpyHtoD(c->tables[c->first_layer + l], c->tab + (size_t)l * c->E * 3, sizeof(gpu_mat) * c->E * 3));
+    }
+    const char *fault = getenv("MOET_FAULT");   // the test hook, as the CPU cache's (moet.c: engine_fault)
+    c->fault_read = c->reads = 0;
+    if (fault && !strncmp(fault, "read:", 5)) {
+        char *end;
+        c->fault_read = strtoull(fault + 5, &end, 10);
+        MOET_ASSERT(*end == 0 && c->fault_read >= 1, "MOET_FAULT=%s: read:N with N >= 1", fault);
+    }
+    pthread_mutex_init(&c->mu, NULL), pthread_cond_init(&c->work, NULL), pthread_cond_init(&c->done_cv, NULL);
+    CU_CHECK(cu.cuStreamCreate(&c->fetch, GPU_STREAM_NON_BLOCKING));
+    CU_CHECK(cu.cuEventCreate(&c->routed, 2 /* CU_EVENT_DISABLE_TIMING */));
+    CU_CHECK(cu.cuEventCreate(&c->fetched, 2));
+    c->n_jobs = c->next_job = c->done_jobs = c->stop = c->failed = 0;
+    for (int r = 0; r < c->n_readers; r++) {
+        c->rd[r].c = c, c->rd[r].used = 0;
+        CU_CHECK(cu.cuEventCreate(&c->rd[r].ev, 2));
+        if (c->verify && pf_sha_init(&c->rd[r].sha, e)) {
+            for (int q = 0; q < r; q++) pf_sha_free(&c->rd[q].sha);
+            c->verify = 0;   // (none left to free in close)
+            gpu_cache_close(c);
+            return -1;
+        }
+    }
+    for (; c->started < c->n_readers; c->started++)
+        if (pthread_create(&c->rd[c->started].tid, NULL, gpu_cache_read, &c->rd[c->started])) {
+            err_set(e, "cannot start expert cache reader thread %d", c->started);
+            gpu_cache_close(c);
+            return -1;
+        }
+    memset(&pf_cache_stats, 0, sizeof pf_cache_stats);
+    pf_cache_stats.pool_slots = (uint64_t)c->n_pool;
+    pf_cache_stats.file_slots = c->n_slots;
+    fprintf(stderr, "moet: expert cache: %d of %" PRIu64 " slots on the device (%.2f GiB), %d reader threads, %s\n", c->n_pool, c->n_slots,
+            (double)c->n_pool * c->stride / 1073741824.0, c->n_readers, c->verify ? "every read SHA-256 checked" : "reads not verified");
+    return 0;
+}
+
+// After the router of model layer `layer` (compute stream): its choices sel_dev [T, K] to pinned
+// memory, and the event the host waits for.
+static void gpu_cache_routed(gpu_cache *c, CUstream compute, CUdeviceptr sel_dev, int T, int K) {
+    CU_CHECK(cu.cuMemcpyDtoHAsync(c->sel, sel_dev, sizeof(int32_t) * (size_t)T * K, compute));
+    CU_CHECK(cu.cuEventRecord(c->routed, compute));
+}
+
+// A place for a new slot: a free one, else the least recently used one not chosen by the current
+// layer (used before mark). −1: none (cannot happen with n_pool ≥ E).
+static int gpu_cache_victim(const gpu_cache *c) {
+    int s = -1;
+    for (int p = 0; p < c->n_pool; p++) {
+        if (c->owner[p] < 0) return p;
+        if (c->used[p] >= c->mark) continue;
+        if (s < 0 || c->used[p] < c->used[s]) s = p;
+    }
+    return s;
+}
+
+// The layer's chosen experts in place before its routed products (see the top): host side, then
+// the compute stream made to wait. 0, or −1 with e naming the first slot that failed (the step
+// must launch nothing more: its requests fail).
+static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int K, moet_err *e) {
+    const pf_layout *L = &c->f.h.L;
+    double t0 = moet_now();
+    CU_CHECK(cu.cuEventSynchronize(c->routed));
+    const int l = layer - c->first_layer;
+    MOET_ASSERT(l >= 0 && l < c->n_layers, "expert cache: layer %d outside the plane file", layer);
+    c->mark = ++c->tick;   // uses from here on are this layer's: pinned
+    int n = 0;
+    for (int p = 0; p < T * K; p++) {
+        const int x = c->sel[p];
+        MOET_ASSERT(x >= 0 && x < c->E, "expert cache: the router chose expert %d of %d", x, c->E);
+        const int64_t i = (int64_t)l * c->E + x;
+        int s = c->where[i];
+        if (s >= 0) {
+            if (c->used[s] < c->mark) pf_cache_stats.hits++;   // (a second choice of it in this layer counts once)
+            c->used[s] = ++c->tick;
+            continue;
+        }
+        s = gpu_cache_victim(c);
+        MOET_ASSERT(s >= 0, "expert cache: no place for a slot (%d places, %d experts a layer)", c->n_pool, c->E);
+        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
+        c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick;
+        c->job_slot[n] = i, c->job_place[n] = s, n++;
+    }
+    if (n == 0) return 0;   // every choice held: the compute stream goes on
+    pthread_mutex_lock(&c->mu);
+    c->n_jobs = n, c->next_job = 0, c->done_jobs = 0, c->failed = 0;
+    pthread_cond_broadcast(&c->work);
+    while (c->done_jobs < c->n_jobs) pthread_cond_wait(&c->done_cv, &c->mu);
+    c->n_jobs = c->next_job = 0;
+    int failed = c->failed;
+    if (failed) *e = c->err;
+    pthread_mutex_unlock(&c->mu);
+    for (int j = 0; j < n; j++) {
+        const int64_t i = c->job_slot[j];
+        const int s = c->job_place[j];
+        if (s < 0) {   // a failed read: its place is free again, nothing half-read is used
+            const int p = c->where[i];
+            c->where[i] = -1, c->owner[p] = -1, c->used[p] = 0;
+            continue;
+        }
+        ck_mat m3[3];
+        pf_expert_mats(L, (const uint8_t *)(uintptr_t)(c->pool + (CUdeviceptr)s * c->stride), &m3[0], &m3[1], &m3[2]);
+        const int x = (int)(i % c->E);
+        for (int q = 0; q < 3; q++) c->tab[((size_t)l * c->E + x) * 3 + q] = gpu_mat_desc(&m3[q], (uintptr_t)m3[q].w, (uintptr_t)m3[q].scale);
+        pf_cache_stats.misses++;
+        pf_cache_stats.bytes += L->slot_bytes;
+    }
+    // the table after the slots (the fetch stream's order), then the compute stream waits for both;
+    // also when a read failed: the slots that did arrive are held, and a later step that finds
+    // them held must find the table pointing at them
+    CU_CHECK(cu.cuMemcpyHtoDAsync(c->tables[layer], c->tab + (size_t)l * c->E * 3, sizeof(gpu_mat) * c->E * 3, c->fetch));
+    CU_CHECK(cu.cuEventRecord(c->fetched, c->fetch));
+    CU_CHECK(cu.cuStreamWaitEvent(compute, c->fetched, 0));   // the routed products read the new places and table
+    pf_cache_stats.read_s += moet_now() - t0;
+    return failed ? -1 : 0;
+}
