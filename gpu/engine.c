@@ -60,6 +60,7 @@ typedef struct {
     // with --expert-cache-gb fewer places than slots, filled per layer (gpu/cache.c)
     uint64_t slot_stride, n_slots;
     int cached;                      // the pool is the expert cache's
+    int n_cache_layers;              // the plane file's layers
     gpu_cache cache;
     int step_failed;                 // a fetch of this step failed: nothing more is launched (step_err says why)
     moet_err step_err;
@@ -550,6 +551,41 @@ static int gpu_plan_fit(const gpu_fit_in *in, const char *device, int max_len, s
     return 0;
 }
 
+// The expert pool when every slot does not fit (no --expert-cache-gb given): the places of
+// slot_bytes that the memory left after the other arenas (in->pool not counted) and one
+// sequence's KV cache at full length holds, at most n_slots, at least E (a layer's experts: what
+// one step can choose); the KV cache then gets what gpu_plan_fit gives it with that pool. The
+// resident pool is kept whenever it fits with that one sequence (a smaller KV cache makes requests
+// wait; a cache makes every step read the disk). 0 with *n_pool, or −1 with e: what did not fit.
+static int gpu_plan_pool(const gpu_fit_in *in, const char *device, int max_len, size_t slot_bytes, uint64_t n_slots, int E, uint64_t *n_pool,
+                         moet_err *e) {
+    gpu_fit_in x = *in;
+    x.pool = 0;
+    x.want_pages = x.min_pages;
+    size_t pages;
+    moet_err pe = {{0}};
+    const double G = 1073741824.0;
+    if (gpu_plan_fit(&x, device, max_len, &pages, &pe))   // not even without a pool
+        return err_set(e, "%s (without an expert pool)", pe.msg);
+    size_t budget = in->device_free, fixed = in->weights + in->state + in->act + GPU_ARENA_SLACK + GPU_DRIVER_HEADROOM +
+                                                in->min_pages * in->page_bytes;
+    if (in->integrated) {
+        fixed += in->pinned + in->host;
+        if (in->mem_available) {
+            size_t host = in->mem_available > in->host_margin ? in->mem_available - in->host_margin : 0;
+            if (host < budget) budget = host;
+        }
+    }
+    uint64_t n = budget > fixed ? (budget - fixed) / slot_bytes : 0;
+    if (n > n_slots) n = n_slots;
+    if (n < (uint64_t)E)
+        return err_set(e, "the model does not fit on %s: %.2f GiB are left for the expert pool after the weights, state, activations "
+                          "and one sequence's KV cache; the expert cache needs at least one layer's %d experts (%.2f GiB)",
+                       device, budget > fixed ? (budget - fixed) / G : 0.0, E, (double)E * slot_bytes / G);
+    *n_pool = n;
+    return 0;
+}
+
 // Opens the GPU, plans and allocates every arena, uploads the weights and (planes != NULL) loads
 // the routed experts from the plane file into the slot pool. Returns -1 with e set when there is
 // no GPU, the geometry is not supported, or the plan does not fit. With pfx_blocks > 0 it also
@@ -635,6 +671,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         int n_pool = (int)g->n_slots;
         if (po->cache_gb > 0 && gpu_cache_places(po->cache_gb, g->slot_stride, g->n_slots, (int)pf.h.L.g.n_experts, &n_pool, e))
             return pf_close(&pf), gpu_free(g), -1;
+        g->n_cache_layers = (int)pf.h.L.g.n_layers;
         if ((uint64_t)n_pool < g->n_slots) {   // the expert cache: its places, maps and reads planned with the rest
             g->cached = 1;
             gpu_cache *x = &g->cache;
@@ -673,6 +710,26 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
                          g->n_kv ? (size_t)g->bt_stride : want_pages, free_b, g->dev.integrated,
                          g->dev.integrated ? gpu_mem_available() : 0, o->host_margin};
     size_t fit = 0;
+    if (planes && !g->cached && !(po->cache_gb > 0) && gpu_plan_fit(&fit_in, g->dev.name, o->max_len, &fit, e)) {
+        // every slot does not fit: the expert cache, as many places as fit beside one sequence's
+        // KV cache (gpu_plan_pool), its buffers planned with the others
+        uint64_t n_pool = 0;
+        if (gpu_plan_pool(&fit_in, g->dev.name, o->max_len, g->slot_stride, g->n_slots, c->n_experts, &n_pool, e)) return gpu_free(g), -1;
+        g->cached = 1;
+        gpu_cache *x = &g->cache;
+        x->dev = &g->dev, x->n_pool = (int)n_pool, x->n_layers = g->n_cache_layers, x->E = c->n_experts;
+        x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = MOET_GPU_CACHE_READERS;
+        pool_bytes = g->slot_stride * (size_t)n_pool;
+        pp = arena_measure("staging"), ph0 = arena_measure("engine host");
+        gpu_carve_pinned(g, &pp);
+        g->graph_rows = 0, g->graph_cap = 0;   // (no decode graphs with the cache)
+        gpu_carve_host(g, &ph0);
+        fit_in.pool = pool_bytes, fit_in.pinned = pp.used, fit_in.host = ph0.used;
+        fprintf(stderr, "moet: every expert slot (%.2f GiB) does not fit beside the rest: an expert cache of %" PRIu64 " of %" PRIu64 " slots "
+                        "(%.2f GiB; --expert-cache-gb sets it)\n", (double)g->slot_stride * g->n_slots / 1073741824.0, n_pool, g->n_slots,
+                pool_bytes / 1073741824.0);
+        *e = (moet_err){{0}};
+    }
     if (gpu_plan_fit(&fit_in, g->dev.name, o->max_len, &fit, e)) return gpu_free(g), -1;
     if (fit < want_pages) {
         fprintf(stderr, "moet: KV cache limited by %s memory: %zu of %zu pages (requests wait for room)\n",

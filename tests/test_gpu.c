@@ -1557,6 +1557,21 @@ static void plan_fit(void) {
     CHECK(gpu_plan_fit(&in, "an integrated GPU", 16000, &pages, &e) == 0 && pages == 2687, "integrated, margin 0: %zu pages: %s", pages, e.msg);
     in.integrated = 0;   // the same memory on a discrete GPU: pinned and host are not device memory, MemAvailable not its limit
     CHECK(gpu_plan_fit(&in, "a discrete GPU", 16000, &pages, &e) == 0 && pages == 50000, "discrete, 100 GiB: every page (%zu)", pages);
+    // the default expert pool when every slot does not fit (gpu_plan_pool): slots of 1 MiB, 10,240
+    // in the file, 256 a layer; what is left after 10 GiB of other arenas, 384 MiB of slack, 1 GiB
+    // for the driver and one sequence's 1,000 pages of 1 MiB (12,648 MiB)
+    const size_t M = (size_t)1 << 20;
+    uint64_t np = 0;
+    in = (gpu_fit_in){8 * G, 2 * G, G, G, 2 * G, M, M, 50000, 1000, 14 * G, 0, 0, 4 * G};
+    CHECK(gpu_plan_pool(&in, "a discrete GPU", 16000, M, 10240, 256, &np, &e) == 0 && np == 14336 - 12648, "14 GiB free: %" PRIu64 " places (%s)", np, e.msg);
+    in.device_free = 100 * G;   // room for every slot: the file's 10,240
+    CHECK(gpu_plan_pool(&in, "a discrete GPU", 16000, M, 10240, 256, &np, &e) == 0 && np == 10240, "100 GiB free: %" PRIu64 " places", np);
+    in.device_free = 12648 * M + 255 * M;   // one place fewer than a layer's experts
+    CHECK(gpu_plan_pool(&in, "a discrete GPU", 16000, M, 10240, 256, &np, &e) == -1 && strstr(e.msg, "256 experts"), "255 places: refused (%s)", e.msg);
+    in.device_free = 12 * G;   // not even one sequence's KV cache without a pool
+    CHECK(gpu_plan_pool(&in, "a discrete GPU", 16000, M, 10240, 256, &np, &e) == -1 && strstr(e.msg, "without an expert pool"), "%s", e.msg);
+    in.device_free = 100 * G, in.integrated = 1, in.mem_available = 18 * G, in.host_margin = 0;   // 18 GiB − 12,648 MiB − 2 GiB − 1 MiB pinned / host
+    CHECK(gpu_plan_pool(&in, "an integrated GPU", 16000, M, 10240, 256, &np, &e) == 0 && np == 18432 - 12648 - 2048 - 1, "integrated: %" PRIu64 " places (%s)", np, e.msg);
 }
 
 // Attention over a bf16 or fp8 cache takes the tensor-core kernel alone (sass/flash.cu): the
