@@ -2,17 +2,25 @@
 // fewer places than the plane file has slots, filled as the layers' routers choose, so a GPU whose
 // memory does not hold every expert (or a GB10 sharing its memory) serves the model.
 //
-// Per layer of a step (gpu_moe_layer calls gpu_cache_routed after the router, then queues the
-// shared expert's down product, which needs no routed expert, then calls gpu_cache_fetch):
-//   compute stream  the router's choices sel [T, K] copied to pinned memory, event `routed`;
-//   host            waits for `routed` only (the shared expert's product runs meanwhile); each
+// Per layer of a step (gpu_moe_layer calls gpu_cache_routed after the router, queues the next
+// layer's router on this layer's input (the guess) and gpu_cache_guessed, then the shared
+// expert's down product, which needs no routed expert, then calls gpu_cache_fetch):
+//   compute stream  the router's choices sel [T, K] copied to pinned memory, event `routed`; the
+//                   guess's choices, event `guessed`;
+//   host            waits for `routed` only (the guess and the shared expert's product run
+//                   meanwhile), and for the reads the previous layer queued ahead (below); each
 //                   distinct expert chosen is held (a hit: its place used now) or missing: a place
 //                   is taken — a free one, else the least recently used one not chosen by this
 //                   layer in this step (those are pinned) — and the slot is read by the reader
 //                   threads (O_DIRECT into each one's pinned buffer, SHA-256 against the table on
 //                   every read unless --no-verify) and copied to its place on the fetch stream;
-//                   the layer's expert table (a pinned copy) is rewritten for the new places and
-//                   copied after them; event `fetched`;
+//                   then (prefetch) the guess's experts of the next layer that are not held are
+//                   queued for the readers too, into places not chosen by this layer, and not
+//                   waited for: they are read while this layer computes, and the next layer's
+//                   fetch waits for them before it looks (a failed one just leaves its slot
+//                   unheld); the host waits for this layer's own reads only; the layer's expert
+//                   table (a pinned copy) is rewritten for the new places and copied after them;
+//                   event `fetched`;
 //   compute stream  waits for `fetched` (the routed products read the new places and the table).
 // Strict: a routed product never runs before its experts are in place. A read or hash that fails
 // frees its place and fails the step with the slot named (gpu_step returns the error; the server
@@ -37,6 +45,7 @@ struct gpu_cache_s {
     const gpu_device *dev;
     pf_file f;                   // open for the run
     int verify;                  // hash every slot read
+    int read_ahead;              // the guess's slots read ahead (--expert-prefetch, on by default)
     int n_pool, n_layers, E, first_layer;
     uint64_t n_slots;
     size_t stride;               // bytes per place (the file's slot stride)
@@ -48,13 +57,18 @@ struct gpu_cache_s {
     uint64_t tick, mark;         // mark: the first tick of the current layer
     gpu_mat *tab;                // pinned [n_layers · E · 3] what the device tables hold
     int32_t *sel;                // pinned [Tm · K] the router's choices
+    int32_t *guess;              // pinned [Tm · K] the next layer's router on this layer's input
     CUstream fetch;
-    CUevent routed, fetched;
-    // the current layer's reads: jobs [n_jobs) of slot job_slot[j] into place job_place[j]
+    CUevent routed, guessed, fetched;
+    // reads queued: jobs [n_jobs) of slot job_slot[j] into place job_place[j]; the current
+    // layer's own first, then those queued ahead for the next layer (job_ahead)
     pthread_mutex_t mu;
     pthread_cond_t work, done_cv;
-    int64_t *job_slot;           // [E]
-    int32_t *job_place;          // [E] (−1 after a failed read)
+    int64_t *job_slot;           // [2E]
+    int32_t *job_place;          // [2E] (−1 after a failed read)
+    uint8_t *job_done, *job_ahead;   // [2E]
+    uint8_t *ahead;              // [n_pool] filled ahead and not yet chosen
+    uint8_t *tab_dirty;          // [n_layers] the layer's pinned table changed since its last copy
     int n_jobs, next_job, done_jobs, stop;
     moet_err err;                // the first failed read of the layer
     int failed;
@@ -82,14 +96,19 @@ static int gpu_cache_places(double gb, size_t stride, uint64_t n_slots, int E, i
 static void gpu_cache_carve_pinned(gpu_cache *c, arena *a, size_t Tm, int K) {
     for (int r = 0; r < c->n_readers; r++) c->rd[r].buf = arena_take(a, c->stride, PF_PAGE, "expert cache reads");
     c->sel = arena_take(a, sizeof(int32_t) * Tm * K, 256, "expert cache choices");
+    c->guess = arena_take(a, sizeof(int32_t) * Tm * K, 256, "expert cache guesses");
     c->tab = arena_take(a, sizeof(gpu_mat) * (size_t)c->n_layers * c->E * 3, 256, "expert cache tables");
 }
 static void gpu_cache_carve_host(gpu_cache *c, arena *a) {
     ARENA_TAKE(a, c->where, c->n_slots, "expert cache: slot places");
     ARENA_TAKE(a, c->owner, c->n_pool, "expert cache: place owners");
     ARENA_TAKE(a, c->used, c->n_pool, "expert cache: place uses");
-    ARENA_TAKE(a, c->job_slot, c->E, "expert cache: reads");
-    ARENA_TAKE(a, c->job_place, c->E, "expert cache: read places");
+    ARENA_TAKE(a, c->job_slot, 2 * (size_t)c->E, "expert cache: reads");
+    ARENA_TAKE(a, c->job_place, 2 * (size_t)c->E, "expert cache: read places");
+    ARENA_TAKE(a, c->job_done, 2 * (size_t)c->E, "expert cache: reads done");
+    ARENA_TAKE(a, c->job_ahead, 2 * (size_t)c->E, "expert cache: reads ahead");
+    ARENA_TAKE(a, c->ahead, c->n_pool, "expert cache: places filled ahead");
+    ARENA_TAKE(a, c->tab_dirty, c->n_layers, "expert cache: tables changed");
 }
 
 // A reader thread: the current layer's jobs, one at a time, into its own buffer, then onto the
@@ -120,9 +139,10 @@ static void *gpu_cache_read(void *arg) {
         }
         pthread_mutex_lock(&c->mu);
         if (rc) {
-            if (!c->failed) c->failed = 1, c->err = e;
+            if (!c->failed && !c->job_ahead[j]) c->failed = 1, c->err = e;   // (a read ahead that fails only leaves its slot unheld)
             c->job_place[j] = -1;
         }
+        c->job_done[j] = 1;
         c->done_jobs++;
         pthread_cond_broadcast(&c->done_cv);
     }
@@ -144,6 +164,7 @@ static void gpu_cache_close(gpu_cache *c) {
         for (int r = 0; r < c->n_readers; r++)
             if (c->rd[r].ev) CU_CHECK(cu.cuEventDestroy(c->rd[r].ev));
         CU_CHECK(cu.cuEventDestroy(c->routed));
+        CU_CHECK(cu.cuEventDestroy(c->guessed));
         CU_CHECK(cu.cuEventDestroy(c->fetched));
         CU_CHECK(cu.cuStreamDestroy(c->fetch));
         c->fetch = 0;
@@ -163,9 +184,11 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     const pf_layout *L = &c->f.h.L;
     MOET_ASSERT(L->n_slots == c->n_slots && L->slot_stride == c->stride && (int)L->g.n_experts == c->E, "expert cache: the plane file changed");
     c->verify = !po->no_verify;
+    c->read_ahead = po->prefetch;
     c->first_layer = (int)L->g.first_layer;
     for (uint64_t i = 0; i < c->n_slots; i++) c->where[i] = -1;
-    for (int p = 0; p < c->n_pool; p++) c->owner[p] = -1, c->used[p] = 0;
+    for (int l = 0; l < c->n_layers; l++) c->tab_dirty[l] = 0;
+    for (int p = 0; p < c->n_pool; p++) c->owner[p] = -1, c->used[p] = 0, c->ahead[p] = 0;
     c->tick = c->mark = 0;
     ck_mat m3[3];
     pf_expert_mats(L, (const uint8_t *)(uintptr_t)c->pool, &m3[0], &m3[1], &m3[2]);
@@ -184,6 +207,7 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     pthread_mutex_init(&c->mu, NULL), pthread_cond_init(&c->work, NULL), pthread_cond_init(&c->done_cv, NULL);
     CU_CHECK(cu.cuStreamCreate(&c->fetch, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuEventCreate(&c->routed, 2 /* CU_EVENT_DISABLE_TIMING */));
+    CU_CHECK(cu.cuEventCreate(&c->guessed, 2));
     CU_CHECK(cu.cuEventCreate(&c->fetched, 2));
     c->n_jobs = c->next_job = c->done_jobs = c->stop = c->failed = 0;
     for (int r = 0; r < c->n_readers; r++) {
@@ -205,8 +229,9 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     memset(&pf_cache_stats, 0, sizeof pf_cache_stats);
     pf_cache_stats.pool_slots = (uint64_t)c->n_pool;
     pf_cache_stats.file_slots = c->n_slots;
-    fprintf(stderr, "moet: expert cache: %d of %" PRIu64 " slots on the device (%.2f GiB), %d reader threads, %s\n", c->n_pool, c->n_slots,
-            (double)c->n_pool * c->stride / 1073741824.0, c->n_readers, c->verify ? "every read SHA-256 checked" : "reads not verified");
+    fprintf(stderr, "moet: expert cache: %d of %" PRIu64 " slots on the device (%.2f GiB), %d reader threads, %s, %s\n", c->n_pool, c->n_slots,
+            (double)c->n_pool * c->stride / 1073741824.0, c->n_readers, c->verify ? "every read SHA-256 checked" : "reads not verified",
+            c->read_ahead ? "the next layer's guessed experts read ahead" : "no reads ahead");
     return 0;
 }
 
@@ -215,6 +240,13 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
 static void gpu_cache_routed(gpu_cache *c, CUstream compute, CUdeviceptr sel_dev, int T, int K) {
     CU_CHECK(cu.cuMemcpyDtoHAsync(c->sel, sel_dev, sizeof(int32_t) * (size_t)T * K, compute));
     CU_CHECK(cu.cuEventRecord(c->routed, compute));
+}
+
+// After the guess (the next layer's router on this layer's input, guess_dev [T, K]), or with
+// guess_dev 0 when there is none (the file's last layer): its choices to pinned memory.
+static void gpu_cache_guessed(gpu_cache *c, CUstream compute, CUdeviceptr guess_dev, int T, int K) {
+    if (guess_dev) CU_CHECK(cu.cuMemcpyDtoHAsync(c->guess, guess_dev, sizeof(int32_t) * (size_t)T * K, compute));
+    CU_CHECK(cu.cuEventRecord(c->guessed, compute));
 }
 
 // A place for a new slot: a free one, else the least recently used one not chosen by the current
@@ -229,6 +261,24 @@ static int gpu_cache_victim(const gpu_cache *c) {
     return s;
 }
 
+// The table entries (pinned copy) of slot i at place s.
+static void gpu_cache_entry(gpu_cache *c, int64_t i, int s) {
+    const pf_layout *L = &c->f.h.L;
+    ck_mat m3[3];
+    pf_expert_mats(L, (const uint8_t *)(uintptr_t)(c->pool + (CUdeviceptr)s * c->stride), &m3[0], &m3[1], &m3[2]);
+    for (int q = 0; q < 3; q++) c->tab[(size_t)i * 3 + q] = gpu_mat_desc(&m3[q], (uintptr_t)m3[q].w, (uintptr_t)m3[q].scale);
+}
+
+// Waits until the readers have done jobs [0, upto) (all: upto = n_jobs); the caller holds mu.
+static void gpu_cache_wait_jobs(gpu_cache *c, int upto) {
+    for (;;) {
+        int all = 1;
+        for (int j = 0; j < upto && all; j++) all = c->job_done[j];
+        if (all) return;
+        pthread_cond_wait(&c->done_cv, &c->mu);
+    }
+}
+
 // The layer's chosen experts in place before its routed products (see the top): host side, then
 // the compute stream made to wait. 0, or −1 with e naming the first slot that failed (the step
 // must launch nothing more: its requests fail).
@@ -238,7 +288,27 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
     CU_CHECK(cu.cuEventSynchronize(c->routed));
     const int l = layer - c->first_layer;
     MOET_ASSERT(l >= 0 && l < c->n_layers, "expert cache: layer %d outside the plane file", layer);
-    c->mark = ++c->tick;   // uses from here on are this layer's: pinned
+    // the reads queued ahead (by the layer before, normally for this one): done, then their slots
+    // held (table entries written; a layer's table is copied before its next products) or, failed,
+    // unheld (a later choice reads them again)
+    pthread_mutex_lock(&c->mu);
+    gpu_cache_wait_jobs(c, c->n_jobs);
+    for (int j = 0; j < c->n_jobs; j++) {
+        const int64_t i = c->job_slot[j];
+        const int s = c->job_place[j];
+        if (s == -2) continue;   // an own read of that layer, dealt with there
+        if (s < 0) {
+            const int p = c->where[i];
+            if (p >= 0) c->where[i] = -1, c->owner[p] = -1, c->used[p] = 0, c->ahead[p] = 0;
+            continue;
+        }
+        gpu_cache_entry(c, i, s);
+        c->tab_dirty[i / c->E] = 1;
+    }
+    c->n_jobs = c->next_job = c->done_jobs = 0, c->failed = 0;
+    pthread_mutex_unlock(&c->mu);
+    // this layer's choices: held, or a place and an own read (pinned from here on: used ≥ mark)
+    c->mark = ++c->tick;
     int n = 0;
     for (int p = 0; p < T * K; p++) {
         const int x = c->sel[p];
@@ -246,46 +316,73 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
         const int64_t i = (int64_t)l * c->E + x;
         int s = c->where[i];
         if (s >= 0) {
-            if (c->used[s] < c->mark) pf_cache_stats.hits++;   // (a second choice of it in this layer counts once)
+            if (c->used[s] < c->mark) {   // (a second choice of it in this layer counts once)
+                pf_cache_stats.hits++;
+                if (c->ahead[s]) pf_cache_stats.prefetch_used++, c->ahead[s] = 0;
+            }
             c->used[s] = ++c->tick;
             continue;
         }
         s = gpu_cache_victim(c);
         MOET_ASSERT(s >= 0, "expert cache: no place for a slot (%d places, %d experts a layer)", c->n_pool, c->E);
         if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
-        c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick;
-        c->job_slot[n] = i, c->job_place[n] = s, n++;
+        c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick, c->ahead[s] = 0;
+        c->job_slot[n] = i, c->job_place[n] = s, c->job_done[n] = 0, c->job_ahead[n] = 0, n++;
     }
-    if (n == 0) return 0;   // every choice held: the compute stream goes on
+    const int n_own = n;
     pthread_mutex_lock(&c->mu);
-    c->n_jobs = n, c->next_job = 0, c->done_jobs = 0, c->failed = 0;
-    pthread_cond_broadcast(&c->work);
-    while (c->done_jobs < c->n_jobs) pthread_cond_wait(&c->done_cv, &c->mu);
-    c->n_jobs = c->next_job = 0;
-    int failed = c->failed;
-    if (failed) *e = c->err;
+    c->n_jobs = n;
+    if (n) pthread_cond_broadcast(&c->work);
     pthread_mutex_unlock(&c->mu);
-    for (int j = 0; j < n; j++) {
+    // reads ahead: the guess's experts of the next layer in the file that are not held, into
+    // places this layer did not choose nor just took ahead (both used ≥ mark), behind the own reads
+    CU_CHECK(cu.cuEventSynchronize(c->guessed));
+    for (int p = 0; c->read_ahead && l + 1 < c->n_layers && p < T * K && n < 2 * c->E; p++) {
+        const int x = c->guess[p];
+        if (x < 0 || x >= c->E) continue;   // (only a guess: a bad one is skipped)
+        const int64_t i = (int64_t)(l + 1) * c->E + x;
+        if (c->where[i] >= 0) continue;
+        const int s = gpu_cache_victim(c);
+        if (s < 0) break;
+        if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
+        c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick, c->ahead[s] = 1;
+        pthread_mutex_lock(&c->mu);
+        c->job_slot[n] = i, c->job_place[n] = s, c->job_done[n] = 0, c->job_ahead[n] = 1;
+        c->n_jobs = ++n;
+        pthread_cond_broadcast(&c->work);
+        pthread_mutex_unlock(&c->mu);
+        pf_cache_stats.prefetched++;
+        pf_cache_stats.bytes += L->slot_bytes;
+    }
+    // this layer's own reads (those ahead go on while the layer computes)
+    pthread_mutex_lock(&c->mu);
+    gpu_cache_wait_jobs(c, n_own);
+    const int failed = c->failed;
+    if (failed) *e = c->err;
+    for (int j = 0; j < n_own; j++) {
         const int64_t i = c->job_slot[j];
         const int s = c->job_place[j];
+        c->job_place[j] = -2;   // dealt with here (the next fetch skips it)
         if (s < 0) {   // a failed read: its place is free again, nothing half-read is used
             const int p = c->where[i];
             c->where[i] = -1, c->owner[p] = -1, c->used[p] = 0;
             continue;
         }
-        ck_mat m3[3];
-        pf_expert_mats(L, (const uint8_t *)(uintptr_t)(c->pool + (CUdeviceptr)s * c->stride), &m3[0], &m3[1], &m3[2]);
-        const int x = (int)(i % c->E);
-        for (int q = 0; q < 3; q++) c->tab[((size_t)l * c->E + x) * 3 + q] = gpu_mat_desc(&m3[q], (uintptr_t)m3[q].w, (uintptr_t)m3[q].scale);
+        gpu_cache_entry(c, i, s);
+        c->tab_dirty[l] = 1;
         pf_cache_stats.misses++;
         pf_cache_stats.bytes += L->slot_bytes;
     }
+    pthread_mutex_unlock(&c->mu);
     // the table after the slots (the fetch stream's order), then the compute stream waits for both;
     // also when a read failed: the slots that did arrive are held, and a later step that finds
     // them held must find the table pointing at them
-    CU_CHECK(cu.cuMemcpyHtoDAsync(c->tables[layer], c->tab + (size_t)l * c->E * 3, sizeof(gpu_mat) * c->E * 3, c->fetch));
-    CU_CHECK(cu.cuEventRecord(c->fetched, c->fetch));
-    CU_CHECK(cu.cuStreamWaitEvent(compute, c->fetched, 0));   // the routed products read the new places and table
+    if (c->tab_dirty[l]) {
+        CU_CHECK(cu.cuMemcpyHtoDAsync(c->tables[layer], c->tab + (size_t)l * c->E * 3, sizeof(gpu_mat) * c->E * 3, c->fetch));
+        CU_CHECK(cu.cuEventRecord(c->fetched, c->fetch));
+        CU_CHECK(cu.cuStreamWaitEvent(compute, c->fetched, 0));   // the routed products read the new places and table
+        c->tab_dirty[l] = 0;
+    }
     pf_cache_stats.read_s += moet_now() - t0;
     return failed ? -1 : 0;
 }

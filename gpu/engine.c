@@ -108,6 +108,7 @@ typedef struct {
     int *pfx_end;                    // [pfx_blocks] the position each block's state is after (0: free)
     // activations (Tm rows)
     CUdeviceptr x, xn, y, proj, kk, vv, core, zz, bb, aa, rl, sel, selw, eh, ye, sg, su, sh, sgate, logits;
+    CUdeviceptr grl, gsel, gselw;    // the expert cache's guess: the next layer's router on this layer's input [Tm, E], [Tm, K] ×2
     CUdeviceptr ids;                 // int32 [GPU_ARGMAX_INTS(Tm)] greedy rows' tokens first (k_argmax), copied to ids_host
     // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
@@ -330,6 +331,9 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->rl = gpu_take_f32(a, Tm * c->n_experts, "router logits");
     g->sel = gpu_take_f32(a, Tm * K, "routing");
     g->selw = gpu_take_f32(a, Tm * K, "routing weights");
+    g->grl = g->cached ? gpu_take_f32(a, Tm * c->n_experts, "expert cache guess logits") : 0;
+    g->gsel = g->cached ? gpu_take_f32(a, Tm * K, "expert cache guesses") : 0;
+    g->gselw = g->cached ? gpu_take_f32(a, Tm * K, "expert cache guess weights") : 0;
     // the experts' SiLU·up: f32 for k_moe_gate_up / k_moe_down, bf16 parts (below) for the tensor cores
     g->eh = g->moe_mm ? 0 : gpu_take_f32(a, Tm * K * c->inter, "expert activations");
     g->ye = gpu_take_f32(a, Tm * K * H, "expert outputs");
@@ -720,11 +724,12 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         x->dev = &g->dev, x->n_pool = (int)n_pool, x->n_layers = g->n_cache_layers, x->E = c->n_experts;
         x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = MOET_GPU_CACHE_READERS;
         pool_bytes = g->slot_stride * (size_t)n_pool;
-        pp = arena_measure("staging"), ph0 = arena_measure("engine host");
+        pp = arena_measure("staging"), ph0 = arena_measure("engine host"), pa = arena_measure("activations");
         gpu_carve_pinned(g, &pp);
+        gpu_carve_act(g, &pa);   // (the guess's buffers)
         g->graph_rows = 0, g->graph_cap = 0;   // (no decode graphs with the cache)
         gpu_carve_host(g, &ph0);
-        fit_in.pool = pool_bytes, fit_in.pinned = pp.used, fit_in.host = ph0.used;
+        fit_in.pool = pool_bytes, fit_in.pinned = pp.used, fit_in.host = ph0.used, fit_in.act = pa.used;
         fprintf(stderr, "moet: every expert slot (%.2f GiB) does not fit beside the rest: an expert cache of %" PRIu64 " of %" PRIu64 " slots "
                         "(%.2f GiB; --expert-cache-gb sets it)\n", (double)g->slot_stride * g->n_slots / 1073741824.0, n_pool, g->n_slots,
                 pool_bytes / 1073741824.0);
@@ -999,6 +1004,16 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
     const int cache_l = g->cached && G >= g->layers && G < g->layers + c->n_layers ? (int)(G - g->layers) : -1;
     if (cache_l >= 0) {
         gpu_cache_routed(&g->cache, g->compute, g->sel, T, K);
+        // the guess for reads ahead: the next layer's router on this layer's input (its choices
+        // change little over a layer); only which slots are read early depends on it
+        const int nl = cache_l + 1;
+        CUdeviceptr guess = 0;
+        if (g->cache.read_ahead && nl < c->n_layers && nl - g->cache.first_layer < g->cache.n_layers) {
+            gpu_linear(g, &g->layers[nl].router, g->xn, H, T, g->grl, E, g->xs);
+            gpu_k_router(&g->k, g->compute, g->grl, E, K, g->gsel, g->gselw, T);
+            guess = g->gsel;
+        }
+        gpu_cache_guessed(&g->cache, g->compute, guess, T, K);
         gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
         if (gpu_cache_fetch(&g->cache, g->compute, cache_l, T, K, &g->step_err)) {
             g->step_failed = 1;   // nothing more of this step is launched (gpu_step_kernels, gpu_step)

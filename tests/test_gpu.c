@@ -1016,14 +1016,16 @@ static void real_shapes(void) {
 // The expert cache on the device (gpu/cache.c): a model served with --expert-cache-gb through a
 // pool of fewer places than the plane file's slots gives the bits of the resident pool — a
 // prompt of T tokens, then 6 greedy decode steps, every step's last logits — with misses (the
-// pool starts empty) and hits; `places` places (at least one layer's experts). A pool of fewer is
-// refused; a failed read and a slot corrupted on disk after boot fail their step with the slot
-// named, and the engine goes on.
+// pool starts empty) and hits; `places` places (at least one layer's experts), and (ahead) slots
+// of the next layer read ahead on the guess of its router. A pool of fewer is refused; a failed
+// read and a slot corrupted on disk after boot fail their step with the slot named, and the
+// engine goes on.
 static void cache_run(const ck_model *m, const char *planes, double cache_gb, int T, float *out /* [7, V] */, moet_err *e, int *ok) {
     gpu_engine g;
     gpu_opts o = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
     pf_serve_opts po = {0};
     po.cache_gb = cache_gb;
+    po.prefetch = 1;   // (the serving default: --expert-prefetch on)
     *ok = 0;
     if (gpu_init(&g, m, &o, planes, &po, e)) return;
     const int V = m->cfg.vocab;
@@ -1040,7 +1042,7 @@ static void cache_run(const ck_model *m, const char *planes, double cache_gb, in
     *ok = 1;
 }
 
-static void expert_cache(const char *dir, const char *planes, int T, int places) {
+static void expert_cache(const char *dir, const char *planes, int T, int places, int ahead) {
     ck_model m;
     moet_err e = {{0}};
     if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -1061,8 +1063,10 @@ static void expert_cache(const char *dir, const char *planes, int T, int places)
         CHECK(x.pool_slots == (uint64_t)places && x.file_slots == n_slots && x.misses > 0 && x.hits > 0,
               "expert cache: %" PRIu64 " places of %" PRIu64 " slots, %" PRIu64 " misses, %" PRIu64 " hits", x.pool_slots, x.file_slots, x.misses, x.hits);
         CHECK(!memcmp(a, b, sizeof(float) * 7 * V), "expert cache (%d of %" PRIu64 " slots): the logits differ from the resident pool's", places, n_slots);
+        CHECK(!ahead || x.prefetched > 0, "expert cache: %" PRIu64 " slots read ahead (places free beside a layer's choices)", x.prefetched);
         printf("expert cache, %s: %d of %" PRIu64 " slots on the device, a %d-token prompt and 6 decode steps: the resident pool's "
-               "logits bit for bit (%" PRIu64 " misses, %" PRIu64 " hits)\n", dir, places, n_slots, T, x.misses, x.hits);
+               "logits bit for bit (%" PRIu64 " misses, %" PRIu64 " hits; %" PRIu64 " read ahead, %" PRIu64 " of them then chosen)\n", dir, places,
+               n_slots, T, x.misses, x.hits, x.prefetched, x.prefetch_used);
     }
     // a pool smaller than one layer's experts is refused with what it would take
     gpu_engine g;
@@ -1791,11 +1795,11 @@ int main(void) {
     mtp_goldens();
     mtp_speculation();
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
-    expert_cache("tests/fixtures/demo", "build/demo.planes", 40, 16);   // 16 of 64 slots: a quarter
+    expert_cache("tests/fixtures/demo", "build/demo.planes", 40, 16, 0);   // 16 of 64 slots: a quarter (a layer's: no room ahead in the prompt)
     {
         char pl[512];
         const char *dir = real4(pl, sizeof pl);
-        if (dir) expert_cache(dir, pl, 48, 256);   // 256 of 1,024: a quarter, one layer's experts
+        if (dir) expert_cache(dir, pl, 48, 256, 1);   // 256 of 1,024: a quarter, one layer's experts
     }
     eval_kl();
     return check_report("test_gpu");
