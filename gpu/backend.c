@@ -140,8 +140,8 @@ static void gpu_be_release(void *self, int slot) {
 // one verification of 1 + nd tokens through the recurrent GDN kernel (g.rule_rows: the bits of
 // single decode steps), every token's logits and hidden state after the final norm kept. After
 // each fed token j the slot's sampler picks y_j exactly as without drafts, and the draft fed next
-// is kept when it is y_j; past a rejection the GDN state is restored (gpu_snap) and the kept
-// tokens fed again. The head then takes a row per fed token whose successor is known (a prompt
+// is kept when it is y_j; past a rejection the GDN states and conv windows the verification left
+// after the last kept token are taken back (gpu_hist_restore: nothing runs again). The head then takes a row per fed token whose successor is known (a prompt
 // chunk's last token waits in g.mtp_pend for the next chunk's first) and, after a picked token,
 // drafts from its last row (the greedy pick of its logits, k_argmax), each further draft feeding
 // the head's normed output back (those rows undone afterwards). Synchronous.
@@ -156,13 +156,12 @@ static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, 
     if (nd) {
         b->spec_tok[0] = ids[0];
         memcpy(b->spec_tok + 1, b->draft + (size_t)slot * MOET_MAX_SPEC, sizeof(int32_t) * nd);
-        gpu_snap(g, slot, 1);
     }
     int off[2] = {0, c + nd}, nr;
     uint8_t w1 = 1;   // every token's logits and hidden state (the head's rows)
-    g->rule_rows = nd > 0;
+    g->rule_rows = g->keep_hist = nd > 0;
     int rc = gpu_step(g, 1, &slot, ft, off, &w1, GPU_OUT_ALL, NULL, NULL, NULL, &nr, e);
-    g->rule_rows = 0;
+    g->rule_rows = g->keep_hist = 0;
     if (rc) return -1;
     CU_CHECK(cu.cuMemcpyDtoDAsync(g->mtp_h, g->xn, sizeof(float) * (size_t)(c + nd) * H, g->compute));
     const float *lg = want ? gpu_step_logits(g, nr) : NULL;   // (rows c − 1 .. c − 1 + nd: the picks')
@@ -175,15 +174,9 @@ static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, 
         m = spec_accept(&b->bank, slot, lg + (size_t)(c - 1) * V, V, ft, nd, i, &o, &ylast);
     }
     int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
-    if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again
-        gpu_snap(g, slot, 0);
-        g->pos[slot] = p;
-        int off2[2] = {0, kept};
-        uint8_t w0 = 0;
-        g->rule_rows = 1;
-        rc = gpu_step(g, 1, &slot, ft, off2, &w0, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e);
-        g->rule_rows = 0;
-        if (rc) return -1;
+    if (kept < c + nd) {         // a rejected draft: the state after the last kept token, kept by the verification
+        gpu_hist_restore(g, slot, kept - 1);   // (kept ≥ 1: the row's own token; drafts only follow one-token rows)
+        g->pos[slot] = p + kept;               // (the KV past it is rewritten before it is read)
     }
     // the head: the pending row (its successor is this row's first token), then the kept tokens
     // whose successors are known: each fed token but the last, and the last when a token was picked

@@ -91,13 +91,13 @@ typedef struct {
     size_t mtp_bytes;                // the head's weights (not in dense_bytes: a decode step without drafts reads none)
     // speculation (gpu/backend.c): the main model's hidden states of a row's tokens after its final
     // norm (the head's input h), each slot's pending row (a prompt chunk's last token, whose
-    // successor comes with the next chunk), one row's scratch; one slot's GDN states and conv windows
-    // before a verification (rows are verified one at a time); rule_rows: this step's rows all take
-    // the recurrent GDN kernel whatever their length (a verification's tokens give the bits of
-    // single decode steps)
+    // successor comes with the next chunk), one row's scratch; the GDN states and conv windows after
+    // each token of a verification but its last (rows are verified one at a time: keep_hist), for a
+    // rejection past it; rule_rows: this step's rows all take the recurrent GDN kernel whatever
+    // their length (a verification's tokens give the bits of single decode steps)
     CUdeviceptr mtp_h, mtp_pend, mtp_tmp;   // [Tm, H], [max_seqs, H], [H]
-    CUdeviceptr snap_win, snap_ssm;         // [win_slot], [ssm_slot] f32
-    int rule_rows;
+    CUdeviceptr hist_win, hist_ssm;         // [MOET_MAX_SPEC, win_slot], [MOET_MAX_SPEC, ssm_slot] f32
+    int rule_rows, keep_hist;
     // prefix blocks (engine_backend.save): the GDN state of a sequence after a multiple of
     // pfx_block tokens copied on the device, the KV pages of the block's positions shared by
     // reference count (page_ref) with the sequence that wrote them and every one restored from it
@@ -379,10 +379,10 @@ static void gpu_carve_state(gpu_engine *g, arena *a) {
     uint8_t *w = arena_take(a, sizeof(float) * g->win_slot * g->o.max_seqs + 4, 256, "conv windows");
     uint8_t *s = arena_take(a, sizeof(float) * g->ssm_slot * g->o.max_seqs + 4, 256, "GDN states");
     if (a->base) g->win = (uintptr_t)w, g->ssm = (uintptr_t)s;
-    if (g->o.mtp) {   // one slot's state before a verification (gpu/backend.c: speculation)
-        uint8_t *sw = arena_take(a, sizeof(float) * g->win_slot + 4, 256, "conv windows before a verification");
-        uint8_t *ss = arena_take(a, sizeof(float) * g->ssm_slot + 4, 256, "GDN states before a verification");
-        if (a->base) g->snap_win = (uintptr_t)sw, g->snap_ssm = (uintptr_t)ss;
+    if (g->o.mtp) {   // one slot's state after each token of a verification but its last (gpu/backend.c: speculation)
+        uint8_t *sw = arena_take(a, sizeof(float) * g->win_slot * MOET_MAX_SPEC + 4, 256, "conv windows after each verified token");
+        uint8_t *ss = arena_take(a, sizeof(float) * g->ssm_slot * MOET_MAX_SPEC + 4, 256, "GDN states after each verified token");
+        if (a->base) g->hist_win = (uintptr_t)sw, g->hist_ssm = (uintptr_t)ss;
     }
     if (g->pfx_blocks) {
         uint8_t *pw = arena_take(a, sizeof(float) * g->win_slot * g->pfx_blocks + 4, 256, "prefix conv windows");
@@ -973,11 +973,13 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     CUdeviceptr win = g->win + gi * (size_t)(Kc - 1) * cd * 4, ssm = g->ssm + gi * (size_t)nv * dk * dv * 4;
     long long win_stride = (long long)g->win_slot, ssm_stride = (long long)g->ssm_slot;
     CUdeviceptr rs = gpu_meta(g, GM_ROW_SLOT), r0 = gpu_meta(g, GM_ROW_START), rn = gpu_meta(g, GM_ROW_LEN);
-    gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n);
+    // a verification (one row, keep_hist): the windows and states after each of its tokens too
+    CUdeviceptr hw = g->keep_hist ? g->hist_win + gi * (size_t)(Kc - 1) * cd * 4 : 0, hs = g->keep_hist ? g->hist_ssm + gi * (size_t)nv * dk * dv * 4 : 0;
+    gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n, hw, (long long)g->win_slot);
     CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
     if (n1)
         gpu_k_gdn_rule(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs, r0,
-                       rn, one, n1);
+                       rn, one, n1, hs, (long long)g->ssm_slot);
     if (nm)
         gpu_k_gdn_chunk(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
                         r0, rn, rp, many, nm);
@@ -1289,13 +1291,13 @@ static void gpu_mtp_rows(gpu_engine *g, int slot, int n, CUdeviceptr h, const in
     g->mtp_pos[slot] += n;
 }
 
-// Slot's GDN states and conv windows into the snapshot (save) or back from it (restore), on the
-// compute stream: around a verification that may be rejected (gpu/backend.c).
-static void gpu_snap(gpu_engine *g, int slot, int save) {
-    MOET_ASSERT(g->o.mtp && slot >= 0 && slot < g->o.max_seqs, "snapshot of slot %d", slot);
+// The slot's GDN states and conv windows as they were after token t of the verification just run
+// (keep_hist), on the compute stream: a rejection past token t (gpu/backend.c).
+static void gpu_hist_restore(gpu_engine *g, int slot, int t) {
+    MOET_ASSERT(g->o.mtp && slot >= 0 && slot < g->o.max_seqs && t >= 0 && t < MOET_MAX_SPEC, "the state after token %d of slot %d", t, slot);
     CUdeviceptr win = g->win + (CUdeviceptr)slot * g->win_slot * 4, ssm = g->ssm + (CUdeviceptr)slot * g->ssm_slot * 4;
-    CU_CHECK(cu.cuMemcpyDtoDAsync(save ? g->snap_win : win, save ? win : g->snap_win, g->win_slot * 4, g->compute));
-    CU_CHECK(cu.cuMemcpyDtoDAsync(save ? g->snap_ssm : ssm, save ? ssm : g->snap_ssm, g->ssm_slot * 4, g->compute));
+    CU_CHECK(cu.cuMemcpyDtoDAsync(win, g->hist_win + (CUdeviceptr)t * g->win_slot * 4, g->win_slot * 4, g->compute));
+    CU_CHECK(cu.cuMemcpyDtoDAsync(ssm, g->hist_ssm + (CUdeviceptr)t * g->ssm_slot * 4, g->ssm_slot * 4, g->compute));
 }
 
 // The largest logit's first index of row r of g->logits (k_argmax), read back: a greedy draft.

@@ -370,28 +370,34 @@ static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdevicept
 
 // The causal conv + SiLU in place on qkv [T, cd] for n_rows rows (row r: tokens [row_start[r], +
 // row_len[r]) of slot row_slot[r], int32 [n_rows] each), continuing each slot's window
-// win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc].
+// win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc]. With hist (one row only):
+// the window after each of the row's tokens but the last at hist + t·hist_stride (floats).
 static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, gpu_mat w, int Kc, CUdeviceptr win_base,
-                           long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows) {
+                           long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows,
+                           CUdeviceptr hist, long long hist_stride) {
     MOET_ASSERT(Kc >= 1 && Kc <= GPU_CONV_MAX_K && w.rows == cd && w.cols == Kc, "k_gdn_conv: a conv of %d taps over %d channels (weight [%d, %d]; "
                 "at most %d taps)", Kc, cd, w.rows, w.cols, GPU_CONV_MAX_K);
+    MOET_ASSERT(!hist || n_rows == 1, "k_gdn_conv: windows after each token for %d rows", n_rows);
     gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, 32), n_rows, 1, "(blocks of 32 channels, rows, 1)"}, GPU_CONV_NT, 0, s,
-               GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len));
+               GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len, &hist, &hist_stride));
 }
 
 // The gated delta rule, recurrent form, over the rows rows[0 .. n_rows) (int32 indices into
 // row_slot / row_start / row_len): qkv [T, cd] after the conv, bb, aa [T, nv], state of slot s at
-// S_base + s·S_slot_stride [nv, dk, dv] (floats), o [T, nv·dv].
+// S_base + s·S_slot_stride [nv, dk, dv] (floats), o [T, nv·dv]. With hist (one row only): the
+// state after each of the row's tokens but the last at hist + t·hist_stride (floats).
 static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,
                            gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
-                           CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr rows, int n_rows) {
+                           CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr rows, int n_rows, CUdeviceptr hist,
+                           long long hist_stride) {
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule: %d key heads, %d value heads of %d, %d, conv dim %d",
                 nk, nv, dk, dv, cd);
+    MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule: states after each token for %d rows", n_rows);
     gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_RULE_W * GPU_GDN_VC), "(value heads, rows, value column blocks)"},
                GPU_GDN_RULE_NT,
                gpu_gdn_rule_smem(dk), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
-                        &row_len, &rows));
+                        &row_len, &rows, &hist, &hist_stride));
 }
 
 // The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute

@@ -11,14 +11,18 @@
 // history (the Kc − 1 inputs before it: earlier tokens of the row, else the window), the block
 // waits, then each walks its segment in place — every output the same sum of the same inputs
 // whatever the segments, so the bits do not depend on the row's length or cut. The thread of the
-// row's last segment leaves the window.
+// row's last segment leaves the window. With win_hist (a speculation's verification: one row) the
+// window after each of the row's tokens but the last is also left at win_hist + t·hist_stride
+// (t: the token's index in the row; the layer's place as in a slot's windows), for a rejection
+// past token t (gpu/backend.c).
 #include "common.cuh"
 
 #define CONV_U 8   // inputs a thread loads ahead (their loads in flight together)
 
 extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__restrict__ qkv, int cd, gpu_mat w, int Kc, float *__restrict__ win_base,
                                                                      long long win_slot_stride, const int *__restrict__ row_slot,
-                                                                     const int *__restrict__ row_start, const int *__restrict__ row_len) {
+                                                                     const int *__restrict__ row_start, const int *__restrict__ row_len,
+                                                                     float *__restrict__ win_hist, long long hist_stride) {
     GPU_DEP();
     const int ch = blockIdx.x * WARP + (threadIdx.x & 31), seg = threadIdx.x >> 5, r = blockIdx.y, nseg = GPU_CONV_NT / WARP;
     const int t0 = row_start[r], n = row_len[r], S = (n + nseg - 1) / nseg, lo = seg * S, hi = min(n, lo + S);   // row positions [lo, hi)
@@ -54,6 +58,11 @@ extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__re
 #pragma unroll
             for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
                 if (j == Kc - 2) hist[j] = in[u];
+            const int tp = t + u - t0;   // the token's index in the row
+            if (win_hist && tp + 1 < n)
+#pragma unroll
+                for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
+                    if (j < Kc - 1) win_hist[(size_t)tp * hist_stride + (size_t)j * cd + ch] = hist[j];
         }
     }
     if (hi == n) {   // the row's last segment: its history is now the row's last Kc − 1 inputs (or the old window's tail)

@@ -13,6 +13,10 @@
 // In: qkv [T, cd] after conv + SiLU (q [key_dim] | k [key_dim] | v [value_dim]), b, a [T, nv].
 // Out: o [T, nv·dv] (before the gated norm). State of slot s: S_base + s·S_slot_stride.
 // Rows: the step's rows rows[0 .. gridDim.y), each row_slot / row_start / row_len.
+// With S_hist (a speculation's verification: one row), the state after each of the row's tokens
+// but the last is also left at S_hist + t·hist_stride (t: the token's index in the row; the
+// layer's place as in a slot's state), so that a rejection past token t takes it back as it was
+// (gpu/backend.c) instead of running the kept tokens again; the outputs are the same bits.
 // Launch (gpu_k_gdn_rule): block GPU_GDN_RULE_NT threads (GPU_GDN_RULE_W warps), grid (nv, rows,
 // ceil(dv / (GPU_GDN_RULE_W · GPU_GDN_VC))); dynamic shared memory gpu_gdn_rule_smem(dk): per warp
 // q̂ and k̂ [dk] (and, for the shared-memory state, S [dk, GPU_GDN_VC]).
@@ -22,7 +26,7 @@
 template <int DK>
 __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                               float Aexp, float dtb, float *__restrict__ Sg, float *__restrict__ o, int nk, int nv, int dv,
-                                              int j, int v, int t0, int n, float *qs, float *ks, int lane) {
+                                              int j, int v, int t0, int n, float *qs, float *ks, int lane, float *__restrict__ Sh, long long hs) {
     const bool live = v < dv;
     float S[DK];
 #pragma unroll
@@ -36,6 +40,9 @@ __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int
         float vt = live ? row[2 * key_dim + j * dv + v] : 0.f;
         float out = gdn_token_regs<DK>(S, qs, ks, row, key_dim, hk, vt, beta, g, qscale, lane);
         if (live) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
+        if (Sh && live && t + 1 < t0 + n)   // the state after this token, for a rejection past it
+#pragma unroll
+            for (int d = 0; d < DK; d++) Sh[(size_t)(t - t0) * hs + (size_t)d * dv + v] = S[d];
     }
     if (live)
 #pragma unroll
@@ -47,7 +54,8 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const f
                                                                          float *__restrict__ S_base, long long S_slot_stride,
                                                                          float *__restrict__ o, int nk, int nv, int dk, int dv,
                                                                          const int *__restrict__ row_slot, const int *__restrict__ row_start,
-                                                                         const int *__restrict__ row_len, const int *__restrict__ rows) {
+                                                                         const int *__restrict__ row_len, const int *__restrict__ rows,
+                                                                         float *__restrict__ S_hist, long long hist_stride) {
     GPU_DEP();
     extern __shared__ float sm[];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -55,13 +63,14 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const f
     if (v0 >= dv) return;   // a warp past the head's columns (no barrier spans warps)
     const int v = v0 + lane, t0 = row_start[r], n = row_len[r];
     float *Sg = S_base + (size_t)row_slot[r] * S_slot_stride + (size_t)j * dk * dv;
+    float *Sh = S_hist ? S_hist + (size_t)j * dk * dv : NULL;
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
     if (GPU_GDN_RULE_REGS(dk)) {
         float *qs = sm + w * 2 * dk, *ks = qs + dk;
         switch (dk) {
-        case 32: gdn_rule_regs<32>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
-        case 64: gdn_rule_regs<64>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
-        default: gdn_rule_regs<128>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane); return;
+        case 32: gdn_rule_regs<32>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane, Sh, hist_stride); return;
+        case 64: gdn_rule_regs<64>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane, Sh, hist_stride); return;
+        default: gdn_rule_regs<128>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane, Sh, hist_stride); return;
         }
     }
     float *S = sm + (size_t)w * (dk * GPU_GDN_VC + 2 * dk);   // [dk, GPU_GDN_VC]
@@ -76,6 +85,8 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const f
         float vt = live ? row[2 * key_dim + j * dv + v] : 0.f;
         float out = gdn_token(S, qs, ks, row, key_dim, hk, dk, vt, beta, g, qscale, lane);
         if (live) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
+        if (Sh && live && t + 1 < t0 + n)   // (as gdn_rule_regs)
+            for (int d = 0; d < dk; d++) Sh[(size_t)(t - t0) * hist_stride + (size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];
     }
     if (live)
         for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];

@@ -736,11 +736,11 @@ static void hk_gdn_conv(void) {
         float *x = hk_normal(n, 1.0f), *win = hk_normal(nw, 1.0f), *tmp = malloc(sizeof(float) * cd);
         int32_t meta[3] = {0, 0, T};   // row_slot, row_start, row_len of the one row
         CUdeviceptr xd = hk_up(x, sizeof(float) * n), wind = hk_up(win, sizeof(float) * nw), md = hk_up(meta, sizeof meta);
-        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1);
+        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, 0, 0);
         float *gx = hk_down(xd, sizeof(float) * n), *gw = hk_down(wind, sizeof(float) * nw);
         for (int t = 0; t < T; t++) ref_gdn_conv(&w, cd, Kc, x + (size_t)t * cd, win, tmp);
         double err = fmax(check_nerr(gx, x, n), check_nerr(gw, win, nw)), us;
-        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1));
+        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, 0, 0));
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d in 1 row, %d ch x %d taps", T, cd, Kc);
         hk_row("k_gdn_conv", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 8.0 * n + 8.0 * nw + 2.0 * cd * Kc);

@@ -101,7 +101,7 @@ static void kt_gdn_run(gpu_kernels *k, CUstream s, int kernel, CUdeviceptr m, in
     CUdeviceptr stride = (CUdeviceptr)nrows * 4;
     long long sstride = (long long)nv * dk * dv;
     if (kernel == K_GDN_RULE)
-        gpu_k_gdn_rule(k, s, qkv, cd, bb, aa, alog, dtb, S, sstride, o, nk, nv, dk, dv, m, m + stride, m + 2 * stride, m + 4 * stride, nrows);
+        gpu_k_gdn_rule(k, s, qkv, cd, bb, aa, alog, dtb, S, sstride, o, nk, nv, dk, dv, m, m + stride, m + 2 * stride, m + 4 * stride, nrows, 0, 0);
     else
         gpu_k_gdn_chunk(k, s, qkv, cd, bb, aa, alog, dtb, S, sstride, o, nk, nv, dk, dv, m, m + stride, m + 2 * stride, m + 3 * stride,
                         m + 4 * stride, nrows);

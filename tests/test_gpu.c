@@ -908,9 +908,34 @@ static void kernel_gdn(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
         int same3 = !memcmp(got, got2, sizeof(float) * 150 * nv * dv) && !memcmp(gS, gS2, sizeof(float) * nv * dk * dv);
         CHECK(same3, "k_gdn_chunk: a row cut at multiples of 64 into three launches gives other bits than in one");
+        // a verification's states after each token (k_gdn_rule with hist, speculation): after token
+        // t of a 5-token row, the state a row of its first t + 1 tokens leaves, bit for bit
+        const size_t nh = (size_t)nv * dk * dv;   // one slot's state
+        CUdeviceptr hd = kt_dev(&d, NULL, 4 * nh), Sd3 = kt_dev(&d, S0, nh);
+        float *hh = malloc(sizeof(float) * 4 * nh), *st = malloc(sizeof(float) * nh);
+        const kt_row r5 = {0, 10, 5};
+        CUdeviceptr m5 = kt_rows_dev(&d, &r5, 1, 0);   // (one row: its five arrays 4 bytes apart)
+        gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sd3, (long long)nh, od2, nk, nv, dk, dv, m5, m5 + 4, m5 + 8, m5 + 16, 1, hd,
+                       (long long)nh);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(hh, hd, sizeof(float) * 4 * nh));
+        int same_h = 1;
+        for (int t = 0; t < 4; t++) {
+            CU_CHECK(cu.cuMemcpyHtoD(Sd3, S0, sizeof(float) * nh));
+            CU_CHECK(cu.cuCtxSynchronize());
+            const kt_row rt = {0, 10, t + 1};
+            CUdeviceptr mt = kt_rows_dev(&d, &rt, 1, 0);
+            gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sd3, (long long)nh, od2, nk, nv, dk, dv, mt, mt + 4, mt + 8, mt + 16, 1, 0, 0);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(st, Sd3, sizeof(float) * nh));
+            same_h &= !memcmp(st, hh + (size_t)t * nh, sizeof(float) * nh);
+        }
+        CHECK(same_h, "k_gdn_rule [nv %d dk %d dv %d]: the states it leaves after each token differ from those of the shorter rows", nv, dk, dv);
+        free(hh), free(st);
         printf("k_gdn_chunk / k_gdn_rule [nk %d, nv %d, dk %d, dv %d; %d tokens in %d rows]: chunked vs ref_gdn_chunk %.2g, recurrent vs "
-               "the recurrence %.2g; CPU chunked vs recurrent %.2g; single tokens bitwise %s; cut in three bitwise %s\n",
-               nk, nv, dk, dv, T, NR, ec, er, fmax(cpu_o, cpu_s), same1 ? "equal" : "DIFFER", same3 ? "equal" : "DIFFER");
+               "the recurrence %.2g; CPU chunked vs recurrent %.2g; single tokens bitwise %s; cut in three bitwise %s; states after each "
+               "token bitwise %s\n",
+               nk, nv, dk, dv, T, NR, ec, er, fmax(cpu_o, cpu_s), same1 ? "equal" : "DIFFER", same3 ? "equal" : "DIFFER", same_h ? "equal" : "DIFFER");
         arena_release(&d);
         free(qkv), free(bb), free(aa), free(S0), free(Sc), free(Sr), free(oc), free(orr), free(got), free(gS), free(got2), free(gS2);
     }
@@ -1500,7 +1525,7 @@ static void launch_limits(void) {
             close(fd[0]);
             CUdeviceptr a = 1 << 20;   // aligned addresses the launch never reads
             gpu_mat w = {.rows = 8192, .cols = 4, .kind = GPU_W_BF16, .row_bytes = 8, .s = 1};
-            if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000);   // 70,000 rows in one step
+            if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000, 0, 0);   // 70,000 rows in one step
             if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_F32, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
                                         a, a, a, 1);
