@@ -2519,13 +2519,18 @@ typedef struct {
 // steps after the choice was made, then twice as long after each run that leaves the choice as it
 // was (up to SPEC_REPROBE_MAX), so a neighbour that keeps losing — drafts that cost far more than
 // they give, as a head that is never accepted — costs SPEC_RUN of SPEC_REPROBE_MAX steps; a run
-// that changes the choice starts the gap again. Only the speed depends on it: a sequence's tokens
-// are the same with any drafts.
+// that changes the choice starts the gap again. And never sooner than its measured loss allows:
+// a run of a neighbour whose steps take x times as long per token as the choice's comes no sooner
+// than SPEC_RUN · (x − 1) / SPEC_LOSS steps after the last, so reprobes cost at most SPEC_LOSS
+// of the time (by the last measurements) from the first choice on. Only the speed depends on it:
+// a sequence's tokens are the same with any drafts.
 #define SPEC_BUCKETS 13     // batch sizes up to 2^13 − 1 (MOET_MAX_SEQS 4,096)
 #define SPEC_RUN 4          // steps a choice is held
 #define SPEC_PROBES 2       // runs of every k before choosing
 #define SPEC_REPROBE 64     // steps between two runs of a neighbour of the choice, at first
 #define SPEC_REPROBE_MAX 2048   // ... and at most, the gap doubling after each run that changed nothing
+#define SPEC_LOSS 0.005     // the most of the time reprobes may cost, by the neighbour's measured loss
+#define SPEC_LOSS_GAP 8192  // ... unless the gap that takes grows past this (then a run every this many steps)
 #define SPEC_EWMA 0.25      // weight of a new measurement
 #define SPEC_MARGIN 1.03    // how much faster than no drafts a k > 0 must be
 #define SPEC_AUTO_MAX 4     // the most drafts auto tries
@@ -2569,14 +2574,21 @@ static int spec_ctrl_pick(spec_ctrl *c, int B) {
     int k = -1;
     for (int i = 0; i <= c->kmax && k < 0; i++)
         if (c->runs[b][i] < SPEC_PROBES) k = i;
+    if (k >= 0) c->since[b] = 0;   // (the gaps count from the first choice)
     if (k < 0) {
         k = spec_ctrl_best(c, b);
-        if (c->since[b] >= (uint64_t)c->gap[b] && c->kmax > 0) {
+        int n = c->side[b] ? k - 1 : k + 1;   // the next reprobe's neighbour (side toggles when it runs)
+        n = n < 0 ? k + 1 : n > c->kmax ? k - 1 : n;
+        double gap = c->gap[b];
+        if (c->kmax > 0 && c->obs[b][n] && c->tps[b][n] > 0) {   // its loss: x − 1 of SPEC_RUN steps, at most SPEC_LOSS of the gap
+            const double x = c->tps[b][k] / c->tps[b][n], need = SPEC_RUN * (x - 1) / SPEC_LOSS;
+            if (need > gap) gap = need < SPEC_LOSS_GAP ? need : SPEC_LOSS_GAP;
+        }
+        if (c->since[b] >= gap && c->kmax > 0) {
             c->since[b] = 0;
             c->side[b] ^= 1;
             c->choice[b] = k;
-            int n = c->side[b] ? k + 1 : k - 1;
-            k = n < 0 ? k + 1 : n > c->kmax ? k - 1 : n;
+            k = n;
             c->probe[b] = k;
         }
     }
@@ -3136,8 +3148,10 @@ static void serve_stats(serve_ctx *S, const proto_req *q) {
               ",\"bytes_read\":%" PRIu64 ",\"read_s\":",
            pf_cache_stats.pool_slots, pf_cache_stats.file_slots, pf_cache_stats.hits, pf_cache_stats.misses, pf_cache_stats.bytes);
     po_num(o, round(pf_cache_stats.read_s * 1e6) / 1e6);
-    po_fmt(o, ",\"prefetched\":%" PRIu64 ",\"prefetch_used\":%" PRIu64 ",\"next_layer_used\":%" PRIu64 ",\"next_layer_named\":%" PRIu64 "}",
-           pf_cache_stats.prefetched, pf_cache_stats.prefetch_used, pf_cache_stats.guess_needed, pf_cache_stats.guess_named);
+    po_fmt(o, ",\"prefetched\":%" PRIu64 ",\"prefetch_used\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64 ",\"next_layer_used\":%" PRIu64
+              ",\"next_layer_named\":%" PRIu64 "}",
+           pf_cache_stats.prefetched, pf_cache_stats.prefetch_used, pf_cache_stats.prefetch_dropped, pf_cache_stats.guess_needed,
+           pf_cache_stats.guess_named);
     po_s(o, "}");
     po_end_line(o);
 }
@@ -3897,20 +3911,22 @@ static const char serve_usage[] =
     "                          at least one layer's experts; its steps run without decode graphs\n"
     "  --expert-prefetch on|off  with --expert-cache-gb: a reader thread reads a layer's missing\n"
     "                          experts, and those the next layer's router picks on this layer's\n"
-    "                          input, while the layer computes (default on)\n"
+    "                          input, while the layer computes (default: on for the CPU reference,\n"
+    "                          off on the GPU, where it measured slower)\n"
+    "  --io-depth N            GPU, with --expert-cache-gb: slot reads in flight (reader threads,\n"
+    "                          1 to 32; default 8)\n"
     "  --mtp FILE              the multi-token-prediction head (mtp.* tensors) from this file, for a\n"
     "                          checkpoint whose shards hold none (the demo's: tests/fixtures/demo_mtp)\n"
     "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step; an answer\n"
     "                          is the one without drafts, token for token. auto (default): with a\n"
-    "                          head and a backend that drafts (the CPU reference; the GPU does not\n"
-    "                          draft yet), 0 to 4 drafts a step, for each batch size the fastest\n"
+    "                          head, 0 to 4 drafts a step, for each batch size the fastest\n"
     "                          measured (tried in turn at first, then now and then again); none\n"
     "                          without a head\n"
     "  -h, --help              this text\n";
 
 typedef struct {
     const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec, *prefetch;
-    int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed;
+    int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed, io_depth;
     double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
     double expert_cache_gb;    // > 0: the CPU reference holds at most this many GiB of plane slots
     int prefix_block;          // 0: MOET_PREFIX_BLOCK, and no cache when the context is not longer
@@ -3940,6 +3956,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_FILE("--mtp", serve_flags, mtp),
     FLAG_NUM("--expert-cache-gb", serve_flags, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", serve_flags, prefetch, "on|off"),
+    FLAG_INT("--io-depth", serve_flags, io_depth, 1, MOET_GPU_CACHE_READERS),
     FLAG_CHOICE("--speculative-tokens", serve_flags, spec, "auto|0|1|2|3|4|5|6|7|8"),
 };
 
@@ -3958,7 +3975,8 @@ static int cmd_serve(int argc, char **argv) {
     uint64_t seed = fl.seed;
     int prefix_block = fl.prefix_block;
     double prefix_gb = fl.prefix_gb;
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, !fl.prefetch || strcmp(fl.prefetch, "off")};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, fl.prefetch ? strcmp(fl.prefetch, "off") != 0 : -1,
+                          fl.io_depth, 0};   // progress on stderr
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
     if (batch < seqs) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
@@ -4166,14 +4184,17 @@ static const char run_usage[] =
     "                       layer's experts), reading a missing one when a step needs it (default:\n"
     "                       every slot, read at boot)\n"
     "  --expert-prefetch on|off  with --expert-cache-gb: read a layer's missing experts, and those\n"
-    "                       the next layer's router picks on this layer's input, ahead (default on)\n"
+    "                       the next layer's router picks on this layer's input, ahead (default: on\n"
+    "                       for the CPU reference, off on the GPU, where it measured slower)\n"
+    "  --io-depth N         GPU, with --expert-cache-gb: slot reads in flight (reader threads, 1 to\n"
+    "                       32; default 8)\n"
     "  --chunk N            prefill in chunks of N tokens (default 512); rounded down to a multiple\n"
     "                       of the backend's cut alignment (the GPU's: 64 tokens; below it: refused)\n"
     "  -h, --help           this text\n";
 
 typedef struct {
     const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes, *prefetch;
-    int greedy, dump_hidden, threads, chunk, no_verify, strict_revision;
+    int greedy, dump_hidden, threads, chunk, no_verify, strict_revision, io_depth;
     double host_margin_gb, expert_cache_gb;
 } run_flags;
 
@@ -4191,6 +4212,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
     FLAG_NUM("--expert-cache-gb", run_flags, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", run_flags, prefetch, "on|off"),
+    FLAG_INT("--io-depth", run_flags, io_depth, 1, MOET_GPU_CACHE_READERS),
     FLAG_FILE("--planes", run_flags, planes),
     FLAG_SWITCH("--no-verify", run_flags, no_verify),
     FLAG_SWITCH("--strict-revision", run_flags, strict_revision),
@@ -4207,7 +4229,8 @@ static int cmd_run(int argc, char **argv) {
     const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
     int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
-    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, !fl.prefetch || strcmp(fl.prefetch, "off")};   // progress on stderr
+    pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, fl.prefetch ? strcmp(fl.prefetch, "off") != 0 : -1,
+                          fl.io_depth, 0};   // progress on stderr
     moet_err e = {{0}};
     static int32_t ids[MOET_MAX_RUN_TOKENS];
     int T;

@@ -956,7 +956,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     if (o->save_ref && eval_out_open(&E, e)) goto out;
     // the engine: a slot per window run at once, each as long as the longest window
     engine_opts eo = {E.max_seqs, E.longest, E.mbt, o->threads, o->kv_dtype, o->planes,
-                      {o->no_verify, o->strict_revision, 0, o->progress, 0, 0}, o->host_margin_gb, 0, 1};   // (eval does not draft)
+                      {o->no_verify, o->strict_revision, 0, o->progress, 0, 0, 0, 0}, o->host_margin_gb, 0, 1};   // (eval does not draft)
     if (engine_open(&EA, o->backend ? o->backend : "auto", &m, &eo, "moet eval", e)) goto out;
     have_r = 1;
     engine_backend be = EA.be;

@@ -29,7 +29,10 @@ typedef struct {
     int threads;            // hashing threads; 0: a default from the core count
     int progress;           // progress bar on stderr
     double cache_gb;        // > 0: the CPU reference holds at most this many GiB of slots (pf_cache); else every slot
-    int prefetch;           // with the cache: a reader thread fills the slots steps are expected to use (pf_cache_prefetch)
+    int prefetch;           // with the cache: reads ahead of the slots steps are expected to use (1 on, 0 off; −1: the
+                            // backend's default: on for the CPU's pf_cache_prefetch, off for the GPU's reads ahead)
+    int io_depth;           // the GPU's cache: reads in flight (reader threads); 0: MOET_IO_DEPTH
+    double route_zipf;      // > 0: the GPU's cache sees Zipf-shaped choices of this exponent (moet bench --route-zipf)
 } pf_serve_opts;
 
 // Opens the plane file `path` to serve the routed experts of the model in model_dir (config c):
@@ -136,12 +139,13 @@ typedef struct pf_cache_s {
 // Over the run (the server's stats line): pool and file sizes in slots, hits, misses (read by
 // the step itself), bytes read, the seconds steps spent reading or waiting for a prefetch, the
 // slots queued for the reader thread and those of them a step then used, and how well layer
-// l + 1's router on layer l's input guessed: of the experts layers ≥ 1 used, those it had named.
+// l + 1's router on layer l's input guessed: of the experts layers ≥ 1 used, those it had named;
+// the GPU's reads ahead dropped before they started (their layer chose other slots).
 // Only the thread that runs the steps writes them.
 typedef struct {
     uint64_t pool_slots, file_slots, hits, misses, bytes;
     double read_s;
-    uint64_t prefetched, prefetch_used, guess_needed, guess_named;
+    uint64_t prefetched, prefetch_used, guess_needed, guess_named, prefetch_dropped;
 } pf_cache_counters;
 static pf_cache_counters pf_cache_stats;
 

@@ -336,6 +336,7 @@ static void gpu_warm(gpu_engine *g) {
         gpu_step_logits(g, nr);
     }
     gpu_seq_end(g, slot);
+    if (g->cached) g->cache.reads = 0;   // MOET_FAULT=read:N counts the reads of serving, not these (the readers are idle)
 }
 
 static void gpu_be_free(gpu_backend *b) {

@@ -17,10 +17,10 @@
 typedef struct {
     const char *model, *planes, *backend, *kv_dtype_name;
     moet_list batch;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec, spec_auto;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec, spec_auto, io_depth;
     const char *spec_name;
     pf_serve_opts popt;
-    double host_margin_gb, expert_cache_gb;
+    double host_margin_gb, expert_cache_gb, route_zipf;
     const char *prefetch, *graphs, *mtp;
 } bench_opts;
 
@@ -54,7 +54,14 @@ static const char bench_usage[] =
     "                        layer's experts, no decode graphs), reading the\n"
     "                        others from the file as they are used; each batch's decode then reports\n"
     "                        the cache's hits, misses, bytes read, read GB/s and the time steps waited\n"
-    "  --expert-prefetch on|off  with --expert-cache-gb: a reader thread reads ahead (default on)\n"
+    "  --expert-prefetch on|off  with --expert-cache-gb: reads ahead (default: on for the CPU\n"
+    "                        reference, off on the GPU, where it measured slower)\n"
+    "  --io-depth N          GPU, with --expert-cache-gb: slot reads in flight (reader threads, 1 to\n"
+    "                        32; default 8)\n"
+    "  --route-zipf S        GPU, with --expert-cache-gb: what the cache sees from a router with skewed\n"
+    "                        expert popularity: each layer's choices replaced by draws from a Zipf\n"
+    "                        popularity of exponent S (a fixed seed; no reads ahead): the cache's\n"
+    "                        counters and the speed are measured, the tokens are not the model's\n"
     "  -h, --help            this text\n";
 
 static const moet_flag bench_flag_table[] = {
@@ -73,6 +80,8 @@ static const moet_flag bench_flag_table[] = {
     FLAG_NUM("--host-margin-gb", bench_opts, host_margin_gb, 0, 1 << 20),
     FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
     FLAG_CHOICE("--expert-prefetch", bench_opts, prefetch, "on|off"),
+    FLAG_INT("--io-depth", bench_opts, io_depth, 1, MOET_GPU_CACHE_READERS),
+    FLAG_NUM("--route-zipf", bench_opts, route_zipf, 0, 100),
     FLAG_CHOICE("--cuda-graphs", bench_opts, graphs, "on|off"),
     FLAG_CHOICE("--speculative-tokens", bench_opts, spec_name, "auto|0|1|2|3|4|5|6|7|8"),
     FLAG_FILE("--mtp", bench_opts, mtp),
@@ -131,7 +140,7 @@ static int32_t bench_last(const engine_result *res, int i) {
 // slots prefetched and used, and of the experts layers ≥ 1 used those the next-layer guess named.
 typedef struct {
     int on;
-    uint64_t pool, file, hits, misses, bytes, prefetched, prefetch_used, guess_needed, guess_named;
+    uint64_t pool, file, hits, misses, bytes, prefetched, prefetch_used, guess_needed, guess_named, prefetch_dropped;
     double read_gbs, wait_ms;
 } bench_cache;
 
@@ -142,6 +151,7 @@ static bench_cache bench_cache_over(const pf_cache_counters *a, double seconds, 
     x.hits = pf_cache_stats.hits - a->hits, x.misses = pf_cache_stats.misses - a->misses, x.bytes = pf_cache_stats.bytes - a->bytes;
     x.prefetched = pf_cache_stats.prefetched - a->prefetched, x.prefetch_used = pf_cache_stats.prefetch_used - a->prefetch_used;
     x.guess_needed = pf_cache_stats.guess_needed - a->guess_needed, x.guess_named = pf_cache_stats.guess_named - a->guess_named;
+    x.prefetch_dropped = pf_cache_stats.prefetch_dropped - a->prefetch_dropped;
     x.read_gbs = seconds > 0 ? x.bytes / seconds / 1e9 : 0;
     x.wait_ms = (pf_cache_stats.read_s - a->read_s) * 1e3 / (steps > 0 ? steps : 1);
     return x;
@@ -158,6 +168,7 @@ static void bench_cache_json(js_writer *w, const bench_cache *x) {
     js_w_key(w, "wait_ms_per_step"), js_w_num(w, round(x->wait_ms * 1e3) / 1e3);
     js_w_key(w, "prefetched"), js_w_num(w, (double)x->prefetched);
     js_w_key(w, "prefetch_used"), js_w_num(w, (double)x->prefetch_used);
+    js_w_key(w, "prefetch_dropped"), js_w_num(w, (double)x->prefetch_dropped);
     js_w_key(w, "next_layer_used"), js_w_num(w, (double)x->guess_needed);
     js_w_key(w, "next_layer_named"), js_w_num(w, (double)x->guess_named);
     js_w_end_obj(w);
@@ -177,9 +188,11 @@ static int cmd_bench(int argc, char **argv) {
     if (!o.model) return moet_usage_error("bench", bench_usage, "need --model DIR");
     if (o.expert_cache_gb > 0 && !o.planes)
         return moet_usage_error("bench", bench_usage, "--expert-cache-gb needs --planes FILE (the cache holds the plane file's slots)");
+    if (o.route_zipf > 0 && !(o.expert_cache_gb > 0))
+        return moet_usage_error("bench", bench_usage, "--route-zipf shapes what the expert cache sees: it needs --expert-cache-gb");
     MOET_ASSERT(engine_kv_dtype(o.kv_dtype_name, &o.kv_dtype) == 0, "kv dtype %s", o.kv_dtype_name);
     // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
-    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, !o.prefetch || strcmp(o.prefetch, "off")};
+    o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, o.prefetch ? strcmp(o.prefetch, "off") != 0 : -1, o.io_depth, o.route_zipf};
     if (o.depth < 0) o.depth = o.prompt;
     o.spec_auto = o.spec_name && !strcmp(o.spec_name, "auto");
     o.spec = o.spec_auto ? SPEC_AUTO_MAX : o.spec_name ? atoi(o.spec_name) : 0;
@@ -211,6 +224,11 @@ static int cmd_bench(int argc, char **argv) {
     if (o.spec > be->max_spec) {
         fprintf(stderr, "moet bench: --speculative-tokens %s: the %s backend %s\n", o.spec_name, use_gpu ? "GPU" : "CPU",
                 be->max_spec ? "drafts fewer tokens per step" : "does not draft (yet)");
+        goto out;
+    }
+    if (o.route_zipf > 0 && !use_gpu) {   // (the CPU reference's cache follows its router only)
+        fprintf(stderr, "moet bench: --route-zipf is the GPU expert cache's; this run is on the CPU reference\n");
+        rc = 2;
         goto out;
     }
     if (o.profile && !use_gpu) {   // nothing to time kernel by kernel: say so rather than print nothing
@@ -411,6 +429,9 @@ static int cmd_bench(int argc, char **argv) {
                             "(%.2f GB/s), %.2f ms/step waiting on reads",
                     xc.pool, xc.file, xc.hits, xc.misses, 100.0 * xc.hits / (xc.hits + xc.misses > 0 ? (double)(xc.hits + xc.misses) : 1.0),
                     xc.bytes / 1e6, xc.read_gbs, xc.wait_ms);
+        if (xc.on && (xc.prefetched || xc.prefetch_dropped))
+            fprintf(stderr, ", %" PRIu64 " read ahead (%" PRIu64 " then chosen), %" PRIu64 " dropped unread", xc.prefetched, xc.prefetch_used,
+                    xc.prefetch_dropped);
         if (o.spec && o.spec_auto) {
             const int bk = spec_bucket(B);
             fprintf(stderr, "; auto drafts: %d chosen (tok/s measured for 0..%d drafts:", spec_ctrl_best(&ctl, bk), ctl.kmax);

@@ -10,15 +10,17 @@
 //   host            waits for `routed` only (the guess and the shared expert's product run
 //                   meanwhile), and for the reads the previous layer queued ahead (below); each
 //                   distinct expert chosen is held (a hit: its place used now) or missing: a place
-//                   is taken — a free one, else the least recently used one not chosen by this
-//                   layer in this step (those are pinned) — and the slot is read by the reader
+//                   is taken — a free one, else one not chosen by this layer in this step (those
+//                   are pinned): the least recently used of those unused for a step, else of
+//                   the layer that comes again last (gpu_cache_victim) — and the slot is read by the reader
 //                   threads (O_DIRECT into each one's pinned buffer, SHA-256 against the table on
 //                   every read unless --no-verify) and copied to its place on the fetch stream;
 //                   then (prefetch) the guess's experts of the next layer that are not held are
 //                   queued for the readers too, into places not chosen by this layer, and not
 //                   waited for: they are read while this layer computes, and the next layer's
-//                   fetch waits for them before it looks (a failed one just leaves its slot
-//                   unheld); the host waits for this layer's own reads only; the layer's expert
+//                   fetch drops those not yet started that it did not choose, and waits for the
+//                   rest before it looks (a failed one just leaves its slot unheld); the host
+//                   waits for this layer's own reads only; the layer's expert
 //                   table (a pinned copy) is rewritten for the new places and copied after them;
 //                   event `fetched`;
 //   compute stream  waits for `fetched` (the routed products read the new places and the table).
@@ -55,6 +57,8 @@ struct gpu_cache_s {
     int32_t *owner;              // [n_pool] the slot held there, −1: free
     uint64_t *used;              // [n_pool] last use (a tick)
     uint64_t tick, mark;         // mark: the first tick of the current layer
+    uint64_t cycle;              // the mark of the current layer's previous fetch (a step ago)
+    uint64_t *lmark;             // [n_layers] each layer's last mark
     gpu_mat *tab;                // pinned [n_layers · E · 3] what the device tables hold
     int32_t *sel;                // pinned [Tm · K] the router's choices
     int32_t *guess;              // pinned [Tm · K] the next layer's router on this layer's input
@@ -73,8 +77,16 @@ struct gpu_cache_s {
     moet_err err;                // the first failed read of the layer
     int failed;
     uint64_t fault_read, reads;  // MOET_FAULT=read:N: the N-th read fails as an I/O error
-    int n_readers;
+    int n_readers;               // --io-depth
     gpu_cache_reader rd[MOET_GPU_CACHE_READERS];
+    // moet bench --route-zipf s: each layer's choices replaced by draws from a Zipf popularity
+    // (rank r of E with weight 1 / (r + 1)^s; rank r is expert (r · zmul + layer · 61) mod E, so
+    // each layer has its own popular experts), K distinct a token, from a fixed seed: what the
+    // cache sees from a router with skewed popularity (the answers are not the model's)
+    double zipf;
+    double *zcdf;                // [E] cumulative popularity by rank
+    int zmul;                    // odd, coprime to E
+    uint64_t zrng;
     int started;                 // threads running
 };
 
@@ -109,6 +121,41 @@ static void gpu_cache_carve_host(gpu_cache *c, arena *a) {
     ARENA_TAKE(a, c->job_ahead, 2 * (size_t)c->E, "expert cache: reads ahead");
     ARENA_TAKE(a, c->ahead, c->n_pool, "expert cache: places filled ahead");
     ARENA_TAKE(a, c->tab_dirty, c->n_layers, "expert cache: tables changed");
+    ARENA_TAKE(a, c->lmark, c->n_layers, "expert cache: layers' marks");
+    if (c->zipf > 0) ARENA_TAKE(a, c->zcdf, c->E, "expert cache: Zipf popularity");
+}
+
+// --route-zipf's popularity (zcdf), permutation (zmul) and seed.
+static void gpu_cache_zipf_init(gpu_cache *c) {
+    for (int r = 0; r < c->E; r++) c->zcdf[r] = (r ? c->zcdf[r - 1] : 0) + pow(r + 1.0, -c->zipf);
+    for (c->zmul = 97;; c->zmul += 2) {   // the first odd multiplier from 97 coprime to E: a permutation of the ranks
+        int a = c->zmul, b = c->E;
+        while (b) a %= b, a ^= b, b ^= a, a ^= b;   // gcd(zmul, E) in a
+        if (a == 1) break;
+    }
+    c->zrng = 0x9e3779b97f4a7c15ull;
+}
+
+// The Zipf draws of --route-zipf: sel [T, K] of layer l (index in the file) rewritten.
+static void gpu_cache_zipf(gpu_cache *c, int l, int T, int K) {
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int x;
+            for (int fresh = 0; !fresh;) {   // K ≤ E distinct: redraw a repeat
+                c->zrng ^= c->zrng << 13, c->zrng ^= c->zrng >> 7, c->zrng ^= c->zrng << 17;
+                const double u = (double)(c->zrng >> 11) * 0x1p-53 * c->zcdf[c->E - 1];
+                int lo = 0, hi = c->E - 1;   // the first rank whose cumulative weight exceeds u
+                while (lo < hi) {
+                    const int mid = (lo + hi) / 2;
+                    if (c->zcdf[mid] > u) hi = mid;
+                    else lo = mid + 1;
+                }
+                x = (int)(((int64_t)lo * c->zmul + (int64_t)(c->first_layer + l) * 61) % c->E);
+                fresh = 1;
+                for (int j = 0; j < k; j++) fresh &= c->sel[t * K + j] != x;
+            }
+            c->sel[t * K + k] = x;
+        }
 }
 
 // A reader thread: the current layer's jobs, one at a time, into its own buffer, then onto the
@@ -123,6 +170,7 @@ static void *gpu_cache_read(void *arg) {
         while (!c->stop && c->next_job >= c->n_jobs) pthread_cond_wait(&c->work, &c->mu);
         if (c->stop) break;
         int j = c->next_job++;
+        if (c->job_done[j]) continue;   // (a read ahead dropped before it started: gpu_cache_fetch)
         int64_t i = c->job_slot[j];
         int p = c->job_place[j], fault = c->fault_read && ++c->reads == c->fault_read;
         pthread_mutex_unlock(&c->mu);
@@ -184,10 +232,14 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     const pf_layout *L = &c->f.h.L;
     MOET_ASSERT(L->n_slots == c->n_slots && L->slot_stride == c->stride && (int)L->g.n_experts == c->E, "expert cache: the plane file changed");
     c->verify = !po->no_verify;
-    c->read_ahead = po->prefetch;
+    // reads ahead only when asked: on the H200 (a 1.0–1.6 GB/s disk) they made batch-1 decoding
+    // 6–17 % slower (README), the disk's time going to guesses; (the next router's guess does not
+    // predict Zipf draws)
+    c->read_ahead = po->prefetch > 0 && !(c->zipf > 0);
+    if (c->zipf > 0) gpu_cache_zipf_init(c);
     c->first_layer = (int)L->g.first_layer;
     for (uint64_t i = 0; i < c->n_slots; i++) c->where[i] = -1;
-    for (int l = 0; l < c->n_layers; l++) c->tab_dirty[l] = 0;
+    for (int l = 0; l < c->n_layers; l++) c->tab_dirty[l] = 0, c->lmark[l] = 0;
     for (int p = 0; p < c->n_pool; p++) c->owner[p] = -1, c->used[p] = 0, c->ahead[p] = 0;
     c->tick = c->mark = 0;
     ck_mat m3[3];
@@ -232,6 +284,7 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     fprintf(stderr, "moet: expert cache: %d of %" PRIu64 " slots on the device (%.2f GiB), %d reader threads, %s, %s\n", c->n_pool, c->n_slots,
             (double)c->n_pool * c->stride / 1073741824.0, c->n_readers, c->verify ? "every read SHA-256 checked" : "reads not verified",
             c->read_ahead ? "the next layer's guessed experts read ahead" : "no reads ahead");
+    if (c->zipf > 0) fprintf(stderr, "moet: expert cache: the routers' choices replaced by Zipf draws (exponent %g; --route-zipf)\n", c->zipf);
     return 0;
 }
 
@@ -249,16 +302,26 @@ static void gpu_cache_guessed(gpu_cache *c, CUstream compute, CUdeviceptr guess_
     CU_CHECK(cu.cuEventRecord(c->guessed, compute));
 }
 
-// A place for a new slot: a free one, else the least recently used one not chosen by the current
-// layer (used before mark). −1: none (cannot happen with n_pool ≥ E).
-static int gpu_cache_victim(const gpu_cache *c) {
-    int s = -1;
+// A place for a new slot while layer l (of the file) fetches, among those not chosen by this
+// layer in this step (used before mark): a free one; else the least recently used of those no
+// layer has used since this layer's previous fetch (used before cycle: stale a whole step);
+// else — every place was used within the last step: the pool holds less than a step's slots —
+// one of the layer that comes again last (the layers run in a cycle: a slot of this layer is next
+// needed a step on, one of layer l − 1 a step less a layer, …, one of layer l + 1 soonest), the
+// least recently used of that layer. (Least recently used alone evicts, on that cycle, exactly
+// the slots needed soonest: measured, 0 hits in 31,893 at batch 16 with a quarter of the slots.)
+// −1: none (cannot happen with n_pool ≥ E).
+static int gpu_cache_victim(const gpu_cache *c, int l) {
+    int s = -1, sd = -1, old = -1;
     for (int p = 0; p < c->n_pool; p++) {
         if (c->owner[p] < 0) return p;
         if (c->used[p] >= c->mark) continue;
-        if (s < 0 || c->used[p] < c->used[s]) s = p;
+        if (c->used[p] < c->cycle && (old < 0 || c->used[p] < c->used[old])) old = p;
+        int d = ((int)(c->owner[p] / c->E) - l + c->n_layers) % c->n_layers;   // layers until its own
+        if (d == 0) d = c->n_layers;
+        if (d > sd || (d == sd && c->used[p] < c->used[s])) s = p, sd = d;
     }
-    return s;
+    return old >= 0 ? old : s;
 }
 
 // The table entries (pinned copy) of slot i at place s.
@@ -288,10 +351,22 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
     CU_CHECK(cu.cuEventSynchronize(c->routed));
     const int l = layer - c->first_layer;
     MOET_ASSERT(l >= 0 && l < c->n_layers, "expert cache: layer %d outside the plane file", layer);
+    if (c->zipf > 0) gpu_cache_zipf(c, l, T, K);   // (gpu_moe_layer copies them to the device)
     // the reads queued ahead (by the layer before, normally for this one): done, then their slots
     // held (table entries written; a layer's table is copied before its next products) or, failed,
     // unheld (a later choice reads them again)
     pthread_mutex_lock(&c->mu);
+    // a read ahead not yet started whose slot this layer did not choose is dropped (the disk's
+    // time goes to the slots needed now); its place is freed below
+    for (int j = c->next_job; j < c->n_jobs; j++) {
+        if (!c->job_ahead[j] || c->job_done[j]) continue;
+        const int64_t i = c->job_slot[j];
+        int chosen = 0;
+        for (int p = 0; p < T * K && !chosen; p++) chosen = (int64_t)l * c->E + c->sel[p] == i;
+        if (chosen) continue;
+        c->job_place[j] = -1, c->job_done[j] = 1, c->done_jobs++;
+        pf_cache_stats.prefetched--, pf_cache_stats.bytes -= L->slot_bytes, pf_cache_stats.prefetch_dropped++;
+    }
     gpu_cache_wait_jobs(c, c->n_jobs);
     for (int j = 0; j < c->n_jobs; j++) {
         const int64_t i = c->job_slot[j];
@@ -309,6 +384,7 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
     pthread_mutex_unlock(&c->mu);
     // this layer's choices: held, or a place and an own read (pinned from here on: used ≥ mark)
     c->mark = ++c->tick;
+    c->cycle = c->lmark[l], c->lmark[l] = c->mark;
     int n = 0;
     for (int p = 0; p < T * K; p++) {
         const int x = c->sel[p];
@@ -323,7 +399,7 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
             c->used[s] = ++c->tick;
             continue;
         }
-        s = gpu_cache_victim(c);
+        s = gpu_cache_victim(c, l);
         MOET_ASSERT(s >= 0, "expert cache: no place for a slot (%d places, %d experts a layer)", c->n_pool, c->E);
         if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
         c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick, c->ahead[s] = 0;
@@ -342,7 +418,7 @@ static int gpu_cache_fetch(gpu_cache *c, CUstream compute, int layer, int T, int
         if (x < 0 || x >= c->E) continue;   // (only a guess: a bad one is skipped)
         const int64_t i = (int64_t)(l + 1) * c->E + x;
         if (c->where[i] >= 0) continue;
-        const int s = gpu_cache_victim(c);
+        const int s = gpu_cache_victim(c, l);
         if (s < 0) break;
         if (c->owner[s] >= 0) c->where[c->owner[s]] = -1;
         c->owner[s] = (int32_t)i, c->where[i] = s, c->used[s] = ++c->tick, c->ahead[s] = 1;

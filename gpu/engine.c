@@ -680,7 +680,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
             g->cached = 1;
             gpu_cache *x = &g->cache;
             x->dev = &g->dev, x->n_pool = n_pool, x->n_layers = (int)pf.h.L.g.n_layers, x->E = (int)pf.h.L.g.n_experts;
-            x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = MOET_GPU_CACHE_READERS;
+            x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = po->io_depth ? po->io_depth : MOET_IO_DEPTH, x->zipf = po->route_zipf;
         }
         pool_bytes = g->slot_stride * (size_t)n_pool;
         pf_close(&pf);
@@ -722,7 +722,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         g->cached = 1;
         gpu_cache *x = &g->cache;
         x->dev = &g->dev, x->n_pool = (int)n_pool, x->n_layers = g->n_cache_layers, x->E = c->n_experts;
-        x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = MOET_GPU_CACHE_READERS;
+        x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = po->io_depth ? po->io_depth : MOET_IO_DEPTH, x->zipf = po->route_zipf;
         pool_bytes = g->slot_stride * (size_t)n_pool;
         pp = arena_measure("staging"), ph0 = arena_measure("engine host"), pa = arena_measure("activations");
         gpu_carve_pinned(g, &pp);
@@ -1020,6 +1020,10 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         if (gpu_cache_fetch(&g->cache, g->compute, cache_l, T, K, &g->step_err)) {
             g->step_failed = 1;   // nothing more of this step is launched (gpu_step_kernels, gpu_step)
             return;
+        }
+        if (g->cache.zipf > 0) {   // moet bench --route-zipf: the products take the cache's draws (pinned: queued, not waited for)
+            CU_CHECK(cu.cuMemcpyHtoDAsync(g->sel, g->cache.sel, sizeof(int32_t) * (size_t)T * K, g->compute));
+            routed = 0;   // (the grouping by expert redone from them)
         }
     }
     if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)

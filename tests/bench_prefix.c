@@ -52,7 +52,7 @@ static int bp_run(ck_model *m, const char *backend, const char *planes, pf_serve
     static engine_any E;
     static serve_ctx S;
     moet_err e = {{0}};
-    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, MOET_HOST_MARGIN_GB, 0};
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, MOET_HOST_MARGIN_GB, 0, 0};
     if (engine_open_prefix(&E, backend, m, &eo, block, gb, "bench_prefix", &e)) {
         fprintf(stderr, "bench_prefix: %s\n", e.msg);
         return -1;
@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *planes = NULL, *backend = "auto", *only = NULL;
     int R = 256, P = 2048, Q = 64, G = 16, seqs = 16, batch = 2048, block = MOET_PREFIX_BLOCK, threads = 0, kv_dtype = GPU_KV_BF16;
     double gb = -1;
-    pf_serve_opts popt = {0, 0, 0, 1, 0, 0};
+    pf_serve_opts popt = {0, 0, 0, 1, 0, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         int rc = 0;

@@ -156,7 +156,7 @@ static int gpu_make(engine_backend *be, const suite_env *env, moet_err *e) {
     gpu_backend *b = calloc(1, sizeof *b);
     MOET_ASSERT(b, "calloc");
     gpu_opts o = {env->max_seqs, env->max_len, env->max_tokens, GPU_KV_F32, 0, 0, 0};
-    pf_serve_opts po = {0, 0, 0, 0, 0, 0};
+    pf_serve_opts po = {0};
     uint64_t dev0 = arena_stats.device_bytes;
     if (gpu_be_init(b, env->m, &o, env->planes, &po, e)) {
         free(b);
@@ -734,7 +734,7 @@ static void suite_fixture_run(const suite_fixture *f) {
     ck_model m;
     st_set g;
     pf_attached pa = {0};
-    pf_serve_opts popt = {0, 0, 0, 0, 0, 0};
+    pf_serve_opts popt = {0};
     if (st_open(&g, f->golden, &e)) { CHECK(0, "%s: %s", suite_name, e.msg); return; }
     if (ck_open(&m, f->model, &e)) { CHECK(0, "%s: %s", suite_name, e.msg); st_close(&g); return; }
     if (f->planes && pf_attach_planes(&m, f->planes, &popt, &pa, &e)) {

@@ -481,7 +481,7 @@ int main(void) {
     if (stat(PLANES, &sb) != 0) CHECK(system("./moet build-planes --model " DEMO " --out " PLANES " >/dev/null 2>&1") == 0, "build-planes");
     MOET_ASSERT(tok_load(&T, DEMO "/tokenizer.json", DEMO "/tokenizer_config.json", &e) == 0, "%s", e.msg);
     MOET_ASSERT(ck_open(&M_nv, DEMO, &e) == 0 && ck_open(&M_pl, DEMO, &e) == 0, "%s", e.msg);
-    pf_serve_opts po = {0, 0, 0, 0, 0, 0};
+    pf_serve_opts po = {0};
     pf_attached pa;
     MOET_ASSERT(pf_attach_planes(&M_pl, PLANES, &po, &pa, &e) == 0, "%s", e.msg);
     V = M_nv.cfg.vocab;

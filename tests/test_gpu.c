@@ -1050,7 +1050,7 @@ static void cache_run(const ck_model *m, const char *planes, double cache_gb, in
     gpu_opts o = {.max_seqs = 1, .max_len = T + 8, .max_tokens = T, .kv_dtype = GPU_KV_F32};
     pf_serve_opts po = {0};
     po.cache_gb = cache_gb;
-    po.prefetch = 1;   // (the serving default: --expert-prefetch on)
+    po.prefetch = 1;   // (--expert-prefetch on)
     *ok = 0;
     if (gpu_init(&g, m, &o, planes, &po, e)) return;
     const int V = m->cfg.vocab;
@@ -1739,12 +1739,116 @@ static void eval_kl(void) {
     unlink(ref);
 }
 
+// moet bench --route-zipf's draws (gpu_cache_zipf, host code: runs without a GPU): K distinct
+// experts a token (draws without replacement), each in [0, E); a token's first draw takes rank r
+// with probability (r + 1)^-s / H (H the sum over ranks): over 20,000 tokens, the first draws of
+// ranks 0, 1, 2, 10 and 100 within 5 standard deviations of the expected counts (an exponent of
+// 0.9 instead of 1 moves rank 0's count by ~14 of them); layer 1 permutes the experts otherwise.
+static void zipf_draws(void) {
+    enum { E = 256, K = 8, T = 20000 };
+    static gpu_cache c;
+    static double cdf[E];
+    static int32_t sel[T * K];
+    static int count[2][E];
+    memset(&c, 0, sizeof c);
+    c.E = E, c.zipf = 1.0, c.zcdf = cdf, c.sel = sel;
+    gpu_cache_zipf_init(&c);
+    CHECK(c.zmul == 97, "the ranks' permutation: multiplier %d (97 is coprime to 256)", c.zmul);
+    int bad = 0;
+    for (int l = 0; l < 2; l++) {
+        gpu_cache_zipf(&c, l, T, K);
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++) {
+                const int x = sel[t * K + k];
+                if (x < 0 || x >= E) { bad++; continue; }
+                for (int j = 0; j < k; j++) bad += sel[t * K + j] == x;
+                int r = 0;   // the rank of expert x in layer l: x = (r · 97 + l · 61) mod E
+                while ((r * 97 + l * 61) % E != x) r++;
+                if (k == 0) count[l][r]++;
+            }
+    }
+    CHECK(bad == 0, "Zipf draws: %d out of range or repeated within a token", bad);
+    const int ranks[] = {0, 1, 2, 10, 100};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < 5; i++) {
+            const int r = ranks[i];
+            double h = 0;   // the harmonic sum over the ranks: the normalisation
+            for (int q = 0; q < E; q++) h += 1.0 / (q + 1);
+            const double p = 1.0 / (r + 1) / h, want = T * p, sd = sqrt(T * p * (1 - p));
+            CHECK(fabs(count[l][r] - want) <= 5 * sd, "Zipf draws, layer %d: rank %d first drawn %d times, expected %.0f ± %.0f", l, r,
+                  count[l][r], want, 5 * sd);
+        }
+    printf("Zipf draws (exponent 1, 256 experts, 8 a token without replacement): rank 0 first in %d of %d tokens (%.2f %%; %.2f %% "
+           "expected), distinct within each token\n", count[0][0], T, 100.0 * count[0][0] / T, 100.0 * cdf[0] / cdf[E - 1]);
+}
+
+// The GPU expert cache's eviction (gpu_cache_victim, host code): a free place first; else, of the
+// places not chosen by the fetching layer in this step, the least recently used of those unused
+// for a step (before `cycle`); else one of the layer that comes again last (the fetching layer's
+// own, then the layer before it, …, the next layer's last), the least recently used of that
+// layer. A layer-cyclic pattern of a step's slots that does not fit then keeps hitting where
+// least recently used alone misses every time, and one that fits hits every time.
+static void cache_victim(void) {
+    enum { NL = 4, E = 4, NP = 6 };
+    static gpu_cache c;
+    int32_t owner[NP];
+    uint64_t used[NP];
+    memset(&c, 0, sizeof c);
+    c.n_layers = NL, c.E = E, c.n_pool = NP, c.owner = owner, c.used = used;
+    // places: 0 layer 2 (tick 5), 1 layer 1 (tick 2), 2 layer 1 (tick 1), 3 layer 3 (tick 0),
+    // 4 layer 2 (tick 4), 5 layer 0 (tick 3); the fetching layer 2 chose place 0 (tick ≥ mark 5)
+    const int32_t own[NP] = {2 * E + 1, 1 * E + 0, 1 * E + 3, 3 * E + 2, 2 * E + 2, 0 * E + 1};
+    const uint64_t tick[NP] = {5, 2, 1, 0, 4, 3};
+    for (int p = 0; p < NP; p++) owner[p] = own[p], used[p] = tick[p];
+    c.mark = 5, c.cycle = 3;   // places 3, 2, 1 unused since tick 3: the least recently used of them
+    CHECK(gpu_cache_victim(&c, 2) == 3, "victim while layer 2 fetches: the stale place 3 (got %d)", gpu_cache_victim(&c, 2));
+    c.cycle = 0;               // none stale: by the layers' order
+    CHECK(gpu_cache_victim(&c, 2) == 4, "victim while layer 2 fetches: its own unchosen place 4 (got %d)", gpu_cache_victim(&c, 2));
+    used[4] = 6;   // chosen too: then layer 1 (next needed 3 layers on), its least recently used
+    CHECK(gpu_cache_victim(&c, 2) == 2, "then layer 1's least recently used, place 2 (got %d)", gpu_cache_victim(&c, 2));
+    used[1] = used[2] = 7, used[5] = 8;   // layers 1 and 0 chosen: layer 3 (the next) last
+    CHECK(gpu_cache_victim(&c, 2) == 3, "then layer 3's, place 3 (got %d)", gpu_cache_victim(&c, 2));
+    used[3] = 10;
+    CHECK(gpu_cache_victim(&c, 2) == -1, "every place chosen: none (got %d)", gpu_cache_victim(&c, 2));
+    owner[5] = -1;
+    CHECK(gpu_cache_victim(&c, 2) == 5, "a free place first (got %d)", gpu_cache_victim(&c, 2));
+    // the cycle: 4 layers of 3 distinct slots a step each (12) through 9, then 14 places, 50 steps:
+    // every layer's fetch evicts by the rule (its cycle the mark of its previous fetch); hits
+    // counted after the first step
+    static int32_t own2[14];
+    static uint64_t used2[14], lm[NL];
+    int hits[2] = {0, 0}, looks = 0;
+    for (int r = 0; r < 2; r++) {
+        c.n_pool = r ? 14 : 9, c.owner = own2, c.used = used2, c.tick = 0, looks = 0;
+        for (int p = 0; p < c.n_pool; p++) own2[p] = -1, used2[p] = 0;
+        for (int l = 0; l < NL; l++) lm[l] = 0;
+        for (int step = 0; step < 50; step++)
+            for (int l = 0; l < NL; l++) {
+                c.mark = ++c.tick, c.cycle = lm[l], lm[l] = c.mark;
+                for (int x = 0; x < 3; x++) {
+                    int p = -1;
+                    for (int q = 0; q < c.n_pool; q++)
+                        if (own2[q] == l * E + x) p = q;
+                    if (step) looks++, hits[r] += p >= 0;
+                    if (p < 0) p = gpu_cache_victim(&c, l), own2[p] = l * E + x;
+                    used2[p] = ++c.tick;
+                }
+            }
+    }
+    CHECK(hits[0] >= looks / 2, "the layer cycle of 12 slots through 9 places: %d hits of %d (least recently used alone: 0)", hits[0], looks);
+    CHECK(hits[1] == looks, "the layer cycle of 12 slots through 14 places: %d hits of %d", hits[1], looks);
+    printf("expert cache eviction: free, then stale and least recently used, then the layer that comes again last; a cycle of 12 "
+           "slots a step through 9 places: %d hits of %d, through 14: %d\n", hits[0], looks, hits[1]);
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
     launch_limits();
     plan_grids();
     plan_fit();
+    zipf_draws();
+    cache_victim();
     fa_geometry();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");

@@ -445,7 +445,7 @@ static void test_round_trip(const char *path) {
     ck_config c;
     CHECK(ck_config_read(&c, FIX "/nvfp4/config.json", &e) == 0, "%s", e.msg);
     pf_file g;
-    pf_serve_opts so = {0, 0, 2, 0, 0, 0};
+    pf_serve_opts so = {0, 0, 2, 0, 0, 0, 0, 0};
     CHECK(pf_open_for_model(&g, path, &c, FIX "/nvfp4", &so, &e) == 0, "%s", e.msg);
     pf_close(&g);
     CHECK(pf_check_source(&f.h, NULL, 1, &e) == 0, "unknown revision passes");
@@ -634,7 +634,7 @@ static void test_corruption(const char *path) {
     pf_file f;
     ck_config c;
     CHECK(pf_model_config(cpath, &c, &e) == 0, "%s", e.msg);
-    pf_serve_opts so = {1, 0, 1, 0, 0, 0};
+    pf_serve_opts so = {1, 0, 1, 0, 0, 0, 0, 0};
     CHECK(pf_open_for_model(&f, path, &c, cdir, &so, &e) == -1 && strstr(e.msg, "geometry mismatch"), "serving refuses: %s", e.msg);
     // a source that is not qwen3_5_moe: verify --model, build-planes --plan and build-planes
     at = strstr(cfg, "\"model_type\": \"qwen3_5_moe\"");
@@ -933,7 +933,7 @@ static int ec_same(const char *path, int pool, size_t stride, int prefetch, cons
     moet_err e = {{0}};
     if (ck_open(&m, "tests/fixtures/demo", &e)) { CHECK(0, "%s", e.msg); return 0; }
     pf_attached a;
-    pf_serve_opts o = {0, 0, 2, 0, ((double)pool + 0.5) * (double)stride / 1073741824.0, prefetch};
+    pf_serve_opts o = {0, 0, 2, 0, ((double)pool + 0.5) * (double)stride / 1073741824.0, prefetch, 0, 0};
     int ok = pf_attach_planes(&m, path, &o, &a, &e) == 0 && a.cached && a.cache.n_pool == pool && a.cache.prefetch == prefetch;
     CHECK(ok, "%s: a pool of %d slots: %s", what, pool, e.msg);
     static ref_engine r;
@@ -971,7 +971,7 @@ static void test_expert_cache(void) {
     static ck_model m1, m2;
     if (ck_open(&m1, model, &e) || ck_open(&m2, model, &e)) { CHECK(0, "%s", e.msg); arena_sys_free(bytes, sz); return; }
     pf_attached a1, a2;
-    pf_serve_opts o = {0, 0, 2, 0, 0, 0};
+    pf_serve_opts o = {0, 0, 2, 0, 0, 0, 0, 0};
     CHECK(pf_attach_planes(&m1, path, &o, &a1, &e) == 0 && !a1.cached, "resident: %s", e.msg);
     pf_file pf;
     if (pf_open(&pf, path, &e)) { CHECK(0, "%s", e.msg); return; }

@@ -50,7 +50,7 @@ static int pbe_make(pbe *p, int gpu, const ck_model *m, const char *planes, int 
     p->is_gpu = gpu;
     if (gpu) {
         gpu_opts o = {max_seqs, max_len, max_tokens, GPU_KV_F32, 0, 0, 0};
-        pf_serve_opts po = {0, 0, 0, 0, 0, 0};
+        pf_serve_opts po = {0};
         if (gpu_be_init_prefix(&p->g, m, &o, block, blocks, planes, &po, e)) return -1;
         p->be = gpu_backend_of(&p->g);
         return 0;
@@ -259,7 +259,7 @@ static void backend_checks(int gpu, const char *model, const char *planes) {
     moet_err e = {{0}};
     ck_model m;
     pf_attached pa = {0};
-    pf_serve_opts po = {0, 0, 0, 0, 0, 0};
+    pf_serve_opts po = {0};
     if (ck_open(&m, model, &e)) { CHECK(0, "%s", e.msg); return; }
     // the CPU serves the experts from the planes through the model; the GPU loads them into its pool
     // (and its comparison with the reference uses the attached ones)

@@ -884,24 +884,28 @@ static void test_spec_ctrl(void) {
               spec_ctrl_best(&c, spec_bucket(16)));
     }
     // drafts that are never accepted and cost 1.5 steps each (a random head on a fast device): after
-    // the first probes, the reprobes of k = 1 back off, so 40,000 steps take at most 1 % longer
-    // than with no drafts at all (a reprobe every SPEC_REPROBE steps would cost ~9 %)
-    double slow = 0, base = 0;
+    // the first probes (SPEC_PROBES runs of each k), the reprobes of k = 1 wait for what their loss
+    // allows and back off, so from there on the steps take at most SPEC_LOSS longer than with no
+    // drafts at all, over the first 200 steps (a bench) as over 40,000 (a reprobe every
+    // SPEC_REPROBE steps would cost ~9 %)
+    double slow = 0, base = 0, worst = 0;
     {
         spec_ctrl c;
         spec_ctrl_init(&c, 4);
+        const int probes = SPEC_PROBES * 5 * SPEC_RUN;
         for (int s = 0; s < 40000; s++) {
             int k = spec_ctrl_pick(&c, 1);
             double sec = 1.0 + 1.5 * k;
             spec_ctrl_note(&c, 1, k, 1.0, sec);
-            if (s >= 400) slow += sec, base += 1.0;
+            if (s >= probes) slow += sec, base += 1.0;
+            if (s >= probes + 100 && slow / base - 1 > worst) worst = slow / base - 1;
         }
-        CHECK(spec_ctrl_best(&c, 0) == 0 && slow <= 1.01 * base, "spec_ctrl: drafts never accepted: chose %d, %.2f %% slower than none",
-              spec_ctrl_best(&c, 0), 100 * (slow / base - 1));
+        CHECK(spec_ctrl_best(&c, 0) == 0 && worst <= SPEC_LOSS + 1e-9, "spec_ctrl: drafts never accepted: chose %d, at worst %.2f %% slower than none",
+              spec_ctrl_best(&c, 0), 100 * worst);
     }
     printf("spec_ctrl: 5 modelled devices x 3 batch sizes: the fastest number of drafts held (0 where drafts cost more, or "
            "gain less than %.0f %%); batches of 1 and 16 in turn each their own; drafts never accepted: %.2f %% slower than none "
-           "(the reprobes backing off)\n", (SPEC_MARGIN - 1) * 100, 100 * (slow / base - 1));
+           "(at worst %.2f %% over any first stretch of 100 steps or more)\n", (SPEC_MARGIN - 1) * 100, 100 * (slow / base - 1), 100 * worst);
 }
 
 int main(void) {
