@@ -149,6 +149,23 @@ typedef struct {
 } pf_cache_counters;
 static pf_cache_counters pf_cache_stats;
 
+// MOET_FAULT=read:N, the expert caches' test hook (the CPU's here, the GPU's in gpu/cache.c; the
+// backends' step:N and lost:N are moet.c's engine_fault): N, or 0 when it is not set.
+static uint64_t pf_fault_read(void) {
+    const char *v = getenv("MOET_FAULT");
+    if (!v || strncmp(v, "read:", 5)) return 0;
+    char *end;
+    uint64_t n = strtoull(v + 5, &end, 10);
+    MOET_ASSERT(*end == 0 && n >= 1, "MOET_FAULT=%s: read:N with N >= 1", v);
+    return n;
+}
+
+// The simulated failure of read N of slot (layer, x): the error a real one gives, the slot named.
+static int pf_fault_read_err(const pf_file *f, uint32_t layer, uint32_t x, uint64_t n, moet_err *e) {
+    return err_set(e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", f->path, layer, x,
+                   strerror(EIO), n);
+}
+
 static void pf_cache_lock(pf_cache *c) {
     if (c->prefetch) pthread_mutex_lock(&c->mu);
 }
@@ -252,9 +269,7 @@ static int pf_cache_get(pf_cache *c, uint32_t layer, uint32_t x, ck_mat *gate, c
         pf_cache_unlock(c);
         double t0 = moet_now();
         int rc = 0;
-        if (c->fault_read && ++c->reads == c->fault_read)
-            rc = err_set(e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
-                         layer, x, strerror(EIO), c->fault_read);
+        if (c->fault_read && ++c->reads == c->fault_read) rc = pf_fault_read_err(&c->f, layer, x, c->fault_read, e);
         else rc = pf_read_slot(&c->f, layer, x, c->pool + (size_t)s * L->slot_stride, L->slot_stride, c->verify ? &c->sha : NULL, e);
         pf_cache_lock(c);
         if (rc) {   // the place stays free: nothing half-read is used
@@ -370,12 +385,7 @@ static int pf_attach_cache(ck_model *m, pf_file *f, int n_pool, const pf_serve_o
         }
         c->prefetch = 1;
     }
-    const char *fault = getenv("MOET_FAULT");   // the test hook (moet.c: engine_fault)
-    if (fault && !strncmp(fault, "read:", 5)) {
-        char *end;
-        c->fault_read = strtoull(fault + 5, &end, 10);
-        MOET_ASSERT(*end == 0 && c->fault_read >= 1, "MOET_FAULT=%s: read:N with N >= 1", fault);
-    }
+    c->fault_read = pf_fault_read();
     memset(&pf_cache_stats, 0, sizeof pf_cache_stats);
     pf_cache_stats.pool_slots = (uint64_t)n_pool;
     pf_cache_stats.file_slots = L->n_slots;

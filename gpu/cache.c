@@ -103,6 +103,14 @@ static int gpu_cache_places(double gb, size_t stride, uint64_t n_slots, int E, i
     return 0;
 }
 
+// What the cache's arenas are planned from: n_pool places of the file's n_slots (stride bytes
+// each) for n_layers layers of E experts, the reads in flight (--io-depth) and --route-zipf.
+static void gpu_cache_plan(gpu_cache *c, const gpu_device *dev, int n_pool, int n_layers, int E, uint64_t n_slots, size_t stride,
+                           const pf_serve_opts *po) {
+    c->dev = dev, c->n_pool = n_pool, c->n_layers = n_layers, c->E = E, c->n_slots = n_slots, c->stride = stride;
+    c->n_readers = po->io_depth ? po->io_depth : MOET_IO_DEPTH, c->zipf = po->route_zipf;
+}
+
 // The cache's memory: pinned (reader buffers, choices, tables) and host (maps, jobs), planned in
 // the engine's arenas (gpu_carve_pinned, gpu_carve_host).
 static void gpu_cache_carve_pinned(gpu_cache *c, arena *a, size_t Tm, int K) {
@@ -177,8 +185,7 @@ static void *gpu_cache_read(void *arg) {
         uint32_t layer = L->g.first_layer + (uint32_t)(i / L->g.n_experts), x = (uint32_t)(i % L->g.n_experts);
         moet_err e = {{0}};
         if (r->used) CU_CHECK(cu.cuEventSynchronize(r->ev));   // the buffer's previous copy is done
-        int rc = fault ? err_set(&e, "%s: slot (layer %u, expert %u): read failed: %s (simulated: MOET_FAULT=read:%" PRIu64 ")", c->f.path,
-                                 layer, x, strerror(EIO), c->fault_read)
+        int rc = fault ? pf_fault_read_err(&c->f, layer, x, c->fault_read, &e)
                        : pf_read_slot(&c->f, layer, x, r->buf, c->stride, c->verify ? &r->sha : NULL, &e);
         if (rc == 0) {
             CU_CHECK(cu.cuMemcpyHtoDAsync(c->pool + (CUdeviceptr)p * c->stride, r->buf, c->stride, c->fetch));
@@ -222,6 +229,14 @@ static void gpu_cache_close(gpu_cache *c) {
     }
 }
 
+// The table entries (pinned copy) of slot i at place s.
+static void gpu_cache_entry(gpu_cache *c, int64_t i, int s) {
+    const pf_layout *L = &c->f.h.L;
+    ck_mat m3[3];
+    pf_expert_mats(L, (const uint8_t *)(uintptr_t)(c->pool + (CUdeviceptr)s * c->stride), &m3[0], &m3[1], &m3[2]);
+    for (int q = 0; q < 3; q++) c->tab[(size_t)i * 3 + q] = gpu_mat_desc(&m3[q], (uintptr_t)m3[q].w, (uintptr_t)m3[q].scale);
+}
+
 // Opens the plane file for the run, points every table entry at place 0 (no entry is read before
 // a fetch maps it: the router's choices are resolved first), starts the readers. The arenas are
 // carved (where, owner, tab, sel, buffers). 0, or −1 with e set (nothing left running).
@@ -242,20 +257,11 @@ static int gpu_cache_open(gpu_cache *c, const ck_model *m, const char *planes, c
     for (int l = 0; l < c->n_layers; l++) c->tab_dirty[l] = 0, c->lmark[l] = 0;
     for (int p = 0; p < c->n_pool; p++) c->owner[p] = -1, c->used[p] = 0, c->ahead[p] = 0;
     c->tick = c->mark = 0;
-    ck_mat m3[3];
-    pf_expert_mats(L, (const uint8_t *)(uintptr_t)c->pool, &m3[0], &m3[1], &m3[2]);
     for (int l = 0; l < c->n_layers; l++) {
-        for (int x = 0; x < c->E; x++)
-            for (int j = 0; j < 3; j++) c->tab[((size_t)l * c->E + x) * 3 + j] = gpu_mat_desc(&m3[j], (uintptr_t)m3[j].w, (uintptr_t)m3[j].scale);
+        for (int x = 0; x < c->E; x++) gpu_cache_entry(c, (int64_t)l * c->E + x, 0);
         CU_CHECK(cu.cuMemcpyHtoD(c->tables[c->first_layer + l], c->tab + (size_t)l * c->E * 3, sizeof(gpu_mat) * c->E * 3));
     }
-    const char *fault = getenv("MOET_FAULT");   // the test hook, as the CPU cache's (moet.c: engine_fault)
-    c->fault_read = c->reads = 0;
-    if (fault && !strncmp(fault, "read:", 5)) {
-        char *end;
-        c->fault_read = strtoull(fault + 5, &end, 10);
-        MOET_ASSERT(*end == 0 && c->fault_read >= 1, "MOET_FAULT=%s: read:N with N >= 1", fault);
-    }
+    c->fault_read = pf_fault_read(), c->reads = 0;
     pthread_mutex_init(&c->mu, NULL), pthread_cond_init(&c->work, NULL), pthread_cond_init(&c->done_cv, NULL);
     CU_CHECK(cu.cuStreamCreate(&c->fetch, GPU_STREAM_NON_BLOCKING));
     CU_CHECK(cu.cuEventCreate(&c->routed, 2 /* CU_EVENT_DISABLE_TIMING */));
@@ -322,14 +328,6 @@ static int gpu_cache_victim(const gpu_cache *c, int l) {
         if (d > sd || (d == sd && c->used[p] < c->used[s])) s = p, sd = d;
     }
     return old >= 0 ? old : s;
-}
-
-// The table entries (pinned copy) of slot i at place s.
-static void gpu_cache_entry(gpu_cache *c, int64_t i, int s) {
-    const pf_layout *L = &c->f.h.L;
-    ck_mat m3[3];
-    pf_expert_mats(L, (const uint8_t *)(uintptr_t)(c->pool + (CUdeviceptr)s * c->stride), &m3[0], &m3[1], &m3[2]);
-    for (int q = 0; q < 3; q++) c->tab[(size_t)i * 3 + q] = gpu_mat_desc(&m3[q], (uintptr_t)m3[q].w, (uintptr_t)m3[q].scale);
 }
 
 // Waits until the readers have done jobs [0, upto) (all: upto = n_jobs); the caller holds mu.

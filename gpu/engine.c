@@ -678,9 +678,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         g->n_cache_layers = (int)pf.h.L.g.n_layers;
         if ((uint64_t)n_pool < g->n_slots) {   // the expert cache: its places, maps and reads planned with the rest
             g->cached = 1;
-            gpu_cache *x = &g->cache;
-            x->dev = &g->dev, x->n_pool = n_pool, x->n_layers = (int)pf.h.L.g.n_layers, x->E = (int)pf.h.L.g.n_experts;
-            x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = po->io_depth ? po->io_depth : MOET_IO_DEPTH, x->zipf = po->route_zipf;
+            gpu_cache_plan(&g->cache, &g->dev, n_pool, g->n_cache_layers, (int)pf.h.L.g.n_experts, g->n_slots, g->slot_stride, po);
         }
         pool_bytes = g->slot_stride * (size_t)n_pool;
         pf_close(&pf);
@@ -720,9 +718,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         uint64_t n_pool = 0;
         if (gpu_plan_pool(&fit_in, g->dev.name, o->max_len, g->slot_stride, g->n_slots, c->n_experts, &n_pool, e)) return gpu_free(g), -1;
         g->cached = 1;
-        gpu_cache *x = &g->cache;
-        x->dev = &g->dev, x->n_pool = (int)n_pool, x->n_layers = g->n_cache_layers, x->E = c->n_experts;
-        x->n_slots = g->n_slots, x->stride = g->slot_stride, x->n_readers = po->io_depth ? po->io_depth : MOET_IO_DEPTH, x->zipf = po->route_zipf;
+        gpu_cache_plan(&g->cache, &g->dev, (int)n_pool, g->n_cache_layers, c->n_experts, g->n_slots, g->slot_stride, po);
         pool_bytes = g->slot_stride * (size_t)n_pool;
         pp = arena_measure("staging"), ph0 = arena_measure("engine host"), pa = arena_measure("activations");
         gpu_carve_pinned(g, &pp);
