@@ -1067,7 +1067,10 @@ static void cache_run(const ck_model *m, const char *planes, double cache_gb, in
     *ok = 1;
 }
 
-static void expert_cache(const char *dir, const char *planes, int T, int places, int ahead) {
+// places 0: a quarter of the file's slots; faults 0: without the refused pool, the failed read and
+// the corrupted slot (the full-size model: those paths are the same code at every size, and a copy
+// of its 9 GB file to corrupt would cost more than the rest)
+static void expert_cache(const char *dir, const char *planes, int T, int places, int ahead, int faults) {
     ck_model m;
     moet_err e = {{0}};
     if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -1076,6 +1079,7 @@ static void expert_cache(const char *dir, const char *planes, int T, int places,
     const double slot_gib = (double)f.h.L.slot_stride / 1073741824.0;
     const uint64_t n_slots = f.h.L.n_slots;
     pf_close(&f);
+    if (places <= 0) places = (int)(n_slots / 4);
     const int V = m.cfg.vocab;
     float *a = malloc(sizeof(float) * 7 * V), *b = malloc(sizeof(float) * 7 * V);
     int ok;
@@ -1092,6 +1096,11 @@ static void expert_cache(const char *dir, const char *planes, int T, int places,
         printf("expert cache, %s: %d of %" PRIu64 " slots on the device, a %d-token prompt and 6 decode steps: the resident pool's "
                "logits bit for bit (%" PRIu64 " misses, %" PRIu64 " hits; %" PRIu64 " read ahead, %" PRIu64 " of them then chosen)\n", dir, places,
                n_slots, T, x.misses, x.hits, x.prefetched, x.prefetch_used);
+    }
+    if (!faults) {
+        free(a), free(b);
+        ck_close(&m);
+        return;
     }
     // a pool smaller than one layer's experts is refused with what it would take
     gpu_engine g;
@@ -1878,6 +1887,17 @@ int main(void) {
     // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
     // a kernel is being changed), then the tiny fixture end to end once
     const char *only = getenv("MOET_GPU_TESTS");
+    // MOET_GPU_FULL=DIR: a full-size model (moet synth of the real config) with its plane file
+    // DIR.planes: a quarter of its slots on the device gives the resident pool's tokens and logits
+    // (with MOET_GPU_TESTS=full, only that)
+    const char *full = getenv("MOET_GPU_FULL");
+    char full_pl[600];
+    if (full) snprintf(full_pl, sizeof full_pl, "%s.planes", full);
+    if (only && !strcmp(only, "full")) {
+        if (full) expert_cache(full, full_pl, 48, 0, 0, 0);
+        else CHECK(0, "MOET_GPU_TESTS=full: the full-size model's directory in MOET_GPU_FULL");
+        return check_report("test_gpu");
+    }
     if (only && !strcmp(only, "kernels")) {
         char pl[512];
         const char *dir = real4(pl, sizeof pl);
@@ -1924,12 +1944,13 @@ int main(void) {
     mtp_goldens();
     mtp_speculation();
     versus_reference("tests/fixtures/demo", "build/demo.planes", 200);
-    expert_cache("tests/fixtures/demo", "build/demo.planes", 40, 16, 0);   // 16 of 64 slots: a quarter (a layer's: no room ahead in the prompt)
+    expert_cache("tests/fixtures/demo", "build/demo.planes", 40, 16, 0, 1);   // 16 of 64 slots: a quarter (a layer's: no room ahead in the prompt)
     {
         char pl[512];
         const char *dir = real4(pl, sizeof pl);
-        if (dir) expert_cache(dir, pl, 48, 256, 1);   // 256 of 1,024: a quarter, one layer's experts
+        if (dir) expert_cache(dir, pl, 48, 256, 1, 1);   // 256 of 1,024: a quarter, one layer's experts
     }
+    if (full) expert_cache(full, full_pl, 48, 0, 0, 0);
     eval_kl();
     return check_report("test_gpu");
 }
