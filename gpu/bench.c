@@ -5,14 +5,17 @@
 //
 // Per batch size B: B sequences get a prompt of --prompt random tokens (prefill, timed, in
 // steps of --max-batch-tokens), then are filled to --depth tokens of context (untimed), then
-// decode --gen steps of B tokens each (timed). Prompt tokens are random ids: throughput does not
+// decode --gen steps of B tokens each (timed; the first two are warm-up, untimed). Prompt tokens are random ids: throughput does not
 // depend on the values (every op's work is fixed by the shapes), except the routed experts,
 // whose touched set at B > 1 follows the router. Each decode step feeds every sequence its own
 // last token, picked greedily, as serving does; with --speculative-tokens N its MTP head drafts N
 // a step and a step emits 1 .. N + 1 tokens a sequence (counted: the decode rate is of tokens);
 // with --speculative-tokens auto each step's drafts come from the server's controller (spec_ctrl,
 // moet.c), whose first probes of every k run untimed before the timed steps (which then hold its
-// choice, with its reprobes), as a server that has been running a while decodes.
+// choice, with its reprobes), as a server that has been running a while decodes. The probes come
+// before the fill to --depth, so the timed steps start at --depth as without drafts (a step's
+// attention costs more the deeper it is) unless the probes' tokens took a sequence past it: the
+// result says the depth the timed steps started from (the smallest and the largest of the batch).
 
 typedef struct {
     const char *model, *planes, *backend, *kv_dtype_name;
@@ -35,7 +38,9 @@ static const char bench_usage[] =
     "  --batch LIST          batch sizes, comma separated (default 1,16)\n"
     "  --prompt N            prompt tokens per sequence, prefill timed (default 512)\n"
     "  --gen N               decode steps timed (default 64)\n"
-    "  --depth N             context length before the timed decode (default: the prompt)\n"
+    "  --depth N             context length before the timed decode (default: the prompt; with\n"
+    "                        --speculative-tokens auto the probes' tokens come first and may take a\n"
+    "                        sequence past it: the result says the depth the timed steps start at)\n"
     "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
     "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
@@ -132,6 +137,40 @@ static int bench_step(engine_backend *be, int n, const int *slots, const int32_t
 static int32_t bench_last(const engine_result *res, int i) {
     int nt = res->n_tok ? res->n_tok[i] : 1;
     return nt > 1 ? res->more[(size_t)i * MOET_MAX_SPEC + nt - 2] : res->token[i];
+}
+
+// Feeds each of the B sequences random tokens from fed[s] up to `goal` positions, as many whole
+// sequences' chunks per step as fit in Tm tokens (cut as the server cuts prompts, at multiples of
+// the backend's chunk alignment, where that takes something, else as far as the room goes); a
+// sequence that reaches the goal takes its pick into last[s]. *steps counts the steps (for
+// --profile's kernel times per step).
+static int bench_feed(engine_backend *be, int B, int *fed, int goal, int Tm, int vocab, uint64_t *rng, int32_t *ids, int *slots, int *off,
+                      uint8_t *want, int32_t *last, gpu_engine *prof, int *steps, moet_err *e) {
+    for (;;) {
+        int n = 0, T = 0;
+        off[0] = 0;
+        for (int s = 0; s < B && T < Tm; s++) {
+            int left = goal - fed[s];
+            if (left <= 0) continue;
+            int k = engine_chunk_take(fed[s], left, Tm - T, be->chunk_align);
+            if (k <= 0) k = Tm - T;
+            for (int j = 0; j < k; j++) {
+                *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+                ids[T + j] = (int32_t)((*rng >> 33) % (uint64_t)vocab);
+            }
+            T += k;
+            fed[s] += k;
+            want[n] = fed[s] == goal;
+            slots[n++] = s;
+            off[n] = T;
+        }
+        if (!n) return 0;
+        engine_result res;
+        if (bench_step(be, n, slots, ids, off, want, NULL, &res, e)) return -1;
+        for (int i = 0; i < n; i++)
+            if (want[i]) last[slots[i]] = bench_last(&res, i);
+        if (prof && prof->k.prof) gpu_prof_collect(&prof->k), (*steps)++;
+    }
 }
 
 // The expert cache (--expert-cache-gb, format/planes_model.c) over a batch's timed decode steps:
@@ -274,44 +313,17 @@ static int cmd_bench(int argc, char **argv) {
         double t0 = moet_now();
         int psteps = 0;
         if (use_gpu && o.profile) gpu_prof_start(&gp->k);   // the prompt's steps, each kernel timed
-        for (int phase = 0; phase < 2; phase++) {   // 0: the timed prompt, 1: untimed fill to --depth
-            int goal = phase ? o.depth : o.prompt;
-            for (;;) {
-                int n = 0, T = 0;
-                off[0] = 0;
-                for (int s = 0; s < B && T < Tm; s++) {
-                    int left = goal - fed[s];
-                    if (left <= 0) continue;
-                    // cut as the server cuts prompts (at a multiple of the backend's chunk
-                    // alignment) where that takes something, else as far as the room goes
-                    int k = engine_chunk_take(fed[s], left, Tm - T, be->chunk_align);
-                    if (k <= 0) k = Tm - T;
-                    for (int j = 0; j < k; j++) {
-                        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                        ids[T + j] = (int32_t)((rng >> 33) % (uint64_t)c->vocab);
-                    }
-                    T += k;
-                    fed[s] += k;
-                    want[n] = fed[s] == goal;
-                    slots[n++] = s;
-                    off[n] = T;
-                }
-                if (!n) break;
-                engine_result res;
-                if (bench_step(be, n, slots, ids, off, want, NULL, &res, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out; }
-                for (int i = 0; i < n; i++)
-                    if (want[i]) last[slots[i]] = bench_last(&res, i);
-                if (use_gpu && gp->k.prof) gpu_prof_collect(&gp->k), psteps++;
-            }
-            if (phase == 0) {
-                t0 = moet_now() - t0;
-                if (use_gpu && gp->k.prof) {
-                    gp->k.prof = 0;
-                    char what[64];
-                    snprintf(what, sizeof what, "batch-%d prefill (%d-token prompts)", B, o.prompt);
-                    gpu_prof_print(&gp->k, stderr, what, psteps);
-                }
-            }
+        // the prompt (timed); the fill to --depth comes before the decode's first step (below)
+        if (bench_feed(be, B, fed, o.prompt, Tm, c->vocab, &rng, ids, slots, off, want, last, use_gpu ? gp : NULL, &psteps, &e)) {
+            fprintf(stderr, "moet bench: %s\n", e.msg);
+            goto out;
+        }
+        t0 = moet_now() - t0;
+        if (use_gpu && gp->k.prof) {
+            gp->k.prof = 0;
+            char what[64];
+            snprintf(what, sizeof what, "batch-%d prefill (%d-token prompts)", B, o.prompt);
+            gpu_prof_print(&gp->k, stderr, what, psteps);
         }
         double prefill_s = t0;
         // decode: each sequence's last token a step (and its drafts: 1 .. spec + 1 tokens out)
@@ -321,7 +333,18 @@ static int cmd_bench(int argc, char **argv) {
         pf_cache_counters xc0 = pf_cache_stats;   // the expert cache's counters at the timed steps' start
         static spec_ctrl ctl;   // --speculative-tokens auto: this batch's controller
         spec_ctrl_init(&ctl, o.spec_auto ? o.spec : 0);
+        int d_lo = 0, d_hi = 0;   // each sequence's context before the warm-up steps: the smallest, the largest
         for (int step = -probe_steps; step < o.gen + 2; step++) {
+            if (step == 0) {   // untimed: every sequence filled to --depth, after auto's probes (their tokens come first)
+                if (bench_feed(be, B, fed, o.depth, Tm, c->vocab, &rng, ids, slots, off, want, last, NULL, NULL, &e)) {
+                    fprintf(stderr, "moet bench: %s\n", e.msg);
+                    goto out;
+                }
+            }
+            if (step == 0) {   // where the warm-up steps start
+                d_lo = d_hi = fed[0];
+                for (int s = 1; s < B; s++) d_lo = fed[s] < d_lo ? fed[s] : d_lo, d_hi = fed[s] > d_hi ? fed[s] : d_hi;
+            }
             if (step == 2) t1 = moet_now(), xc0 = pf_cache_stats;   // two warm-up steps
             if (step > 2) step_t[n_st++] = moet_now() - ts;   // the step before this one, with its sampling
             ts = moet_now();
@@ -349,6 +372,7 @@ static int cmd_bench(int argc, char **argv) {
             for (int i = 0; i < B; i++) {
                 int nt = res.n_tok ? res.n_tok[i] : 1;
                 out_n += nt;
+                fed[i] += nt;   // (its last token and the accepted drafts: the picks but the last)
                 last[i] = bench_last(&res, i);
                 if (step >= 2) emitted += (uint64_t)nt, drafted += (uint64_t)(res.n_tok ? res.drafted[i] : 0), accepted += (uint64_t)nt - 1;
             }
@@ -377,14 +401,15 @@ static int cmd_bench(int argc, char **argv) {
         double touched = c->n_experts * (1.0 - pow(1.0 - (double)c->topk / c->n_experts, B));
         double expert_b = use_gpu ? gp->expert_bytes * touched * c->n_layers : 0;
         double state_b = use_gpu ? 2.0 * sizeof(float) * gp->ssm_slot * B : 0;
-        double kv_b = use_gpu ? (double)B * (o.depth + o.gen / 2) * 2 * gpu_kv_page_bytes(c, o.kv_dtype) / GPU_KV_PAGE : 0;
+        double kv_b = use_gpu ? (double)B * ((d_lo + d_hi) / 2.0 + o.gen / 2) * 2 * gpu_kv_page_bytes(c, o.kv_dtype) / GPU_KV_PAGE : 0;
         double dense_b = use_gpu ? gp->dense_bytes : 0;
         double step_b = dense_b + expert_b + state_b + kv_b;
         double step_s = dec_s / timed, toks = emitted ? (double)emitted : (double)B * timed;   // tokens out of the timed steps
         js_w_obj(&w);
         js_w_key(&w, "batch"), js_w_int(&w, B);
         js_w_key(&w, "prompt"), js_w_int(&w, o.prompt);
-        js_w_key(&w, "depth"), js_w_int(&w, o.depth);
+        js_w_key(&w, "depth"), js_w_int(&w, d_lo);   // (--depth, or past it where auto's probes took the sequences further)
+        js_w_key(&w, "depth_max"), js_w_int(&w, d_hi);
         js_w_key(&w, "prefill_tok_s"), js_w_num(&w, round((double)B * o.prompt / prefill_s * 10) / 10);
         js_w_key(&w, "decode_tok_s"), js_w_num(&w, round(toks / dec_s * 10) / 10);
         js_w_key(&w, "step_ms"), js_w_num(&w, round(step_s * 1e6) / 1e3);
@@ -418,8 +443,10 @@ static int cmd_bench(int argc, char **argv) {
             js_w_end_obj(&w);
         }
         js_w_end_obj(&w);
-        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %d (%.2f ms/step, "
-                        "p50 %.2f, p99 %.2f; the host queues a step in %.2f ms)", B, (double)B * o.prompt / prefill_s, B, o.prompt, toks / dec_s, o.depth, step_s * 1e3,
+        char dep[32];
+        snprintf(dep, sizeof dep, d_hi > d_lo ? "%d–%d" : "%d", d_lo, d_hi);
+        fprintf(stderr, "moet bench: batch %d: prefill %.0f tok/s (%d × %d tokens), decode %.1f tok/s at depth %s (%.2f ms/step, "
+                        "p50 %.2f, p99 %.2f; the host queues a step in %.2f ms)", B, (double)B * o.prompt / prefill_s, B, o.prompt, toks / dec_s, dep, step_s * 1e3,
                 p50 * 1e3, p99 * 1e3, launch_s / timed * 1e3);
         if (use_gpu)
             fprintf(stderr, ", %.0f MB/step, %.0f GB/s of %.0f copy (roofline %.0f tok/s)", step_b / 1e6, step_b / step_s / 1e9, copy_gbs,

@@ -355,14 +355,16 @@ static void test_bench_line(void) {
     if (!res) return;
     int n = 0, ok = 1;
     for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
-        double mean = NAN, p50 = NAN, p99 = NAN, launch = NAN;
+        double mean = NAN, p50 = NAN, p99 = NAN, launch = NAN, dlo = NAN, dhi = NAN;
         ok &= js_num(js_get(&d, r, "step_ms"), &mean) == 0 && js_num(js_get(&d, r, "step_ms_p50"), &p50) == 0 &&
-              js_num(js_get(&d, r, "step_ms_p99"), &p99) == 0 && js_num(js_get(&d, r, "launch_ms"), &launch) == 0;
+              js_num(js_get(&d, r, "step_ms_p99"), &p99) == 0 && js_num(js_get(&d, r, "launch_ms"), &launch) == 0 &&
+              js_num(js_get(&d, r, "depth"), &dlo) == 0 && js_num(js_get(&d, r, "depth_max"), &dhi) == 0;
         ok &= p50 > 0 && p50 <= p99 && mean <= p99 * (1 + 1e-9) && p50 <= mean * 10;
+        ok &= dlo == 4 && dhi == 4;   // the timed steps start after the prompt (no --depth)
         // queueing is part of the step (the CPU reference computes the step inside launch: most of it)
         ok &= launch >= 0 && launch <= mean * (1 + 1e-9);
     }
-    CHECK(ok && n == 2, "moet bench: step_ms_p50, step_ms_p99 and launch_ms for each batch: %s", line);
+    CHECK(ok && n == 2, "moet bench: step_ms_p50, step_ms_p99, launch_ms and the depth 4 for each batch: %s", line);
     js_free_doc(&d);
 }
 
@@ -420,6 +422,23 @@ static void test_bench_spec(void) {
             }
         }
         CHECK(ok && n == 2, "moet bench --speculative-tokens auto: the choice and the tok/s measured for 0..4 drafts: %s", line);
+        js_free_doc(&d);
+    }
+    // auto's probes (40 steps, each at least a token a sequence) come before the fill to --depth:
+    // without it the timed steps start past the prompt by what the probes emitted (and say so);
+    // with --depth 260 (past the 8 + 40 · 5 the probes can reach) exactly at 260, as without drafts
+    for (int dp = 0; dp < 2; dp++) {
+        char *ad[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1,2", "--prompt", "8", "--gen", "4",
+                      "--mtp", "tests/fixtures/demo_mtp/mtp.safetensors", "--speculative-tokens", "auto", dp ? "--depth" : NULL, "260", NULL};
+        res = bench_results(ad, &d, &line);
+        if (!res) continue;
+        int n = 0, ok = 1;
+        for (const js_node *r = js_first(res); ok && n < (int)res->len; r = js_next(&d, r), n++) {
+            double lo = NAN, hi = NAN;
+            ok &= js_num(js_get(&d, r, "depth"), &lo) == 0 && js_num(js_get(&d, r, "depth_max"), &hi) == 0;
+            ok &= dp ? lo == 260 && hi == 260 : lo >= 8 + 40 && hi >= lo && hi <= 8 + 40 * 5;
+        }
+        CHECK(ok && n == 2, "moet bench --speculative-tokens auto%s: the depth the timed steps start at: %s", dp ? " --depth 260" : "", line);
         js_free_doc(&d);
     }
     char *nohead[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "3",
