@@ -1457,6 +1457,43 @@ static void mtp_speculation(void) {
     ck_close(&m);
 }
 
+// MOET_GPU_FULL=DIR (a full-size model from `moet synth --mtp`, its random head, the plane file
+// DIR.planes): greedy tokens with 1 and 3 drafts a step are those without, the prompt whole and in
+// chunks of 16. A random head's drafts are rejected, so what this holds at full size is that a
+// verification's first row gives the bits of a single step (batch and chunk invariance by position).
+static void full_speculation(const char *dir, const char *planes) {
+    enum { N = 24, P = 40 };
+    moet_err e = {{0}};
+    ck_model m;
+    if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ck_mtp_need(&m, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    gpu_backend b;
+    gpu_opts o = {.max_seqs = 1, .max_len = 256, .max_tokens = 128, .kv_dtype = GPU_KV_F32, .mtp = 1};
+    pf_serve_opts po = {0};
+    po.no_verify = 1;   // (the expert cache's run above hashed every slot)
+    if (gpu_be_init(&b, &m, &o, planes, &po, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    engine_backend be = gpu_backend_of(&b);
+    int32_t pr[P];
+    for (int t = 0; t < P; t++) pr[t] = (int32_t)((t * 7919 + 13) % m.cfg.vocab);
+    samp_params greedy = {0, 0, 1, 0, 0, 0, 1};
+    int32_t base[N], got[N];
+    long long acc = 0;
+    int runs = 0, same = 1;
+    if (spec_run(&be, pr, P, &greedy, 0, 128, base, &acc, &e)) CHECK(0, "%s", e.msg);
+    else
+        for (int k = 1; k <= 3; k += 2)
+            for (int chunk = 16; chunk <= 128; chunk += 112) {
+                if (spec_run(&be, pr, P, &greedy, k, chunk, got, &acc, &e)) { CHECK(0, "%s", e.msg); continue; }
+                int eq = !memcmp(base, got, sizeof base);
+                CHECK(eq, "%s: %d drafts a step, prompt in chunks of %d: other greedy tokens than without drafts", dir, k, chunk);
+                same &= eq, runs++;
+            }
+    printf("speculation on the full-size model %s (its random head): %d runs with 1 and 3 drafts, %s the greedy tokens without drafts "
+           "(%lld drafts accepted)\n", dir, runs, same ? "each" : "NOT all", acc);
+    gpu_be_free(&b);
+    ck_close(&m);
+}
+
 // Long context: a small model (one GDN and one attention layer) over a 33,000-token prompt in
 // chunks of 4,096 — 2,063 KV pages — against the CPU reference after every chunk, and the same
 // prompt in chunks of 2,944 on the GPU giving the same bits (chunk invariance at length, cuts at
@@ -1887,14 +1924,14 @@ int main(void) {
     // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
     // a kernel is being changed), then the tiny fixture end to end once
     const char *only = getenv("MOET_GPU_TESTS");
-    // MOET_GPU_FULL=DIR: a full-size model (moet synth of the real config) with its plane file
-    // DIR.planes: a quarter of its slots on the device gives the resident pool's tokens and logits
-    // (with MOET_GPU_TESTS=full, only that)
+    // MOET_GPU_FULL=DIR: a full-size model (moet synth --mtp of the real config) with its plane
+    // file DIR.planes: a quarter of its slots on the device gives the resident pool's tokens and
+    // logits, and greedy speculation its tokens without drafts (with MOET_GPU_TESTS=full, only those)
     const char *full = getenv("MOET_GPU_FULL");
     char full_pl[600];
     if (full) snprintf(full_pl, sizeof full_pl, "%s.planes", full);
     if (only && !strcmp(only, "full")) {
-        if (full) expert_cache(full, full_pl, 48, 0, 0, 0);
+        if (full) expert_cache(full, full_pl, 48, 0, 0, 0), full_speculation(full, full_pl);
         else CHECK(0, "MOET_GPU_TESTS=full: the full-size model's directory in MOET_GPU_FULL");
         return check_report("test_gpu");
     }
@@ -1950,7 +1987,7 @@ int main(void) {
         const char *dir = real4(pl, sizeof pl);
         if (dir) expert_cache(dir, pl, 48, 256, 1, 1);   // 256 of 1,024: a quarter, one layer's experts
     }
-    if (full) expert_cache(full, full_pl, 48, 0, 0, 0);
+    if (full) expert_cache(full, full_pl, 48, 0, 0, 0), full_speculation(full, full_pl);
     eval_kl();
     return check_report("test_gpu");
 }
