@@ -838,6 +838,27 @@ static void test_tools(void) {
 // trying every k it holds the model's fastest — 0 where drafts cost more than they give, 0 where
 // a k > 0 is faster by less than SPEC_MARGIN — and leaves it only for the short runs that
 // measure a neighbour again; each batch bucket on its own.
+// spec_ctrl over 40,000 steps of batch 1 on a modelled device where drafts are never accepted and
+// cost `cost` of a step each: how much longer the steps after the first probes took than with no
+// drafts (a fraction), the worst of that over any first stretch of 100 steps or more (*worst), and
+// the choice at the end (*chose).
+static double spec_sim(double cost, double *worst, int *chose) {
+    spec_ctrl c;
+    spec_ctrl_init(&c, 4);
+    const int probes = SPEC_PROBES * 5 * SPEC_RUN;
+    double slow = 0, base = 0;
+    *worst = 0;
+    for (int s = 0; s < 40000; s++) {
+        int k = spec_ctrl_pick(&c, 1);
+        double sec = 1.0 + cost * k;
+        spec_ctrl_note(&c, 1, k, 1.0, sec);
+        if (s >= probes) slow += sec, base += 1.0;
+        if (s >= probes + 100 && slow / base - 1 > *worst) *worst = slow / base - 1;
+    }
+    *chose = spec_ctrl_best(&c, 0);
+    return slow / base - 1;
+}
+
 static void test_spec_ctrl(void) {
     static const struct {
         double c0, c1, p;
@@ -888,43 +909,20 @@ static void test_spec_ctrl(void) {
     // allows and back off, so from there on the steps take at most SPEC_LOSS longer than with no
     // drafts at all, over the first 200 steps (a bench) as over 40,000 (a reprobe every
     // SPEC_REPROBE steps would cost ~9 %)
-    double slow = 0, base = 0, worst = 0;
-    {
-        spec_ctrl c;
-        spec_ctrl_init(&c, 4);
-        const int probes = SPEC_PROBES * 5 * SPEC_RUN;
-        for (int s = 0; s < 40000; s++) {
-            int k = spec_ctrl_pick(&c, 1);
-            double sec = 1.0 + 1.5 * k;
-            spec_ctrl_note(&c, 1, k, 1.0, sec);
-            if (s >= probes) slow += sec, base += 1.0;
-            if (s >= probes + 100 && slow / base - 1 > worst) worst = slow / base - 1;
-        }
-        // (+1e-9: the double sums' rounding; at the bound, a run of 4 steps of 2.5 against 1,200 of 1 is exactly SPEC_LOSS)
-        CHECK(spec_ctrl_best(&c, 0) == 0 && worst <= SPEC_LOSS + 1e-9, "spec_ctrl: drafts never accepted: chose %d, at worst %.2f %% slower than none",
-              spec_ctrl_best(&c, 0), 100 * worst);
-    }
+    int chose = -1;
+    double worst = 0, loss = spec_sim(1.5, &worst, &chose);
+    // (+1e-9: the double sums' rounding; at the bound, a run of 4 steps of 2.5 against 1,200 of 1 is exactly SPEC_LOSS)
+    CHECK(chose == 0 && worst <= SPEC_LOSS + 1e-9, "spec_ctrl: drafts never accepted: chose %d, at worst %.2f %% slower than none", chose,
+          100 * worst);
     // a neighbour barely slower (drafts never accepted, 0.1 of a step each: its loss allows a run
     // every 80 steps, 0.5 %): the gap doubles past that after each run that changes nothing, so
     // 40,000 steps cost at most 0.1 % (a gap held at 80 would cost 0.5 %)
-    double slow2 = 0, base2 = 0;
-    {
-        spec_ctrl c;
-        spec_ctrl_init(&c, 4);
-        const int probes = SPEC_PROBES * 5 * SPEC_RUN;
-        for (int s = 0; s < 40000; s++) {
-            int k = spec_ctrl_pick(&c, 1);
-            double sec = 1.0 + 0.1 * k;
-            spec_ctrl_note(&c, 1, k, 1.0, sec);
-            if (s >= probes) slow2 += sec, base2 += 1.0;
-        }
-        CHECK(spec_ctrl_best(&c, 0) == 0 && slow2 <= 1.001 * base2, "spec_ctrl: drafts barely slower: chose %d, %.3f %% slower than none",
-              spec_ctrl_best(&c, 0), 100 * (slow2 / base2 - 1));
-    }
+    double worst2 = 0, loss2 = spec_sim(0.1, &worst2, &chose);
+    CHECK(chose == 0 && loss2 <= 0.001, "spec_ctrl: drafts barely slower: chose %d, %.3f %% slower than none", chose, 100 * loss2);
     printf("spec_ctrl: 5 modelled devices x 3 batch sizes: the fastest number of drafts held (0 where drafts cost more, or "
            "gain less than %.0f %%); batches of 1 and 16 in turn each their own; drafts never accepted: %.2f %% slower than none "
            "(at worst %.2f %% over any first stretch of 100 steps or more); drafts barely slower: %.3f %%\n", (SPEC_MARGIN - 1) * 100,
-           100 * (slow / base - 1), 100 * worst, 100 * (slow2 / base2 - 1));
+           100 * loss, 100 * worst, 100 * loss2);
 }
 
 int main(void) {
