@@ -971,7 +971,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     CUdeviceptr rs = gpu_meta(g, GM_ROW_SLOT), r0 = gpu_meta(g, GM_ROW_START), rn = gpu_meta(g, GM_ROW_LEN);
     // a verification (one row, keep_hist): the windows and states after each of its tokens too
     CUdeviceptr hw = g->keep_hist ? g->hist_win + gi * (size_t)(Kc - 1) * cd * 4 : 0, hs = g->keep_hist ? g->hist_ssm + gi * (size_t)nv * dk * dv * 4 : 0;
-    gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n, hw, (long long)g->win_slot);
+    gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n, T - n + 1, hw, (long long)g->win_slot);
     CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
     if (n1)
         gpu_k_gdn_rule(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs, r0,

@@ -225,8 +225,9 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
                GPU_MM_NT, 0, s, GPU_ARGS((void *)set, &xs, &T));
 }
 
-// The routed experts' launch shape for P = T·K pairs over E experts: 0 _d (P ≤ GPU_MM_TOK_B: items
-// of at most GPU_MOE_CAP_D pairs staged in shared memory), 1 _p (items of GPU_MM_TOK), 2 _g (items
+// The routed experts' launch shape for P = T·K pairs over E experts: 0 _d (P ≤ GPU_MM_TOK_B, or
+// up to k->moe_d_ppe pairs per expert on average: items of at most GPU_MOE_CAP_D pairs staged in
+// shared memory), 1 _p (items of GPU_MM_TOK), 2 _g (items
 // of GPU_MMG_BN through k_mm_g's stages: planes and NVFP4 experts where its shared memory fits, and
 // a step of k->moe_g_min pairs per expert or more (GPU_MMG_BN / 2: measured on the H200 at 16 pairs
 // per expert, k_moe_up_g's emptier tiles took 1.31 ms where _p took 0.78); the pairs an item holds, and the
@@ -234,7 +235,8 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 // grouping (k_moe_sort, k_route) and the products take the same shape: k->moe_kind is set once
 // (the MTP head's BF16 experts run with it at -1: gpu_mtp_rows).
 static int gpu_moe_shape(gpu_kernels *k, long long P, int E) {
-    if (P <= GPU_MM_TOK_B) return 0;
+    MOET_ASSERT(k->moe_d_ppe >= 0 && k->moe_d_ppe <= GPU_MOE_D_PPE, "gpu_moe_shape: _d up to %d pairs per expert", k->moe_d_ppe);
+    if (P <= GPU_MM_TOK_B || P <= (long long)k->moe_d_ppe * E) return 0;
     int g = P >= (long long)k->moe_g_min * E && (k->moe_kind == GPU_W_PLANES || k->moe_kind == GPU_W_NVFP4) &&
             gpu_smem_room(k, K_MOE_UP_G, gpu_mmg_smem(k->moe_kind)) && gpu_smem_room(k, K_MOE_DN_G, gpu_mmg_smem(k->moe_kind));
     return g ? 2 : 1;
@@ -246,15 +248,17 @@ static int gpu_moe_cap(gpu_kernels *k, long long P, int E) {
 static const int gpu_moe_rt_up[2] = {1, 2}, gpu_moe_rt_dn[2] = {4, 2};
 
 // The expert map of P = T·K pairs over E experts: how many items (runs of ≤ the shape's cap pairs
-// of one expert; counted with the smallest cap of P's shapes, GPU_MM_TOK past GPU_MM_TOK_B) a step
+// of one expert; counted with the smallest cap of P's shapes: GPU_MOE_CAP_D up to GPU_MOE_D_PPE
+// pairs per expert, whatever k->moe_d_ppe is, GPU_MM_TOK past it) a step
 // can have, and the ints of the map (sass/moe_mm.cu) for any step of up to P pairs (a smaller step
 // may hold more items: its items are smaller).
 static int gpu_moe_items_bound(long long P, int E) {
-    long long b = gpu_cdiv(P, P <= GPU_MM_TOK_B ? GPU_MOE_CAP_D : GPU_MM_TOK) + E;
+    long long b = gpu_cdiv(P, P <= GPU_MM_TOK_B || P <= (long long)GPU_MOE_D_PPE * E ? GPU_MOE_CAP_D : GPU_MM_TOK) + E;
     return (int)(b < P ? b : P);
 }
 static int gpu_moe_items_max(long long P, int E) {
-    int a = gpu_moe_items_bound(P, E), b = gpu_moe_items_bound(P < GPU_MM_TOK_B ? P : GPU_MM_TOK_B, E);
+    const long long d = GPU_MM_TOK_B > (long long)GPU_MOE_D_PPE * E ? GPU_MM_TOK_B : (long long)GPU_MOE_D_PPE * E;   // the most pairs of _d
+    int a = gpu_moe_items_bound(P, E), b = gpu_moe_items_bound(P < d ? P : d, E);
     return a > b ? a : b;
 }
 static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_max(P, E) + (size_t)P; }
@@ -369,17 +373,21 @@ static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdevicept
 // ---- Gated DeltaNet -----------------------------------------------------------------------------
 
 // The causal conv + SiLU in place on qkv [T, cd] for n_rows rows (row r: tokens [row_start[r], +
-// row_len[r]) of slot row_slot[r], int32 [n_rows] each), continuing each slot's window
-// win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc]. With hist (one row only):
-// the window after each of the row's tokens but the last at hist + t·hist_stride (floats).
+// row_len[r]) of slot row_slot[r], int32 [n_rows] each; none longer than `longest` tokens),
+// continuing each slot's window win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc].
+// With hist (one row only): the window after each of the row's tokens but the last at hist +
+// t·hist_stride (floats). A row's segments (warps walking its tokens side by side): the least power
+// of two ≥ longest, at most GPU_CONV_NT / 32 (the same bits with any: sass/gdn_conv.cu).
 static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, gpu_mat w, int Kc, CUdeviceptr win_base,
-                           long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows,
+                           long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows, int longest,
                            CUdeviceptr hist, long long hist_stride) {
     MOET_ASSERT(Kc >= 1 && Kc <= GPU_CONV_MAX_K && w.rows == cd && w.cols == Kc, "k_gdn_conv: a conv of %d taps over %d channels (weight [%d, %d]; "
                 "at most %d taps)", Kc, cd, w.rows, w.cols, GPU_CONV_MAX_K);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_conv: windows after each token for %d rows", n_rows);
-    gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, 32), n_rows, 1, "(blocks of 32 channels, rows, 1)"}, GPU_CONV_NT, 0, s,
-               GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len, &hist, &hist_stride));
+    int nseg = 1;
+    while (nseg < GPU_CONV_NT / 32 && nseg < longest) nseg *= 2;
+    gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, 32 * (GPU_CONV_NT / 32 / nseg)), n_rows, 1, "(blocks of channels, rows, 1)"}, GPU_CONV_NT, 0, s,
+               GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len, &hist, &hist_stride, &nseg));
 }
 
 // The gated delta rule, recurrent form, over the rows rows[0 .. n_rows) (int32 indices into

@@ -4,10 +4,12 @@
 // token, called for a row's tokens in order).
 //   out[t, ch] = SiLU(Σ_{j < Kc−1} w[ch, j] · win[j, ch] + w[ch, Kc−1] · in[t, ch])
 // In place on qkv [T, cd] (in → out). Window of slot s: win_base + s·win_slot_stride, [Kc − 1, cd].
-// Launch (gpu_k_gdn_conv): block GPU_CONV_NT, grid (ceil(cd / 32), n rows). Row r: tokens
-// [row_start[r], + row_len[r]), slot row_slot[r]. Kc ≤ GPU_CONV_MAX_K (taps and history in registers).
-// A block takes 32 channels (lane = channel) of one row; its GPU_CONV_NT / 32 warps cut the row's
-// tokens into as many segments of ceil(n / warps) tokens. Each thread first reads its segment's
+// Launch (gpu_k_gdn_conv): block GPU_CONV_NT, grid (ceil(cd / (32 · GPU_CONV_NT / (32 · nseg))), n rows).
+// Row r: tokens [row_start[r], + row_len[r]), slot row_slot[r]. Kc ≤ GPU_CONV_MAX_K (taps and history
+// in registers). A block takes GPU_CONV_NT / (32 · nseg) groups of 32 channels (lane = channel) of
+// one row, nseg warps each (nseg a power of two ≤ GPU_CONV_NT / 32, at most the step's longest
+// row: a decode step's rows of one token take one warp per 32 channels, not sixteen), which cut
+// the row's tokens into nseg segments of ceil(n / nseg) tokens. Each thread first reads its segment's
 // history (the Kc − 1 inputs before it: earlier tokens of the row, else the window), the block
 // waits, then each walks its segment in place — every output the same sum of the same inputs
 // whatever the segments, so the bits do not depend on the row's length or cut. The thread of the
@@ -22,9 +24,10 @@
 extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__restrict__ qkv, int cd, gpu_mat w, int Kc, float *__restrict__ win_base,
                                                                      long long win_slot_stride, const int *__restrict__ row_slot,
                                                                      const int *__restrict__ row_start, const int *__restrict__ row_len,
-                                                                     float *__restrict__ win_hist, long long hist_stride) {
+                                                                     float *__restrict__ win_hist, long long hist_stride, int nseg) {
     GPU_DEP();
-    const int ch = blockIdx.x * WARP + (threadIdx.x & 31), seg = threadIdx.x >> 5, r = blockIdx.y, nseg = GPU_CONV_NT / WARP;
+    const int warp = threadIdx.x >> 5, groups = GPU_CONV_NT / WARP / nseg;
+    const int ch = (blockIdx.x * groups + warp / nseg) * WARP + (threadIdx.x & 31), seg = warp % nseg, r = blockIdx.y;
     const int t0 = row_start[r], n = row_len[r], S = (n + nseg - 1) / nseg, lo = seg * S, hi = min(n, lo + S);   // row positions [lo, hi)
     const bool on = ch < cd && lo < hi;
     float *win = win_base + (size_t)row_slot[r] * win_slot_stride;

@@ -68,7 +68,7 @@ GPU_ABI_ASSERT(GPU_FA_WALK_W / GPU_FA_WALK_SPLIT * 16 * 4 <= 2 * GPU_FA_KT * 2, 
 // k_gdn_conv: a block of 32 channels × GPU_CONV_NT / 32 segments of a row's tokens; the longest
 // conv kernel (taps and history in registers).
 #define GPU_CONV_NT 512
-GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0, "k_gdn_conv: whole warps");
+GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 - 1)) == 0, "k_gdn_conv: whole warps, a power of two of them");
 #define GPU_CONV_MAX_K 8
 // the one-block-per-row and element-wise kernels
 #define GPU_EMBED_NT 256     // k_embed: a block per token
@@ -124,9 +124,11 @@ GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MM
 // expert's activation in one block (a warp per token's router).
 #define GPU_ROUTE_T 32
 GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token");
-// The routed experts' _d shape (steps of up to GPU_MM_TOK_B pairs): items of at most GPU_MOE_CAP_D
-// pairs of one expert (one n-tile, staged in shared memory).
+// The routed experts' _d shape (steps of up to GPU_MM_TOK_B pairs, or of up to GPU_MOE_D_PPE pairs
+// per expert on average: gpu/launch.c gpu_moe_shape): items of at most GPU_MOE_CAP_D pairs of one
+// expert (one n-tile, staged in shared memory).
 #define GPU_MOE_CAP_D 8
+#define GPU_MOE_D_PPE 16
 
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };

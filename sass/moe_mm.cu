@@ -10,7 +10,7 @@
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
 // GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, I or H / 16RT): a block
 // past the step's item count returns at once. The shape is picked by P = T·K, the same bits in each:
-// _d when P ≤ GPU_MM_TOK_B (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
+// _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
 // shared memory; k_moe_dn_d four row tiles per warp), _g beyond for planes and NVFP4 experts where
 // its shared memory fits (items of ≤ GPU_MMG_BN pairs, mm.cuh: mmg_run; grid (items bound, ceil(I / (GPU_MMG_BM / 2))) for up,
 // (items bound, ceil(H / GPU_MMG_BM)) for down), else _p (items of ≤ GPU_MM_TOK pairs).

@@ -547,9 +547,10 @@ static void hk_experts(int kind) {
     CUdeviceptr ex = hk_up(tab, sizeof(gpu_mat) * 3 * (size_t)E);
     size_t used = hk.d.used;
     // decode (T = 1), a batch of 16 decoding sequences that all chose the same K experts (two
-    // items per expert in the _d shape), a 512-token prefill chunk
-    static const int Ts[] = {1, 16, 512};
-    for (int ti = 0; ti < 3; ti++) {
+    // items per expert in the _d shape), 64 and 256 tokens (a batch of decoding sequences, a short
+    // prompt: 2 and 8 pairs per expert), a 512-token prefill chunk
+    static const int Ts[] = {1, 16, 64, 256, 512};
+    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
         int T = Ts[ti], skew = T == 16;
         int P = T * K, *rows = malloc(sizeof(int) * P);
         int32_t *sel = malloc(sizeof(int32_t) * P);
@@ -621,29 +622,37 @@ static void hk_experts(int kind) {
         snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
         hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
-        hk.k.moe_g_min = 0;   // the _g shape from any pairs per expert
-        int forced = gpu_moe_shape(&hk.k, P, E) == 2;
-        hk.k.moe_g_min = GPU_MMG_BN / 2;
-        if (forced && gpu_moe_shape(&hk.k, P, E) == 1) {   // _g against the _p this step takes: the same bits
-            double up_g, dn_g, up_p, dn_p;
-            hk.k.moe_g_min = 0;
-            CUdeviceptr hsg = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydg = hk_up(NULL, sizeof(float) * (size_t)P * H);
-            CUdeviceptr mapg = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
-            gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, mapg);
-            gpu_k_moe_up(&hk.k, hk.s, ex, mapg, E, K, xs, T, H, hsg, I);
-            gpu_k_moe_dn(&hk.k, hk.s, ex, mapg, E, hsg, P, I, ydg, H);
-            uint16_t *hpg = hk_down(hsg, 2 * GPU_MM_SPLITS * (size_t)P * I);
-            float *gyg = hk_down(ydg, sizeof(float) * (size_t)P * H);
-            int same = !memcmp(hp, hpg, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyg, sizeof(float) * (size_t)P * H);
-            HK_TIME(up_g, gpu_k_moe_up(&hk.k, hk.s, ex, mapg, E, K, xs, T, H, hsg, I));
-            HK_TIME(dn_g, gpu_k_moe_dn(&hk.k, hk.s, ex, mapg, E, hsg, P, I, ydg, H));
-            hk.k.moe_g_min = GPU_MMG_BN / 2;
-            CHECK(same, "k_moe_up_g / k_moe_dn_g %s T=%d: not the bits of the _p shape", hk_kind(kind), T);
-            HK_TIME(up_p, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I));
-            HK_TIME(dn_p, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
-            printf("%-18s %-46s %-12s up _p %.1f µs, _g %.1f µs; down _p %.1f µs, _g %.1f µs; bits %s\n", "k_moe_*_g", shape, hk_kind(kind), up_p,
-                   up_g, dn_p, dn_g, same ? "equal" : "DIFFERENT");
-            free(hpg), free(gyg);
+        // every other shape this step could take (_d up to GPU_MOE_D_PPE pairs per expert, _p, _g
+        // from any pairs per expert) against the one it takes: the same bits, and their times
+        static const char *const shname[3] = {"_d", "_p", "_g"};
+        static const int set_d[3] = {GPU_MOE_D_PPE, 0, 0}, set_g[3] = {1 << 20, 1 << 20, 0};
+        const int taken = gpu_moe_shape(&hk.k, P, E), d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min;
+        double t_up[3] = {0}, t_dn[3] = {0};
+        int ran[3] = {0}, same = 1;
+        for (int sh = 0; sh < 3; sh++) {
+            hk.k.moe_d_ppe = set_d[sh], hk.k.moe_g_min = set_g[sh];
+            if (gpu_moe_shape(&hk.k, P, E) != sh) continue;   // (the shape taken too: its time beside the others)
+            CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
+            CUdeviceptr mapx = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
+            gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, mapx);
+            gpu_k_moe_up(&hk.k, hk.s, ex, mapx, E, K, xs, T, H, hsx, I);
+            gpu_k_moe_dn(&hk.k, hk.s, ex, mapx, E, hsx, P, I, ydx, H);
+            uint16_t *hpx = hk_down(hsx, 2 * GPU_MM_SPLITS * (size_t)P * I);
+            float *gyx = hk_down(ydx, sizeof(float) * (size_t)P * H);
+            const int eq = !memcmp(hp, hpx, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyx, sizeof(float) * (size_t)P * H);
+            CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the %s shape", shname[sh], shname[sh], hk_kind(kind), T, shname[taken]);
+            same &= eq;
+            HK_TIME(t_up[sh], gpu_k_moe_up(&hk.k, hk.s, ex, mapx, E, K, xs, T, H, hsx, I));
+            HK_TIME(t_dn[sh], gpu_k_moe_dn(&hk.k, hk.s, ex, mapx, E, hsx, P, I, ydx, H));
+            ran[sh] = 1;
+            free(hpx), free(gyx);
+        }
+        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0;
+        if (ran[0] + ran[1] + ran[2] > 1) {
+            printf("%-18s %-46s %-12s takes %s;", "k_moe_* shapes", shape, hk_kind(kind), shname[taken]);
+            for (int sh = 0; sh < 3; sh++)
+                if (ran[sh]) printf(" %s up %.1f µs, down %.1f µs;", shname[sh], t_up[sh], t_dn[sh]);
+            printf(" bits %s\n", same ? "equal" : "DIFFERENT");
         }
         free(hp), free(gy2);
         free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
@@ -736,15 +745,34 @@ static void hk_gdn_conv(void) {
         float *x = hk_normal(n, 1.0f), *win = hk_normal(nw, 1.0f), *tmp = malloc(sizeof(float) * cd);
         int32_t meta[3] = {0, 0, T};   // row_slot, row_start, row_len of the one row
         CUdeviceptr xd = hk_up(x, sizeof(float) * n), wind = hk_up(win, sizeof(float) * nw), md = hk_up(meta, sizeof meta);
-        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, 0, 0);
+        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, T, 0, 0);
         float *gx = hk_down(xd, sizeof(float) * n), *gw = hk_down(wind, sizeof(float) * nw);
         for (int t = 0; t < T; t++) ref_gdn_conv(&w, cd, Kc, x + (size_t)t * cd, win, tmp);
         double err = fmax(check_nerr(gx, x, n), check_nerr(gw, win, nw)), us;
-        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, 0, 0));
+        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4, md + 8, 1, T, 0, 0));
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d in 1 row, %d ch x %d taps", T, cd, Kc);
         hk_row("k_gdn_conv", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 8.0 * n + 8.0 * nw + 2.0 * cd * Kc);
         free(x), free(win), free(tmp), free(gx), free(gw);
+    }
+    // a decode step of R rows of one token, each its own slot's window (rows in reverse slot order)
+    const int Rs[] = {16, 64};
+    for (int ri = 0; ri < (int)(sizeof Rs / sizeof Rs[0]); ri++) {
+        const int R = Rs[ri];
+        size_t n = (size_t)R * cd, nw = (size_t)(Kc - 1) * cd;
+        float *x = hk_normal(n, 1.0f), *win = hk_normal(nw * R, 1.0f), *tmp = malloc(sizeof(float) * cd);
+        int32_t *meta = malloc(sizeof(int32_t) * 3 * R);
+        for (int r = 0; r < R; r++) meta[r] = R - 1 - r, meta[R + r] = r, meta[2 * R + r] = 1;
+        CUdeviceptr xd = hk_up(x, sizeof(float) * n), wind = hk_up(win, sizeof(float) * nw * R), md = hk_up(meta, sizeof(int32_t) * 3 * R);
+        gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4 * R, md + 8 * R, R, 1, 0, 0);
+        float *gx = hk_down(xd, sizeof(float) * n), *gw = hk_down(wind, sizeof(float) * nw * R);
+        for (int r = 0; r < R; r++) ref_gdn_conv(&w, cd, Kc, x + (size_t)r * cd, win + (size_t)(R - 1 - r) * nw, tmp);
+        double err = fmax(check_nerr(gx, x, n), check_nerr(gw, win, nw * R)), us;
+        HK_TIME(us, gpu_k_gdn_conv(&hk.k, hk.s, xd, cd, wd, Kc, wind, (long long)nw, md, md + 4 * R, md + 8 * R, R, 1, 0, 0));
+        char shape[64];
+        snprintf(shape, sizeof shape, "%d rows of 1 token, %d ch x %d taps", R, cd, Kc);
+        hk_row("k_gdn_conv", shape, "f32, bf16 w", err, HK_TOL_SUM, us, 8.0 * n + 8.0 * nw * R + 2.0 * cd * Kc);
+        free(x), free(win), free(tmp), free(gx), free(gw), free(meta);
     }
     free(wb);
     hk_reset();

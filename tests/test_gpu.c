@@ -1557,7 +1557,7 @@ static void launch_limits(void) {
     static gpu_kernels k;   // no module: the launch must not get as far as the driver
     for (int i = 0; i < K_COUNT; i++) k.smem_max[i] = GPU_SMEM_DEFAULT;
     k.smem_optin = GPU_SMEM_DEFAULT;
-    const char *want[] = {"k_gdn_conv: grid.y = 70000 blocks (blocks of 32 channels, rows, 1)",
+    const char *want[] = {"k_gdn_conv: grid.y = 70000 blocks (blocks of channels, rows, 1)",
                           "k_attention_f32: grid.y = 70000 blocks (tokens, query heads, 1)",
                           "k_gdn_chunk: 126464 bytes of dynamic shared memory; the kernel may take 49152"};
     for (int c = 0; c < 3; c++) {
@@ -1571,7 +1571,7 @@ static void launch_limits(void) {
             close(fd[0]);
             CUdeviceptr a = 1 << 20;   // aligned addresses the launch never reads
             gpu_mat w = {.rows = 8192, .cols = 4, .kind = GPU_W_BF16, .row_bytes = 8, .s = 1};
-            if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000, 0, 0);   // 70,000 rows in one step
+            if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000, 1, 0, 0);   // 70,000 rows in one step
             if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_F32, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
                                         a, a, a, 1);
