@@ -81,6 +81,8 @@ typedef struct {
     int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
     int moe_d_ppe;         // pairs per expert (on average) up to which they take the _d shape (≤ GPU_MOE_D_PPE)
+    int mm_g_min;          // tokens from which a step's dense products take k_mm_g (where it carries their kinds)
+    int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
     int ev_kernel[GPU_PROF_MAX];
@@ -109,6 +111,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
+    k->mm_g_min = GPU_MM_TOK_B + 1;
     k->moe_d_ppe = 8;   // (the kernel harness on the H200, planes: _d against _p 437 against 938 µs at 2 pairs per expert, 1,052 against 1,274 at 8, 1,918 against 1,609 at 16)
     k->sms = d->sms;
     return 0;

@@ -199,14 +199,14 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         return;
     }
     // k_mm_g: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged (its shared memory
-    // where the device has it: not on a GB10)
+    // where the device has it: not on a GB10), for steps of k->mm_g_min tokens or more
     size_t gsmem = 0;
     int g_kinds = 1;   // (planes take k_mm_p: k_mm_g carries FP8, NVFP4 and BF16)
     for (int i = 0; i < set->n; i++) {
         g_kinds &= set->W[i].kind != GPU_W_PLANES;
         gsmem = gpu_mmg_smem(set->W[i].kind) > gsmem ? gpu_mmg_smem(set->W[i].kind) : gsmem;
     }
-    if (sh == 2 && g_kinds && gpu_smem_room(k, K_MM_G, gsmem)) {
+    if (T >= k->mm_g_min && g_kinds && gpu_smem_room(k, K_MM_G, gsmem)) {
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
         gpu_launch(k, K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, GPU_MMG_BN), 1, "(row blocks of every matrix, token tiles, 1)"},
                    GPU_MM_NT, gsmem, s, GPU_ARGS((void *)set, &xs, &T));
@@ -286,6 +286,18 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
     return 1;
 }
 
+// The row blocks a block of the _d shape takes (its item's activations staged once for them, the
+// same bits with any): k->moe_nrb, or the most of 1, 2, 4, 8 that dividing rb row blocks leaves
+// GPU_MOE_NRB_FILL blocks per multiprocessor for the step's items bound (a decode step of one
+// token: 8 items × 32 row blocks, each its own block).
+#define GPU_MOE_NRB_FILL 8
+static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
+    if (k->moe_nrb > 0) return k->moe_nrb;
+    int nrb = 1;
+    while (nrb < 8 && rb % (2 * nrb) == 0 && (long long)items * (rb / (2 * nrb)) >= (long long)GPU_MOE_NRB_FILL * (k->sms > 0 ? k->sms : 1)) nrb *= 2;
+    return nrb;
+}
+
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
 // experts), from xs (the parts of xn [T, H]).
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
@@ -303,8 +315,9 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
     size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_up_d: %zu bytes of staged activations", smem);
-    gpu_launch(k, fn[sh], (gpu_dim){bound, I / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
-               GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+    int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
+    gpu_launch(k, fn[sh], (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
+               GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I, &nrb));
 }
 
 // ye [P][H] = down · h for every pair of map (over E experts), from hs (gpu_k_moe_up).
@@ -322,8 +335,9 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory
     size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
-    gpu_launch(k, fn[sh], (gpu_dim){bound, H / (16 * rt), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
-               GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+    int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
+    gpu_launch(k, fn[sh], (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
+               GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H, &nrb));
 }
 
 // ---- the mixture of experts -------------------------------------------------------------------

@@ -8,8 +8,9 @@
 // CPU twins: ref_moe_gate_up, ref_moe_down (moet.c: one expert over the tokens that chose it).
 //
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
-// GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, I or H / 16RT): a block
-// past the step's item count returns at once. The shape is picked by P = T·K, the same bits in each:
+// GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
+// a block past the step's item count returns at once; a block of _d takes nrb row blocks
+// (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
 // _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
 // shared memory; k_moe_dn_d four row tiles per warp), _g beyond for planes and NVFP4 experts where
 // its shared memory fits (items of ≤ GPU_MMG_BN pairs, mm.cuh: mmg_run; grid (items bound, ceil(I / (GPU_MMG_BM / 2))) for up,
@@ -67,84 +68,124 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
     moe_sort_block(sel, P, E, map, items_bound, cap);
 }
 
+// moe_up's and moe_dn's passes over nrb row blocks, each matrix kind its own loop (one mm_core in
+// the loop: its registers, not those of four kinds' inlined side by side).
+template <int KIND, int RT, int NT, int U, bool ONE>
+__device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
+                                            const __nv_bfloat16 *xj, size_t ss, int H, int I, size_t PI, int nrb, const uint32_t *lut,
+                                            float *red, __nv_bfloat16 *__restrict__ hs) {
+    const int nact = (cnt + 7) / 8;
+#pragma unroll 1
+    for (int j = 0; j < nrb; j++) {
+        const int base = (blockIdx.y * nrb + j) * RT * 16;
+        if (base >= I) break;
+        const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
+        int row0[RT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+        float acc[2 * RT][NT][4];
+        mm_core<KIND, 2, RT, NT, U, NT == 1, false>(M, row0, H, xj, ss, brow, nact, lut, acc);
+        if (j) __syncthreads();   // the last row block's sums all read out of red before it is written again
+        mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
+        const float pg = mm_post(M[0]), pu = mm_post(M[1]);
+        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+            float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
+            mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, PI);
+        }
+    }
+}
+
+template <int KIND, int RT, int NT, int U, bool ONE>
+__device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
+                                            const __nv_bfloat16 *hj, size_t ss, int I, int H, int nrb, const uint32_t *lut, float *red,
+                                            float *__restrict__ ye) {
+    const int nact = (cnt + 7) / 8;
+#pragma unroll 1
+    for (int b = 0; b < nrb; b++) {
+        const int base = (blockIdx.y * nrb + b) * RT * 16;
+        if (base >= H) break;
+        const gpu_mat D = experts[3 * x + 2];
+        int row0[RT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+        float acc[RT][NT][4];
+        mm_core<KIND, 1, RT, NT, U, NT == 1, false>(&D, row0, I, hj, ss, brow, nact, lut, acc);
+        if (b) __syncthreads();   // as in moe_up_rows
+        mm_reduce<RT, NT, ONE>(acc, red, nact);
+        const float post = mm_post(D);
+        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+            if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
+        }
+    }
+}
+
 // h[p] = SiLU(gate_x · xn[t]) · (up_x · xn[t]) for the item's pairs p (t = p / K), rows
-// [16RT·blockIdx.y, +16RT) of both, written as its three bf16 parts hs [3][P][I] (what k_moe_dn reads).
-// An item holds at most 8·NT pairs (the _d shape: GPU_MOE_CAP_D).
+// [16RT·(nrb·blockIdx.y + j), +16RT) of both for j < nrb (the item's tokens staged once for nrb row
+// blocks; each row's sums as in a block of its own), written as its three bf16 parts hs [3][P][I]
+// (what k_moe_dn reads). An item holds at most 8·NT pairs (the _d shape: GPU_MOE_CAP_D).
 template <int RT, int NT, int U, bool ONE>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
-                                       const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
+                                       const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I, int nrb) {
     GPU_DEP();
     __shared__ uint32_t lut[16];
     __shared__ float red[mm_red<2 * RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2], P = T * K;
-    const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
-    const int H = M[0].cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
-    const int nact = (cnt + 7) / 8;
-    int row0[RT], brow[NT];
-#pragma unroll
-    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-    float acc[2 * RT][NT][4];
+    const int H = experts[3 * x].cols, kind = experts[3 * x].kind, g = (threadIdx.x & 31) >> 2;
+    int brow[NT];
+    __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
     if (NT == 1) {   // _d: the item's tokens (≤ 8, distinct) staged in shared memory, [3][cnt][H]
-        __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
         mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
         brow[0] = g < cnt ? g : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<2, RT, NT, U, true>(M, row0, H, xl, (size_t)cnt * H, brow, nact, lut, acc);
     } else {
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<2, RT, NT, U>(M, row0, H, xs, (size_t)T * H, brow, nact, lut, acc);
     }
-    mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
-    const float pg = mm_post(M[0]), pu = mm_post(M[1]);
-    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-        float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
-        mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, (size_t)P * I);
+    mm_plane_lut(lut);
+    __syncthreads();
+    const __nv_bfloat16 *xj = NT == 1 ? xl : xs;
+    const size_t ss = NT == 1 ? (size_t)cnt * H : (size_t)T * H, PI = (size_t)P * I;
+    switch (kind) {
+    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
+    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
+    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
+    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
     }
 }
 
-// ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·blockIdx.y, +16RT).
+// ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·(nrb·blockIdx.y + b), +16RT)
+// for b < nrb (as moe_up's row blocks).
 template <int RT, int NT, int U, bool ONE>
 __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
-                                       const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H) {
+                                       const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H, int nrb) {
     GPU_DEP();
     __shared__ uint32_t lut[16];
     __shared__ float red[mm_red<RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2];
-    const gpu_mat D = experts[3 * x + 2];
-    const int I = D.cols, base = blockIdx.y * RT * 16, g = (threadIdx.x & 31) >> 2;
-    const int nact = (cnt + 7) / 8;
-    int row0[RT], brow[NT];
-#pragma unroll
-    for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
-    float acc[RT][NT][4];
+    const int I = experts[3 * x + 2].cols, kind = experts[3 * x + 2].kind, g = (threadIdx.x & 31) >> 2;
+    int brow[NT];
+    __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
     if (NT == 1) {   // _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
-        __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
         mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
         brow[0] = g < cnt ? g : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<1, RT, NT, U, true>(&D, row0, I, hl, (size_t)cnt * I, brow, nact, lut, acc);
     } else {
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
-        mm_plane_lut(lut);
-        __syncthreads();
-        mm_any<1, RT, NT, U>(&D, row0, I, hs, (size_t)P * I, brow, nact, lut, acc);
     }
-    mm_reduce<RT, NT, ONE>(acc, red, nact);
-    const float post = mm_post(D);
-    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-        if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
+    mm_plane_lut(lut);
+    __syncthreads();
+    const __nv_bfloat16 *hj = NT == 1 ? hl : hs;
+    const size_t ss = NT == 1 ? (size_t)cnt * I : (size_t)P * I;
+    switch (kind) {
+    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
+    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
+    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
+    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
     }
 }
 
@@ -155,16 +196,16 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 #define MOE_UP(name, RT, NT, U, ONE, MINB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
-                                                                 __nv_bfloat16 *__restrict__ hs, int I) {                             \
-        moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I);                                                    \
+                                                                 __nv_bfloat16 *__restrict__ hs, int I, int nrb) {                    \
+        moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I, nrb);                                               \
     }
 MOE_UP(k_moe_up_d, 1, 1, 4, true, 2)
 MOE_UP(k_moe_up_p, 2, 4, 1, false, 1)
 #define MOE_DN(name, RT, NT, U, ONE, MINB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
-                                                                 float *__restrict__ ye, int H) {                                     \
-        moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H);                                                       \
+                                                                 float *__restrict__ ye, int H, int nrb) {                            \
+        moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H, nrb);                                                  \
     }
 MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2)
 MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1)

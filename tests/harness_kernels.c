@@ -288,6 +288,37 @@ static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x
 
 // k_linear against ref_linear: the model's matrix products, each set as the engine launches it
 // (the matrices that read one input in one launch).
+// Every shape a step of T tokens can take through k_mm (_b, _p and k_mm_g whatever T) against the
+// one it takes (ms's outputs hold its result): the same bits, and their times.
+static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *shape, const char *fmt) {
+    size_t ob = 0;
+    for (int i = 0; i < ms->n; i++) ob += sizeof(float) * (size_t)T * ms->W[i].rows;
+    float *h0 = malloc(ob), *h1 = malloc(ob);
+    for (size_t i = 0, o = 0; i < (size_t)ms->n; o += (size_t)T * ms->W[i].rows, i++)
+        CU_CHECK(cu.cuMemcpyDtoH(h0 + o, ms->y[i], sizeof(float) * (size_t)T * ms->W[i].rows));
+    static const char *const name[3] = {"_b", "_p", "_g"};
+    double us[3];
+    int same = 1;
+    const int g0 = hk.k.mm_g_min;
+    for (int sh = 0; sh < 3; sh++) {
+        for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
+        hk.k.mm_g_min = 1;   // (_g: k_mm_g from any tokens)
+        if (sh < 2) gpu_k_mm_fixed(&hk.k, hk.s, ms, xs, T, sh + 1);
+        else gpu_k_mm(&hk.k, hk.s, ms, xs, T);
+        CU_CHECK(cu.cuStreamSynchronize(hk.s));
+        for (size_t i = 0, o = 0; i < (size_t)ms->n; o += (size_t)T * ms->W[i].rows, i++)
+            CU_CHECK(cu.cuMemcpyDtoH(h1 + o, ms->y[i], sizeof(float) * (size_t)T * ms->W[i].rows));
+        const int eq = !memcmp(h0, h1, ob);
+        CHECK(eq, "k_mm%s %s: not the bits of the shape the step takes", name[sh], shape);
+        same &= eq;
+        if (sh < 2) HK_TIME(us[sh], gpu_k_mm_fixed(&hk.k, hk.s, ms, xs, T, sh + 1));
+        else HK_TIME(us[sh], gpu_k_mm(&hk.k, hk.s, ms, xs, T));
+        hk.k.mm_g_min = g0;
+    }
+    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs; bits %s\n", "k_mm shapes", shape, fmt, us[0], us[1], us[2], same ? "equal" : "DIFFERENT");
+    free(h0), free(h1);
+}
+
 static void hk_linear(void) {
     const ck_config *c = &hk.m.cfg;
     int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
@@ -324,8 +355,9 @@ static void hk_linear(void) {
             snprintf(rows + strlen(rows), sizeof rows - strlen(rows), "%s%d", i ? "+" : "", W[i].rows);
             if (!strstr(fmt, hk_kind(W[i].kind))) snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), "%s%s", *fmt ? "+" : "", hk_kind(W[i].kind));
         }
-        // 1 and 512 tokens, and 4 (k_mm's largest step with the tokens in shared memory, k_mm_v)
-        static const int Ts[] = {1, 4, 512};
+        // 1 and 512 tokens, 4 (k_mm's largest step with the tokens in shared memory, k_mm_v), and
+        // 16, 64 and 128 (batches of decoding sequences: the shapes compared)
+        static const int Ts[] = {1, 4, 16, 64, 128, 512};
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= sets[si].T_max; ti++) {
             int T = Ts[ti];
             float *x = hk_normal((size_t)T * K, 1.0f);
@@ -371,6 +403,7 @@ static void hk_linear(void) {
             }
             HK_TIME(us, gpu_k_mm_split(&hk.k, hk.s, xd, K, K, T, xs));
             hk_row("k_mm_split", shape, "f32", hk_split_err(xs, x, (size_t)T * K), HK_TOL_SPLIT, us, 4.0 * T * K + 2.0 * GPU_MM_SPLITS * T * K);
+            if (T > 8 && T < 512) hk_mm_shapes(&ms, xs, T, shape, fmt);
             free(x);
         }
         for (int i = 0; i < n; i++) free(wb[i]), free(sb[i]);
@@ -648,6 +681,28 @@ static void hk_experts(int kind) {
             free(hpx), free(gyx);
         }
         hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0;
+        if (taken == 0) {   // the _d shape's row blocks per block (gpu_moe_nrb): the same bits with any, their times
+            int bound = gpu_moe_items_bound(P, E);
+            printf("%-18s %-46s %-12s row blocks a block (up, down by gpu_moe_nrb: %d, %d):", "k_moe_*_d", shape, hk_kind(kind),
+                   gpu_moe_nrb(&hk.k, bound, I / 16), gpu_moe_nrb(&hk.k, bound, H / 64));
+            for (int nrb = 1; nrb <= 8; nrb *= 2) {
+                hk.k.moe_nrb = nrb;
+                CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
+                gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I);
+                gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H);
+                uint16_t *hpx = hk_down(hsx, 2 * GPU_MM_SPLITS * (size_t)P * I);
+                float *gyx = hk_down(ydx, sizeof(float) * (size_t)P * H);
+                const int eq = !memcmp(hp, hpx, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyx, sizeof(float) * (size_t)P * H);
+                CHECK(eq, "k_moe_up_d / k_moe_dn_d %s T=%d, %d row blocks a block: not the bits of gpu_moe_nrb's", hk_kind(kind), T, nrb);
+                double tu, td;
+                HK_TIME(tu, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I));
+                HK_TIME(td, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H));
+                printf(" %d: %.1f, %.1f µs%s", nrb, tu, td, eq ? "" : " (DIFFERENT bits)");
+                free(hpx), free(gyx);
+            }
+            hk.k.moe_nrb = 0;
+            printf("\n");
+        }
         if (ran[0] + ran[1] + ran[2] > 1) {
             printf("%-18s %-46s %-12s takes %s;", "k_moe_* shapes", shape, hk_kind(kind), shname[taken]);
             for (int sh = 0; sh < 3; sh++)
