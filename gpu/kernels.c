@@ -112,7 +112,10 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
     k->mm_g_min = GPU_MM_TOK_B + 1;
-    k->moe_d_ppe = 8;   // (the kernel harness on the H200, planes: _d against _p 437 against 938 µs at 2 pairs per expert, 1,052 against 1,274 at 8, 1,918 against 1,609 at 16)
+    // _d up to 8 pairs per expert: the kernel harness on the H200 (planes, _d against _p, up + down:
+    // 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, the same bits); at 16 (the
+    // most the maps are sized for, GPU_MOE_D_PPE) 1,030 against 1,688 there, the engine not yet measured with it
+    k->moe_d_ppe = 8;
     k->sms = d->sms;
     return 0;
 }
