@@ -386,20 +386,27 @@ static void gpu_k_silu_mul(gpu_kernels *k, CUstream s, CUdeviceptr g, CUdevicept
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------------
 
+// k_gdn_conv's segments of a row (warps walking its tokens side by side) for a step whose longest
+// row has `longest` tokens: the least power of two ≥ longest, at most GPU_CONV_NT / 32 (the same
+// bits with any: sass/gdn_conv.cu).
+static int gpu_conv_nseg(int longest) {
+    int nseg = 1;
+    while (nseg < GPU_CONV_NT / 32 && nseg < longest) nseg *= 2;
+    return nseg;
+}
+
 // The causal conv + SiLU in place on qkv [T, cd] for n_rows rows (row r: tokens [row_start[r], +
 // row_len[r]) of slot row_slot[r], int32 [n_rows] each; none longer than `longest` tokens),
 // continuing each slot's window win_base + slot·win_slot_stride [Kc − 1, cd] (floats). w: [cd, Kc].
 // With hist (one row only): the window after each of the row's tokens but the last at hist +
-// t·hist_stride (floats). A row's segments (warps walking its tokens side by side): the least power
-// of two ≥ longest, at most GPU_CONV_NT / 32 (the same bits with any: sass/gdn_conv.cu).
+// t·hist_stride (floats). A row's segments: gpu_conv_nseg.
 static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, gpu_mat w, int Kc, CUdeviceptr win_base,
                            long long win_slot_stride, CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, int n_rows, int longest,
                            CUdeviceptr hist, long long hist_stride) {
     MOET_ASSERT(Kc >= 1 && Kc <= GPU_CONV_MAX_K && w.rows == cd && w.cols == Kc, "k_gdn_conv: a conv of %d taps over %d channels (weight [%d, %d]; "
                 "at most %d taps)", Kc, cd, w.rows, w.cols, GPU_CONV_MAX_K);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_conv: windows after each token for %d rows", n_rows);
-    int nseg = 1;
-    while (nseg < GPU_CONV_NT / 32 && nseg < longest) nseg *= 2;
+    int nseg = gpu_conv_nseg(longest);
     gpu_launch(k, K_GDN_CONV, (gpu_dim){gpu_cdiv(cd, 32 * (GPU_CONV_NT / 32 / nseg)), n_rows, 1, "(blocks of channels, rows, 1)"}, GPU_CONV_NT, 0, s,
                GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len, &hist, &hist_stride, &nseg));
 }

@@ -1652,6 +1652,58 @@ static void plan_fit(void) {
 // Attention over a bf16 or fp8 cache takes the tensor-core kernel alone (sass/flash.cu): the
 // geometries it takes, the warps its walking form gets on each device, and gpu_init's refusal of
 // the others with the reason and the way out. Runs without a GPU.
+// The routed experts' launch shapes and maps (gpu/launch.c), without a GPU: _d up to GPU_MM_TOK_B
+// pairs or moe_d_ppe pairs per expert, _g from moe_g_min (planes and NVFP4 where its shared memory
+// fits), _p between; a map's items bound holds the items of any grouping under the shape's cap (the
+// worst: every expert a whole number of items and one pair more); a _d block's row blocks
+// (gpu_moe_nrb) a power of two ≤ 8 dividing the row blocks, the most that leaves GPU_MOE_NRB_FILL
+// blocks a multiprocessor; the conv's segments the least power of two ≥ the longest row, ≤ 16.
+static void moe_shapes(void) {
+    gpu_kernels k;
+    memset(&k, 0, sizeof k);
+    for (int i = 0; i < K_COUNT; i++) k.smem_max[i] = 232448;   // (as if opted in: no driver call)
+    k.moe_kind = GPU_W_PLANES, k.moe_g_min = GPU_MMG_BN / 2, k.moe_d_ppe = 8, k.sms = 132;
+    int bad = 0, worst = 0;
+    for (int E = 4; E <= 256; E *= 4)
+        for (long long P = 1; P <= 40LL * E + 300; P += P < 600 ? 1 : 7) {
+            const int sh = gpu_moe_shape(&k, P, E), want = P <= GPU_MM_TOK_B || P <= 8LL * E ? 0 : P >= (long long)GPU_MMG_BN / 2 * E ? 2 : 1;
+            bad += sh != want;
+            const int cap = gpu_moe_cap(&k, P, E);
+            // items of the worst grouping: as many experts as can hold cap·j + 1 pairs, the rest in one
+            long long items = 0, left = P;
+            for (int x = 0; x < E && left > 0; x++) {
+                long long c = x < E - 1 ? (left >= cap + 1 ? cap + 1 : left) : left;
+                items += (c + cap - 1) / cap, left -= c;
+            }
+            const int b = gpu_moe_items_bound(P, E);
+            bad += items > b || b > gpu_moe_items_max(P, E);
+            if (items > b) worst = (int)P;
+        }
+    CHECK(!bad, "the experts' shapes and maps: %d wrong (first overfull map at %d pairs)", bad, worst);
+    k.moe_d_ppe = 0;
+    CHECK(gpu_moe_shape(&k, 512, 256) == 1 && gpu_moe_shape(&k, 128, 256) == 0, "moe_d_ppe 0: _d up to GPU_MM_TOK_B pairs only");
+    k.moe_d_ppe = GPU_MOE_D_PPE;
+    CHECK(gpu_moe_shape(&k, 16 * 256, 256) == 0 && gpu_moe_shape(&k, 16 * 256 + 1, 256) == 1, "moe_d_ppe 16: _d up to 16 pairs per expert");
+    k.moe_kind = GPU_W_BF16;
+    CHECK(gpu_moe_shape(&k, 40 * 256, 256) == 1, "BF16 experts (the MTP head's): never _g");
+    int nbad = 0;
+    for (int items = 1; items <= 1200; items++)
+        for (int rb = 8; rb <= 64; rb *= 2) {
+            const int n = gpu_moe_nrb(&k, items, rb);
+            const long long fill = (long long)GPU_MOE_NRB_FILL * k.sms;
+            nbad += n < 1 || n > 8 || (n & (n - 1)) || rb % n || (n > 1 && (long long)items * (rb / n) < fill) ||
+                    (n < 8 && rb % (2 * n) == 0 && (long long)items * (rb / (2 * n)) >= fill);
+        }
+    CHECK(!nbad, "gpu_moe_nrb: %d choices not the most row blocks that leave %d blocks a multiprocessor", nbad, GPU_MOE_NRB_FILL);
+    CHECK(gpu_moe_nrb(&k, 8, 32) == 1 && gpu_moe_nrb(&k, 128, 32) == 2 && gpu_moe_nrb(&k, 320, 32) == 8,
+          "gpu_moe_nrb: one token's 8 items 1, batch 16's 128 items 2, batch 64's 320 items 8 (of 32 row blocks, 132 multiprocessors)");
+    k.moe_nrb = 4;
+    CHECK(gpu_moe_nrb(&k, 8, 32) == 4, "gpu_moe_nrb: moe_nrb taken as set");
+    CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
+              gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
+          "gpu_conv_nseg: the least power of two ≥ the longest row, 1 to %d", GPU_CONV_NT / 32);
+}
+
 static void fa_geometry(void) {
     const int h200 = 232448, rtx = 101376, small = 49152;   // shared memory per block: sm_90, sm_120, a device without the opt-in
     CHECK(gpu_fa_fits(16, 2, 256, h200) == GPU_FA_WALK_W, "Qwen3.6 on the H200: %d warps", gpu_fa_fits(16, 2, 256, h200));
@@ -1895,6 +1947,7 @@ int main(void) {
     plan_fit();
     zipf_draws();
     cache_victim();
+    moe_shapes();
     fa_geometry();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
