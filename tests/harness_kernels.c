@@ -286,8 +286,6 @@ static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x
     return err;
 }
 
-// k_linear against ref_linear: the model's matrix products, each set as the engine launches it
-// (the matrices that read one input in one launch).
 // Every shape a step of T tokens can take through k_mm (_b, _p and k_mm_g whatever T) against the
 // one it takes (ms's outputs hold its result): the same bits, and their times.
 static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *shape, const char *fmt) {
@@ -302,7 +300,7 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     const int g0 = hk.k.mm_g_min;
     for (int sh = 0; sh < 3; sh++) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
-        hk.k.mm_g_min = 1;   // (_g: k_mm_g from any tokens)
+        if (sh == 2) hk.k.mm_g_min = 1;   // (_g: k_mm_g from any tokens)
         if (sh < 2) gpu_k_mm_fixed(&hk.k, hk.s, ms, xs, T, sh + 1);
         else gpu_k_mm(&hk.k, hk.s, ms, xs, T);
         CU_CHECK(cu.cuStreamSynchronize(hk.s));
@@ -319,6 +317,8 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     free(h0), free(h1);
 }
 
+// k_linear against ref_linear: the model's matrix products, each set as the engine launches it
+// (the matrices that read one input in one launch).
 static void hk_linear(void) {
     const ck_config *c = &hk.m.cfg;
     int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
@@ -560,6 +560,28 @@ static void hk_route_fused(void) {
     }
 }
 
+// The routed experts through the shape hk.k picks (the pairs of sd grouped again by k_moe_sort
+// when map is 0, else map's grouping) into fresh outputs: whether h's parts and ye are the bits of
+// hp and gy (the shape the step takes), and the time of k_moe_up and k_moe_dn.
+static int hk_moe_same(CUdeviceptr ex, CUdeviceptr sd, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H, int I, const uint16_t *hp,
+                       const float *gy, double *t_up, double *t_dn) {
+    const int P = T * K;
+    CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
+    if (!map) {
+        map = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
+        gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
+    }
+    gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I);
+    gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H);
+    uint16_t *hpx = hk_down(hsx, 2 * GPU_MM_SPLITS * (size_t)P * I);
+    float *gyx = hk_down(ydx, sizeof(float) * (size_t)P * H);
+    const int eq = !memcmp(hp, hpx, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy, gyx, sizeof(float) * (size_t)P * H);
+    HK_TIME(*t_up, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I));
+    HK_TIME(*t_dn, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H));
+    free(hpx), free(gyx);
+    return eq;
+}
+
 // The routed experts of one stored kind: k_moe_gate_up against ref_moe_gate_up and k_moe_down
 // against ref_moe_down, each expert over the (token, choice) pairs that chose it, as ref_moe
 // groups them; k_moe_down reads the GPU's own h, so each kernel is measured alone.
@@ -665,20 +687,10 @@ static void hk_experts(int kind) {
         for (int sh = 0; sh < 3; sh++) {
             hk.k.moe_d_ppe = set_d[sh], hk.k.moe_g_min = set_g[sh];
             if (gpu_moe_shape(&hk.k, P, E) != sh) continue;   // (the shape taken too: its time beside the others)
-            CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
-            CUdeviceptr mapx = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
-            gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, mapx);
-            gpu_k_moe_up(&hk.k, hk.s, ex, mapx, E, K, xs, T, H, hsx, I);
-            gpu_k_moe_dn(&hk.k, hk.s, ex, mapx, E, hsx, P, I, ydx, H);
-            uint16_t *hpx = hk_down(hsx, 2 * GPU_MM_SPLITS * (size_t)P * I);
-            float *gyx = hk_down(ydx, sizeof(float) * (size_t)P * H);
-            const int eq = !memcmp(hp, hpx, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyx, sizeof(float) * (size_t)P * H);
+            const int eq = hk_moe_same(ex, sd, 0, E, K, xs, T, H, I, hp, gy2, &t_up[sh], &t_dn[sh]);
             CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the %s shape", shname[sh], shname[sh], hk_kind(kind), T, shname[taken]);
             same &= eq;
-            HK_TIME(t_up[sh], gpu_k_moe_up(&hk.k, hk.s, ex, mapx, E, K, xs, T, H, hsx, I));
-            HK_TIME(t_dn[sh], gpu_k_moe_dn(&hk.k, hk.s, ex, mapx, E, hsx, P, I, ydx, H));
             ran[sh] = 1;
-            free(hpx), free(gyx);
         }
         hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0;
         if (taken == 0) {   // the _d shape's row blocks per block (gpu_moe_nrb): the same bits with any, their times
@@ -687,18 +699,10 @@ static void hk_experts(int kind) {
                    gpu_moe_nrb(&hk.k, bound, I / 16), gpu_moe_nrb(&hk.k, bound, H / 64));
             for (int nrb = 1; nrb <= 8; nrb *= 2) {
                 hk.k.moe_nrb = nrb;
-                CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
-                gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I);
-                gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H);
-                uint16_t *hpx = hk_down(hsx, 2 * GPU_MM_SPLITS * (size_t)P * I);
-                float *gyx = hk_down(ydx, sizeof(float) * (size_t)P * H);
-                const int eq = !memcmp(hp, hpx, 2 * GPU_MM_SPLITS * (size_t)P * I) && !memcmp(gy2, gyx, sizeof(float) * (size_t)P * H);
-                CHECK(eq, "k_moe_up_d / k_moe_dn_d %s T=%d, %d row blocks a block: not the bits of gpu_moe_nrb's", hk_kind(kind), T, nrb);
                 double tu, td;
-                HK_TIME(tu, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I));
-                HK_TIME(td, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H));
+                const int eq = hk_moe_same(ex, sd, map, E, K, xs, T, H, I, hp, gy2, &tu, &td);
+                CHECK(eq, "k_moe_up_d / k_moe_dn_d %s T=%d, %d row blocks a block: not the bits of gpu_moe_nrb's", hk_kind(kind), T, nrb);
                 printf(" %d: %.1f, %.1f µs%s", nrb, tu, td, eq ? "" : " (DIFFERENT bits)");
-                free(hpx), free(gyx);
             }
             hk.k.moe_nrb = 0;
             printf("\n");

@@ -1649,9 +1649,6 @@ static void plan_fit(void) {
     CHECK(gpu_plan_pool(&in, "an integrated GPU", 16000, M, 10240, 256, &np, &e) == 0 && np == 18432 - 12648 - 2048 - 1, "integrated: %" PRIu64 " places (%s)", np, e.msg);
 }
 
-// Attention over a bf16 or fp8 cache takes the tensor-core kernel alone (sass/flash.cu): the
-// geometries it takes, the warps its walking form gets on each device, and gpu_init's refusal of
-// the others with the reason and the way out. Runs without a GPU.
 // The routed experts' launch shapes and maps (gpu/launch.c), without a GPU: _d up to GPU_MM_TOK_B
 // pairs or moe_d_ppe pairs per expert, _g from moe_g_min (planes and NVFP4 where its shared memory
 // fits), _p between; a map's items bound holds the items of any grouping under the shape's cap (the
@@ -1704,6 +1701,9 @@ static void moe_shapes(void) {
           "gpu_conv_nseg: the least power of two ≥ the longest row, 1 to %d", GPU_CONV_NT / 32);
 }
 
+// Attention over a bf16 or fp8 cache takes the tensor-core kernel alone (sass/flash.cu): the
+// geometries it takes, the warps its walking form gets on each device, and gpu_init's refusal of
+// the others with the reason and the way out. Runs without a GPU.
 static void fa_geometry(void) {
     const int h200 = 232448, rtx = 101376, small = 49152;   // shared memory per block: sm_90, sm_120, a device without the opt-in
     CHECK(gpu_fa_fits(16, 2, 256, h200) == GPU_FA_WALK_W, "Qwen3.6 on the H200: %d warps", gpu_fa_fits(16, 2, 256, h200));
