@@ -30,8 +30,8 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_ARGMAX, "k_argmax")                                                                                       \
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g")              \
-    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_P, "k_moe_up_p")                      \
-    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g")
+    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
+    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -82,6 +82,8 @@ typedef struct {
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
     int moe_d_ppe;         // pairs per expert (on average) up to which they take the _d shape (≤ GPU_MOE_D_PPE)
     int mm_g_min;          // tokens from which a step's dense products take k_mm_g (where it carries their kinds)
+    int mm_g_blocks;       // ... and from a whole token tile where its blocks number this many (gpu_mm_pick)
+    long long mm_p_work;   // T · rows from which a step of up to GPU_MM_TOK_B tokens takes _p, not _b
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
@@ -111,11 +113,11 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
-    k->mm_g_min = GPU_MM_TOK_B + 1;
-    // _d up to 8 pairs per expert: the kernel harness on the H200 (planes, _d against _p, up + down:
-    // 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, the same bits); at 16 (the
-    // most the maps are sized for, GPU_MOE_D_PPE) 1,030 against 1,688 there, the engine not yet measured with it
-    k->moe_d_ppe = 8;
+    k->mm_g_min = GPU_MM_TOK_B + 1, k->mm_g_blocks = 64, k->mm_p_work = 65536;   // (gpu_mm_pick: the harness's measures)
+    // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
+    // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
+    // 1,688 at 16; the same bits)
+    k->moe_d_ppe = GPU_MOE_D_PPE;
     k->sms = d->sms;
     return 0;
 }

@@ -169,6 +169,35 @@ static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevi
 
 static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int sh);
 
+// k_mm_g's shared memory for the set (its widest kind's stages), or 0 when a matrix is planes
+// (k_mm_g carries FP8, NVFP4 and BF16).
+static size_t gpu_mm_g_smem(const gpu_lin_set *set) {
+    size_t gsmem = 0;
+    for (int i = 0; i < set->n; i++) {
+        if (set->W[i].kind == GPU_W_PLANES) return 0;
+        gsmem = gpu_mmg_smem(set->W[i].kind) > gsmem ? gpu_mmg_smem(set->W[i].kind) : gsmem;
+    }
+    return gsmem;
+}
+
+// The shape of a step of T > GPU_MM_TOK_V tokens (or one whose tokens do not fit k_mm_v): 3
+// k_mm_g — tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged, where its shared
+// memory fits (not on a GB10) — for steps of k->mm_g_min tokens or more, and from a whole token
+// tile where its blocks (row blocks × token tiles) number k->mm_g_blocks or more; else gpu_mm_shape's,
+// _p for a step of up to GPU_MM_TOK_B tokens whose T · rows reach k->mm_p_work. The kernel harness
+// on the H200 (`k_mm shapes`, the same bits in each): at 64 tokens the GDN in-projections (98 blocks)
+// `_b` 154.0, `_p` 118.6, `_g` 79.9 µs, attention o (16 blocks) 51.1, 38.2, 145.2; at 16 tokens
+// attention q|k|v (T · rows 147,456) 47.3, 43.8, 81.6, attention o (32,768) 21.5, 28.0, 146.1.
+static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
+    long long rows = 0, blocks = 0;
+    for (int i = 0; i < set->n; i++) rows += set->W[i].rows, blocks += gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
+    blocks *= gpu_cdiv(T, GPU_MMG_BN);
+    const size_t gsmem = gpu_mm_g_smem(set);
+    if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem)) return 3;
+    const int sh = gpu_mm_shape(T);
+    return sh == 1 && (long long)T * rows >= k->mm_p_work ? 2 : sh;
+}
+
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
 // parts of x [T, K] (gpu_k_mm_split).
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
@@ -198,18 +227,11 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         gpu_k_mm_stream(k, s, set, xs, T, bulk);
         return;
     }
-    // k_mm_g: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged (its shared memory
-    // where the device has it: not on a GB10), for steps of k->mm_g_min tokens or more
-    size_t gsmem = 0;
-    int g_kinds = 1;   // (planes take k_mm_p: k_mm_g carries FP8, NVFP4 and BF16)
-    for (int i = 0; i < set->n; i++) {
-        g_kinds &= set->W[i].kind != GPU_W_PLANES;
-        gsmem = gpu_mmg_smem(set->W[i].kind) > gsmem ? gpu_mmg_smem(set->W[i].kind) : gsmem;
-    }
-    if (T >= k->mm_g_min && g_kinds && gpu_smem_room(k, K_MM_G, gsmem)) {
+    sh = gpu_mm_pick(k, set, T);
+    if (sh == 3) {
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
         gpu_launch(k, K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, GPU_MMG_BN), 1, "(row blocks of every matrix, token tiles, 1)"},
-                   GPU_MM_NT, gsmem, s, GPU_ARGS((void *)set, &xs, &T));
+                   GPU_MM_NT, gpu_mm_g_smem(set), s, GPU_ARGS((void *)set, &xs, &T));
         return;
     }
     gpu_k_mm_fixed(k, s, set, xs, T, sh);
@@ -310,13 +332,13 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
         return;
     }
     int rt = gpu_moe_rt_up[sh];
-    static const int fn[2] = {K_MOE_UP_D, K_MOE_UP_P};
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
+    int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
+    const int fn = sh ? K_MOE_UP_P : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;   // (_d1: one row block a block, straight through)
     // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
     size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
-    MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_up_d: %zu bytes of staged activations", smem);
-    int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    gpu_launch(k, fn[sh], (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
+    MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_up_d: %zu bytes of staged activations", smem);
+    gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I, &nrb));
 }
 
@@ -330,13 +352,13 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
         return;
     }
     int rt = gpu_moe_rt_dn[sh];
-    static const int fn[2] = {K_MOE_DN_D, K_MOE_DN_P};
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
+    int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
+    const int fn = sh ? K_MOE_DN_P : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
     // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory
     size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
-    MOET_ASSERT(gpu_smem_room(k, fn[sh], smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
-    int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    gpu_launch(k, fn[sh], (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
+    MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
+    gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H, &nrb));
 }
 

@@ -125,7 +125,7 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
 // [16RT·(nrb·blockIdx.y + j), +16RT) of both for j < nrb (the item's tokens staged once for nrb row
 // blocks; each row's sums as in a block of its own), written as its three bf16 parts hs [3][P][I]
 // (what k_moe_dn reads). An item holds at most 8·NT pairs (the _d shape: GPU_MOE_CAP_D).
-template <int RT, int NT, int U, bool ONE>
+template <int RT, int NT, int U, bool ONE, int NRB>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
                                        const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I, int nrb) {
     GPU_DEP();
@@ -148,17 +148,34 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
     __syncthreads();
     const __nv_bfloat16 *xj = NT == 1 ? xl : xs;
     const size_t ss = NT == 1 ? (size_t)cnt * H : (size_t)T * H, PI = (size_t)P * I;
+    if constexpr (NRB == 1) {   // one row block: straight through (fewer registers than the loops below)
+        const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
+        const int base = blockIdx.y * RT * 16, nact = (cnt + 7) / 8;
+        int row0[RT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+        float acc[2 * RT][NT][4];
+        mm_any<2, RT, NT, U, NT == 1>(M, row0, H, xj, ss, brow, nact, lut, acc);
+        mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
+        const float pg = mm_post(M[0]), pu = mm_post(M[1]);
+        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+            float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
+            mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, PI);
+        }
+        return;
+    }
     switch (kind) {
-    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
-    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
-    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
-    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nrb, lut, red, hs); break;
+    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
+    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
+    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
+    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
     }
 }
 
 // ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·(nrb·blockIdx.y + b), +16RT)
 // for b < nrb (as moe_up's row blocks).
-template <int RT, int NT, int U, bool ONE>
+template <int RT, int NT, int U, bool ONE, int NRB>
 __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
                                        const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H, int nrb) {
     GPU_DEP();
@@ -181,11 +198,27 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
     __syncthreads();
     const __nv_bfloat16 *hj = NT == 1 ? hl : hs;
     const size_t ss = NT == 1 ? (size_t)cnt * I : (size_t)P * I;
+    if constexpr (NRB == 1) {   // as in moe_up
+        const gpu_mat D = experts[3 * x + 2];
+        const int base = blockIdx.y * RT * 16, nact = (cnt + 7) / 8;
+        int row0[RT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
+        float acc[RT][NT][4];
+        mm_any<1, RT, NT, U, NT == 1>(&D, row0, I, hj, ss, brow, nact, lut, acc);
+        mm_reduce<RT, NT, ONE>(acc, red, nact);
+        const float post = mm_post(D);
+        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+            if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
+        }
+        return;
+    }
     switch (kind) {
-    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
-    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
-    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
-    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nrb, lut, red, ye); break;
+    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
+    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
+    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
+    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
     }
 }
 
@@ -193,22 +226,24 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 // in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T,
 // GPU_MOE_CAP_D)·width bytes of dynamic shared memory and caps its registers for two blocks per
 // multiprocessor.
-#define MOE_UP(name, RT, NT, U, ONE, MINB)                                                                                  \
+#define MOE_UP(name, RT, NT, U, ONE, MINB, NRB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
                                                                  __nv_bfloat16 *__restrict__ hs, int I, int nrb) {                    \
-        moe_up<RT, NT, U, ONE>(experts, map, items_bound, K, xs, T, hs, I, nrb);                                               \
+        moe_up<RT, NT, U, ONE, NRB>(experts, map, items_bound, K, xs, T, hs, I, nrb);                                          \
     }
-MOE_UP(k_moe_up_d, 1, 1, 4, true, 2)
-MOE_UP(k_moe_up_p, 2, 4, 1, false, 1)
-#define MOE_DN(name, RT, NT, U, ONE, MINB)                                                                                  \
+MOE_UP(k_moe_up_d, 1, 1, 4, true, 2, 0)
+MOE_UP(k_moe_up_d1, 1, 1, 4, true, 2, 1)
+MOE_UP(k_moe_up_p, 2, 4, 1, false, 1, 1)
+#define MOE_DN(name, RT, NT, U, ONE, MINB, NRB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
                                                                  float *__restrict__ ye, int H, int nrb) {                            \
-        moe_dn<RT, NT, U, ONE>(experts, map, items_bound, hs, P, ye, H, nrb);                                                  \
+        moe_dn<RT, NT, U, ONE, NRB>(experts, map, items_bound, hs, P, ye, H, nrb);                                             \
     }
-MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2)
-MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1)
+MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2, 0)
+MOE_DN(k_moe_dn_d1, 4, 1, 1, true, 2, 1)
+MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1)
 
 // ---- prompts: an item's pairs through shared memory (mm.cuh: mmg_run) ----------------------------
 //

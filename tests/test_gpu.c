@@ -1696,6 +1696,21 @@ static void moe_shapes(void) {
           "gpu_moe_nrb: one token's 8 items 1, batch 16's 128 items 2, batch 64's 320 items 8 (of 32 row blocks, 132 multiprocessors)");
     k.moe_nrb = 4;
     CHECK(gpu_moe_nrb(&k, 8, 32) == 4, "gpu_moe_nrb: moe_nrb taken as set");
+    // the dense products' shapes (gpu_mm_pick): k_mm_g (3) from a whole token tile where its blocks
+    // fill the device, _p (2) where T · rows reach mm_p_work, _b (1), _d (0) up to 8 tokens
+    k.mm_g_min = GPU_MM_TOK_B + 1, k.mm_g_blocks = 64, k.mm_p_work = 65536;
+    gpu_lin_set gdn = {0}, ao = {0}, qkv = {0}, pl = {0};
+    gdn.n = 4, ao.n = 1, qkv.n = 3, pl.n = 1;
+    const int gdn_rows[4] = {8192, 4096, 32, 32}, qkv_rows[3] = {8192, 512, 512};
+    for (int i = 0; i < 4; i++) gdn.W[i].rows = gdn_rows[i], gdn.W[i].kind = i < 2 ? GPU_W_FP8 : GPU_W_BF16;
+    for (int i = 0; i < 3; i++) qkv.W[i].rows = qkv_rows[i], qkv.W[i].kind = GPU_W_FP8;
+    ao.W[0].rows = 2048, ao.W[0].kind = GPU_W_FP8, pl.W[0].rows = 2048, pl.W[0].kind = GPU_W_PLANES;
+    CHECK(gpu_mm_pick(&k, &gdn, 64) == 3 && gpu_mm_pick(&k, &qkv, 64) == 3 && gpu_mm_pick(&k, &gdn, 128) == 3,
+          "gpu_mm_pick: GDN in-projections and attention q|k|v at 64 and 128 tokens take k_mm_g (98 and 72 blocks)");
+    CHECK(gpu_mm_pick(&k, &gdn, 16) == 2 && gpu_mm_pick(&k, &qkv, 16) == 2 && gpu_mm_pick(&k, &ao, 64) == 2 && gpu_mm_pick(&k, &ao, 16) == 1,
+          "gpu_mm_pick: _p at 16 tokens for the large sets and at 64 for attention o (16 k_mm_g blocks), _b for attention o at 16");
+    CHECK(gpu_mm_pick(&k, &ao, 8) == 0 && gpu_mm_pick(&k, &ao, 300) == 3 && gpu_mm_pick(&k, &pl, 300) == 2 && gpu_mm_pick(&k, &pl, 64) == 2,
+          "gpu_mm_pick: _d up to 8 tokens; k_mm_g past GPU_MM_TOK_B; planes never k_mm_g");
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
           "gpu_conv_nseg: the least power of two ≥ the longest row, 1 to %d", GPU_CONV_NT / 32);
