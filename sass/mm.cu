@@ -89,40 +89,47 @@ MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 template <int KIND>
 __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *__restrict__ xs, __nv_bfloat16 *xsm,
                                           uint8_t *ring, int T, float *red, uint32_t *lut, float *__restrict__ y, int ldy) {
-    constexpr int R = mm_cp_slots<KIND>::ring;
+    constexpr int R = mm_cp_slots<KIND>::ring, SB = mm_cp_slots<KIND>::bytes;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int K = W.cols, KB = K / 64, nk = (KB + GPU_MM_WARPS - 1) / GPU_MM_WARPS, njob = ntile * nk;
     const float post = mm_post(W);
     const bool tok = g < T;   // this lane's B column holds a token
-    // step j's bytes into slot j % R (a commit group per step, empty past the end: the count of
-    // groups in flight stays R)
-    auto issue = [&](int j) {
-        if (j < njob) {
-            const int kb = w + GPU_MM_WARPS * (j % nk);
-            if (kb < KB) mm_cp_issue<KIND>(W, 16 * (tile0 + j / nk), kb, g, t, ring + (size_t)(j % R) * mm_cp_slots<KIND>::bytes);
-        }
+    // steps j < R: slot j (a commit group per step, empty past the end: the count of groups in
+    // flight stays R); step j is 64-block w + GPU_MM_WARPS · (j % nk) of tile tile0 + j / nk
+    for (int j = 0; j < R; j++) {
+        const int kb = w + GPU_MM_WARPS * (j % nk);
+        if (j < njob && kb < KB) mm_cp_issue<KIND>(W, 16 * (tile0 + j / nk), kb, g, t, ring + j * SB);
         mm_cp_commit();
-    };
-    for (int j = 0; j < R; j++) issue(j);
+    }
     // the weights are on their way: wait for the activations, then copy them in
     GPU_DEP();
     const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
     for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
     mm_plane_lut(lut);
     __syncthreads();
+    // the steps walked by counters, not divisions: this step's (slot, 64-block class cq, tile ti),
+    // the next issue's (class iq of tile it, its sources src)
+    int slot = 0, cq = 0, ti = 0, iq = R % nk, it = R / nk;
+    mm_cp_src src;
+    if (it < ntile) mm_cp_tile<KIND>(W, 16 * (tile0 + it), g, t, src);
+    // this lane's B column in the parts, at 64-block 0 (k = its first of q = 0)
+    const __nv_bfloat16 *xb = xsm + (size_t)g * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
+    const size_t xss = (size_t)T * K;   // elements between the parts
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int j = 0; j < njob; j++) {   // uniform over the block: every warp has the same steps
-        const int kb = w + GPU_MM_WARPS * (j % nk);
+        const int kb = w + GPU_MM_WARPS * cq;
+        uint8_t *sl = ring + slot * SB;
         mm_cp_wait<R - 1>();   // this thread's step j has landed (its own bytes: no barrier)
         if (kb < KB) {
             mm_raw raw;
-            mm_cp_fetch<KIND>(ring + (size_t)(j % R) * mm_cp_slots<KIND>::bytes, g, raw);
+            mm_cp_fetch<KIND>(sl, g, raw);
+            const __nv_bfloat16 *xk = xb + kb * 64;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
+                const int ko = KIND == GPU_W_PLANES ? 16 * q : 4 * q;
                 uint2 b[GPU_MM_SPLITS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xsm + ((size_t)s * T + g) * K + ko) : make_uint2(0, 0);
+                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xk + s * xss + ko) : make_uint2(0, 0);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -132,15 +139,19 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
                 for (int e = 0; e < 4; e++) acc[e] += c[e];
             }
         }
-        issue(j + R);   // into the slot just read (its values are used above: the read is done)
-        if (j % nk == nk - 1) {   // the tile's last step: the warps' sums meet
-            const int ti = j / nk;
+        // step j + R into the slot just read (its values are used above: the read is done)
+        if (it < ntile && w + GPU_MM_WARPS * iq < KB) mm_cp_kb<KIND>(src, w + GPU_MM_WARPS * iq, sl);
+        mm_cp_commit();
+        if (++iq == nk && ++it < ntile) iq = 0, mm_cp_tile<KIND>(W, 16 * (tile0 + it), g, t, src);
+        if (++slot == R) slot = 0;
+        if (++cq == nk) {   // the tile's last step: the warps' sums meet
             float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
 #pragma unroll
             for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[c], acc[c] = 0.f;
             __syncthreads();
             const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
             if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
+            cq = 0, ti++;
         }
     }
     mm_cp_wait<0>();   // nothing left in flight into shared memory at exit

@@ -145,34 +145,59 @@ __device__ __forceinline__ void mm_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void mm_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// A lane's sources of one row tile (rows row0 + g, row0 + g + 8) at 64-block 0 (mm_cp_tile), and its
+// copies of 64-block kb from them into its slots (mm_cp_kb): a tile's addresses once, a step's
+// offsets by kb alone. Rows past the matrix read nothing (their slots get zeros).
+struct mm_cp_src {
+    const uint8_t *a, *b, *sa, *sb;   // codes of rows g, g+8 (PLANES: the tile's, a); their scales
+    bool va, vb;
+};
+
 template <int KIND>
-__device__ __forceinline__ void mm_cp_issue(const gpu_mat &W, int row0, int kb, int g, int t, uint8_t *slots) {
-    const uint8_t *w = (const uint8_t *)W.w;
+__device__ __forceinline__ void mm_cp_tile(const gpu_mat &W, int row0, int g, int t, mm_cp_src &c) {
+    const uint8_t *w = (const uint8_t *)W.w, *sc = (const uint8_t *)W.scale;
     const int ra = row0 + g, rb = row0 + g + 8, K = W.cols;
-    const bool va = ra < W.rows, vb = rb < W.rows;
+    c.va = ra < W.rows, c.vb = rb < W.rows;
+    const size_t ia = c.va ? ra : 0, ib = c.vb ? rb : 0;
+    if (KIND == GPU_W_FP8) c.a = w + ia * W.row_bytes + 16 * t, c.b = w + ib * W.row_bytes + 16 * t;
+    else if (KIND == GPU_W_NVFP4) {
+        c.a = w + ia * W.row_bytes + 8 * t, c.b = w + ib * W.row_bytes + 8 * t;
+        c.sa = sc + ia * (K / 16), c.sb = sc + ib * (K / 16);   // the word of bytes kb·4 .. kb·4 + 3 (K / 16 % 4 == 0)
+    } else if (KIND == GPU_W_BF16) c.a = w + ia * W.row_bytes + 32 * t, c.b = w + ib * W.row_bytes + 32 * t;
+    else {   // PLANES: rows % 16 == 0, so the tile is whole
+        const size_t nb = row0 / 16;
+        c.a = w + ((nb * (K / 64) * 8 + g) * 4 + t) * 8;
+        c.sa = sc + nb * (K / 32) * 16 + (g & ~3);
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void mm_cp_kb(const mm_cp_src &c, int kb, uint8_t *slots) {
     uint8_t *s0 = slots + threadIdx.x * 16, *s1 = s0 + GPU_MM_NT * 16;
     if (KIND == GPU_W_FP8) {
-        size_t o = (size_t)kb * 64 + 16 * t;
-        mm_cp<16>(s0, w + (size_t)(va ? ra : 0) * W.row_bytes + o, va);
-        mm_cp<16>(s1, w + (size_t)(vb ? rb : 0) * W.row_bytes + o, vb);
+        mm_cp<16>(s0, c.a + (size_t)kb * 64, c.va);
+        mm_cp<16>(s1, c.b + (size_t)kb * 64, c.vb);
     } else if (KIND == GPU_W_NVFP4) {
-        size_t o = ((size_t)kb * 64 + 16 * t) / 2;
-        mm_cp<8>(s0, w + (size_t)(va ? ra : 0) * W.row_bytes + o, va);
-        mm_cp<8>(s0 + 8, w + (size_t)(vb ? rb : 0) * W.row_bytes + o, vb);
-        const uint8_t *sc = (const uint8_t *)W.scale;   // the word of bytes kb·4 .. kb·4 + 3 (K / 16 % 4 == 0)
-        mm_cp<4>(s1, sc + (size_t)(va ? ra : 0) * (K / 16) + (size_t)kb * 4, va);
-        mm_cp<4>(s1 + 4, sc + (size_t)(vb ? rb : 0) * (K / 16) + (size_t)kb * 4, vb);
+        mm_cp<8>(s0, c.a + (size_t)kb * 32, c.va);
+        mm_cp<8>(s0 + 8, c.b + (size_t)kb * 32, c.vb);
+        mm_cp<4>(s1, c.sa + (size_t)kb * 4, c.va);
+        mm_cp<4>(s1 + 4, c.sb + (size_t)kb * 4, c.vb);
     } else if (KIND == GPU_W_BF16) {
-        size_t o = ((size_t)kb * 64 + 16 * t) * 2;
-        const uint8_t *pa = w + (size_t)(va ? ra : 0) * W.row_bytes + o, *pb = w + (size_t)(vb ? rb : 0) * W.row_bytes + o;
-        mm_cp<16>(s0, pa, va), mm_cp<16>(s1, pa + 16, va);
-        mm_cp<16>(s1 + GPU_MM_NT * 16, pb, vb), mm_cp<16>(s1 + 2 * GPU_MM_NT * 16, pb + 16, vb);
-    } else {   // PLANES: rows % 16 == 0, so the tile is whole
-        const int KB = K / 64, nb = row0 / 16;
-        mm_cp<8>(s0, w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8, true);
-        const uint8_t *sc = (const uint8_t *)W.scale + ((size_t)nb * (K / 32) + 2 * (size_t)kb) * 16 + (g & ~3);
+        const uint8_t *pa = c.a + (size_t)kb * 128, *pb = c.b + (size_t)kb * 128;
+        mm_cp<16>(s0, pa, c.va), mm_cp<16>(s1, pa + 16, c.va);
+        mm_cp<16>(s1 + GPU_MM_NT * 16, pb, c.vb), mm_cp<16>(s1 + 2 * GPU_MM_NT * 16, pb + 16, c.vb);
+    } else {
+        mm_cp<8>(s0, c.a + (size_t)kb * 256, true);
+        const uint8_t *sc = c.sa + (size_t)kb * 32;
         mm_cp<4>(s1, sc, true), mm_cp<4>(s1 + 4, sc + 8, true), mm_cp<4>(s1 + 8, sc + 16, true), mm_cp<4>(s1 + 12, sc + 24, true);
     }
+}
+
+template <int KIND>
+__device__ __forceinline__ void mm_cp_issue(const gpu_mat &W, int row0, int kb, int g, int t, uint8_t *slots) {
+    mm_cp_src c;
+    mm_cp_tile<KIND>(W, row0, g, t, c);
+    mm_cp_kb<KIND>(c, kb, slots);
 }
 
 // The raw bytes of mm_load back from the slots of thread tid (mm_cp_issue's, landed), for a lane
