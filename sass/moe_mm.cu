@@ -68,6 +68,26 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
     moe_sort_block(sel, P, E, map, items_bound, cap);
 }
 
+// A row block's outputs from red (mm_reduce's sums of the item's cnt pairs, rows [base, +16RT)):
+// moe_up_out h = SiLU(gate) · up as its three bf16 parts, moe_dn_out ye.
+template <int RT, int NT, bool ONE>
+__device__ __forceinline__ void moe_up_out(const float *red, int base, int cnt, const int *perm, int first, float pg, float pu, int I, size_t PI,
+                                           __nv_bfloat16 *__restrict__ hs) {
+    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+        float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
+        mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, PI);
+    }
+}
+
+template <int RT, int NT, bool ONE>
+__device__ __forceinline__ void moe_dn_out(const float *red, int base, int cnt, const int *perm, int first, float post, int H, float *__restrict__ ye) {
+    for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
+        int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
+        if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
+    }
+}
+
 // moe_up's and moe_dn's passes over nrb row blocks, each matrix kind its own loop (one mm_core in
 // the loop: its registers, not those of four kinds' inlined side by side).
 template <int KIND, int RT, int NT, int U, bool ONE>
@@ -87,12 +107,7 @@ __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts,
         mm_core<KIND, 2, RT, NT, U, NT == 1, false>(M, row0, H, xj, ss, brow, nact, lut, acc);
         if (j) __syncthreads();   // the last row block's sums all read out of red before it is written again
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
-        const float pg = mm_post(M[0]), pu = mm_post(M[1]);
-        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-            float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
-            mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, PI);
-        }
+        moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
     }
 }
 
@@ -113,11 +128,7 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
         mm_core<KIND, 1, RT, NT, U, NT == 1, false>(&D, row0, I, hj, ss, brow, nact, lut, acc);
         if (b) __syncthreads();   // as in moe_up_rows
         mm_reduce<RT, NT, ONE>(acc, red, nact);
-        const float post = mm_post(D);
-        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-            if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
-        }
+        moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
     }
 }
 
@@ -157,19 +168,15 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
         float acc[2 * RT][NT][4];
         mm_any<2, RT, NT, U, NT == 1>(M, row0, H, xj, ss, brow, nact, lut, acc);
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
-        const float pg = mm_post(M[0]), pu = mm_post(M[1]);
-        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-            float gv = mm_at<2 * RT, NT, ONE>(red, rr / 16, rr % 16, m) * pg, uv = mm_at<2 * RT, NT, ONE>(red, RT + rr / 16, rr % 16, m) * pu;
-            mm_split3(silu(gv) * uv, hs + (size_t)perm[first + m] * I + row, PI);
-        }
+        moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
         return;
     }
+    const int nb = NRB ? NRB : nrb;   // (NRB 0: the launch's count)
     switch (kind) {
-    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
-    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
-    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
-    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, NRB ? NRB : nrb, lut, red, hs); break;
+    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
+    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
+    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
+    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
     }
 }
 
@@ -207,18 +214,15 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
         float acc[RT][NT][4];
         mm_any<1, RT, NT, U, NT == 1>(&D, row0, I, hj, ss, brow, nact, lut, acc);
         mm_reduce<RT, NT, ONE>(acc, red, nact);
-        const float post = mm_post(D);
-        for (int e = threadIdx.x; e < RT * 16 * cnt; e += blockDim.x) {
-            int m = e / (RT * 16), rr = e % (RT * 16), row = base + rr;
-            if (row < H) ye[(size_t)perm[first + m] * H + row] = mm_at<RT, NT, ONE>(red, rr / 16, rr % 16, m) * post;
-        }
+        moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
         return;
     }
+    const int nb = NRB ? NRB : nrb;
     switch (kind) {
-    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
-    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
-    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
-    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, NRB ? NRB : nrb, lut, red, ye); break;
+    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
+    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
+    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
+    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
     }
 }
 
