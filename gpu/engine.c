@@ -649,7 +649,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     g->chunk_align = 1;
     if (c->n_gdn && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
         g->chunk_align = GPU_GDN_C;
-        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(c->lk_dim));
+        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(g->dev.smem_optin, c->lk_dim));
     }
     if (pfx_blocks) {   // a block ends where a prompt may be cut, and on a KV page boundary
         int unit = g->chunk_align > GPU_KV_PAGE ? g->chunk_align : GPU_KV_PAGE;

@@ -29,7 +29,7 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_ARGMAX, "k_argmax")                                                                                       \
-    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g")              \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g")
 
@@ -39,12 +39,21 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 
 // Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
-// γ [C] (f64); k̂ and q̂ [C, dk + 1], S [dk, VC], A and M [C, C + 1], U [C, VC + 1], β, decay
-// weights, e^γ [C], single-token scratch 2·dk (f32).
+// γ [C] (f64); k̂ and q̂ [C, dk + 1], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
+// 107 KiB at dk = 128, two blocks a multiprocessor), U [C, VC + 1], β, decay weights, e^γ [C],
+// single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk) {
+    const size_t nam = dk >= GPU_GDN_C ? 1 : 2;   // A, and M where it cannot take Q̂'s place
     return sizeof(double) * GPU_GDN_C +
-           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 1) + (size_t)dk * GPU_GDN_VC + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 1) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
                             (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
+}
+
+// What k_gdn_chunk's launches may take (gpu_kernel_smem): its arrays, or more where a grid of at
+// most one block per multiprocessor takes gpu_gdn_chunk_grid_smem's padding.
+static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk) {
+    const size_t need = gpu_gdn_chunk_smem(dk), solo = (size_t)smem_optin / 2 + 1024;
+    return need < solo && solo <= (size_t)smem_optin ? solo : need;
 }
 
 // Dynamic shared memory of k_gdn_rule for key heads of dk, per warp: q and k [dk], and S [dk,
@@ -84,6 +93,7 @@ typedef struct {
     int mm_g_min;          // tokens from which a step's dense products take k_mm_g (where it carries their kinds)
     int mm_g_blocks;       // ... and from a whole token tile where its blocks number this many (gpu_mm_pick)
     long long mm_p_work;   // T · rows from which a step of up to GPU_MM_TOK_B tokens takes _p, not _b
+    int mm_g32_max;        // tokens up to which a step that takes k_mm_g takes k_mm_g32 instead (0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
@@ -114,6 +124,10 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
     k->mm_g_min = GPU_MM_TOK_B + 1, k->mm_g_blocks = 64, k->mm_p_work = 65536;   // (gpu_mm_pick: the harness's measures)
+    // k_mm_g32 up to 128 tokens: the kernel harness on the H200 (`k_mm shapes`, the same bits),
+    // _g against _g32 at 128 tokens: attention q|k|v 146.8 / 123.4 µs, GDN in-projections 147.5 /
+    // 125.2; at 64 tokens even (79.7 / 79.3, 80.2 / 79.1)
+    k->mm_g32_max = 128;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
     // 1,688 at 16; the same bits)
@@ -130,6 +144,19 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
                 bytes, k->smem_optin);
     CU_CHECK(cu.cuFuncSetAttribute(k->fn[fn], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)bytes));
     k->smem_max[fn] = (int)bytes;
+}
+
+// The dynamic shared memory of a k_gdn_chunk launch of `blocks` blocks: its arrays (two blocks a
+// multiprocessor at dk = 128), but for a grid of at most one block per multiprocessor (one prompt:
+// 128 blocks on 132) more than half of what a block may take, so that no two of them share one
+// while others idle — a piece's walk is bound by its latency. `moet bench` on the H200, one prompt
+// of 8,192 tokens: 107 KiB (two blocks a multiprocessor allowed) 6,761–6,769 tok/s, padded to
+// 114.5 KiB 7,277 (the kernel before M took q̂'s place, 123.5 KiB: 7,213–7,220); 16 prompts of
+// 1,024 (2,048 blocks) 8,628–8,653 with two blocks a multiprocessor against 7,779–7,799. Where
+// the registered limit is below the padding, the arrays alone.
+static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks) {
+    const size_t need = gpu_gdn_chunk_smem(dk), solo = (size_t)k->smem_optin / 2 + 1024;
+    return blocks <= k->sms && need < solo && solo <= (size_t)k->smem_max[K_GDN_CHUNK] ? solo : need;
 }
 
 // A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),

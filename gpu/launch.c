@@ -134,9 +134,10 @@ static int gpu_smem_room(gpu_kernels *k, int fn, size_t smem) {
 
 // k_mm_g's dynamic shared memory for weights of kind (sass/mm.cuh: mmg_stage): GPU_MMG_STAGES stages
 // of the weights' slots (2, or 4 for BF16, 16-byte slots per thread) and the tokens' parts.
-static size_t gpu_mmg_smem(int kind) {
-    return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * GPU_MM_SPLITS * GPU_MMG_BN * 64);
+static size_t gpu_mmg_smem_bn(int kind, int bn) {
+    return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * GPU_MM_SPLITS * bn * 64);
 }
+static size_t gpu_mmg_smem(int kind) { return gpu_mmg_smem_bn(kind, GPU_MMG_BN); }
 
 // Whether k_mm_t can take every matrix of the set: each bulk copy's source and size 16-byte
 // aligned (sass/mm.cuh: mt_kind, mt_kbc) — FP8 and BF16 rows, NVFP4 rows and their scale rows (K a
@@ -171,11 +172,11 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 
 // k_mm_g's shared memory for the set (its widest kind's stages), or 0 when a matrix is planes
 // (k_mm_g carries FP8, NVFP4 and BF16).
-static size_t gpu_mm_g_smem(const gpu_lin_set *set) {
+static size_t gpu_mm_g_smem(const gpu_lin_set *set, int bn) {
     size_t gsmem = 0;
     for (int i = 0; i < set->n; i++) {
         if (set->W[i].kind == GPU_W_PLANES) return 0;
-        gsmem = gpu_mmg_smem(set->W[i].kind) > gsmem ? gpu_mmg_smem(set->W[i].kind) : gsmem;
+        gsmem = gpu_mmg_smem_bn(set->W[i].kind, bn) > gsmem ? gpu_mmg_smem_bn(set->W[i].kind, bn) : gsmem;
     }
     return gsmem;
 }
@@ -192,8 +193,9 @@ static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
     long long rows = 0, blocks = 0;
     for (int i = 0; i < set->n; i++) rows += set->W[i].rows, blocks += gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
     blocks *= gpu_cdiv(T, GPU_MMG_BN);
-    const size_t gsmem = gpu_mm_g_smem(set);
-    if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem)) return 3;
+    const size_t gsmem = gpu_mm_g_smem(set, GPU_MMG_BN), gsmem32 = gpu_mm_g_smem(set, GPU_MMG_BN32);
+    if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem))
+        return T <= k->mm_g32_max && gpu_smem_room(k, K_MM_G32, gsmem32) ? 4 : 3;
     const int sh = gpu_mm_shape(T);
     return sh == 1 && (long long)T * rows >= k->mm_p_work ? 2 : sh;
 }
@@ -228,10 +230,11 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         return;
     }
     sh = gpu_mm_pick(k, set, T);
-    if (sh == 3) {
+    if (sh >= 3) {   // k_mm_g, k_mm_g32: tiles of GPU_MMG_BN or GPU_MMG_BN32 tokens
+        const int bn = sh == 4 ? GPU_MMG_BN32 : GPU_MMG_BN;
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
-        gpu_launch(k, K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, GPU_MMG_BN), 1, "(row blocks of every matrix, token tiles, 1)"},
-                   GPU_MM_NT, gpu_mm_g_smem(set), s, GPU_ARGS((void *)set, &xs, &T));
+        gpu_launch(k, sh == 4 ? K_MM_G32 : K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, bn), 1, "(row blocks of every matrix, token tiles, 1)"},
+                   GPU_MM_NT, gpu_mm_g_smem(set, bn), s, GPU_ARGS((void *)set, &xs, &T));
         return;
     }
     gpu_k_mm_fixed(k, s, set, xs, T, sh);
@@ -459,8 +462,9 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
                             int n_rows) {
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_chunk: %d key heads, %d value heads of %d, %d, conv dim %d",
                 nk, nv, dk, dv, cd);
+    const long long blocks = (long long)nv * n_rows * gpu_cdiv(dv, GPU_GDN_VC);
     gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
-               gpu_gdn_chunk_smem(dk), s,
+               gpu_gdn_chunk_grid_smem(k, dk, blocks), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &row_pos, &rows));
 }

@@ -24,7 +24,7 @@
 // dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the sum of the arrays below).
 #include "gdn.cuh"
 
-extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
+extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                      const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                      float *__restrict__ S_base, long long S_slot_stride,
                                                                      float *__restrict__ o, int nk, int nv, int dk, int dv,
@@ -40,8 +40,8 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
     float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns
     float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, AP]
-    float *M = A + GPU_GDN_C * AP;        // [GPU_GDN_C, AP]
-    float *U = M + GPU_GDN_C * AP;        // [GPU_GDN_C, UP] V, then R, then U
+    float *M = dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * AP;   // [GPU_GDN_C, AP]: in Q̂'s place once Q̂ is read where it fits (AP ≤ KP)
+    float *U = A + GPU_GDN_C * AP + (dk >= GPU_GDN_C ? 0 : GPU_GDN_C * AP);   // [GPU_GDN_C, UP] V, then R, then U
     float *bet = U + GPU_GDN_C * UP;      // [GPU_GDN_C] β
     float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
     float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r} (for step 6)
@@ -117,34 +117,24 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float
         if (tid == 0)
             for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
         __syncthreads();
-        // 2. A and M: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci, ci+16, ci+32, ci+48
-        {
-            const int ri = tid >> 4, ci = tid & 15;
-            float kk[4][4], qk[4][4];
+        // 2. K̂K̂ᵀ and Q̂K̂ᵀ into registers: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci,
+        //    ci+16, ci+32, ci+48 (A and M are written after step 3: M takes Q̂'s place)
+        const int ri = tid >> 4, ci = tid & 15;
+        float kk[4][4], qk[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
+        for (int d = 0; d < dk; d++) {
+            float kr[4], qr[4], kc[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) kr[a] = Ks[(ri * 4 + a) * KP + d], qr[a] = Qs[(ri * 4 + a) * KP + d];
+#pragma unroll
+            for (int b = 0; b < 4; b++) kc[b] = Ks[(ci + 16 * b) * KP + d];
 #pragma unroll
             for (int a = 0; a < 4; a++)
 #pragma unroll
-                for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
-            for (int d = 0; d < dk; d++) {
-                float kr[4], qr[4], kc[4];
-#pragma unroll
-                for (int a = 0; a < 4; a++) kr[a] = Ks[(ri * 4 + a) * KP + d], qr[a] = Qs[(ri * 4 + a) * KP + d];
-#pragma unroll
-                for (int b = 0; b < 4; b++) kc[b] = Ks[(ci + 16 * b) * KP + d];
-#pragma unroll
-                for (int a = 0; a < 4; a++)
-#pragma unroll
-                    for (int b = 0; b < 4; b++) kk[a][b] += kr[a] * kc[b], qk[a][b] += qr[a] * kc[b];
-            }
-#pragma unroll
-            for (int a = 0; a < 4; a++)
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    int rr = ri * 4 + a, jj = ci + 16 * b;
-                    float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
-                    A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
-                    M[rr * AP + jj] = qk[a][b] * dec;
-                }
+                for (int b = 0; b < 4; b++) kk[a][b] += kr[a] * kc[b], qk[a][b] += qr[a] * kc[b];
         }
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
@@ -171,6 +161,17 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float
                 oq[m] = e * qs[m];
             }
         }
+        __syncthreads();   // every read of Q̂ done: M may take its place
+        // 2'. A_rj = β_r (k̂_r·k̂_j) D_rj (j < r), M_rj = (q̂_r·k̂_j) D_rj (j ≤ r)
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int rr = ri * 4 + a, jj = ci + 16 * b;
+                float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
+                A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
+                M[rr * AP + jj] = qk[a][b] * dec;
+            }
         __syncthreads();
         // 4. (I + A) U = R by forward substitution, token after token: 8 lanes per column share
         //    the sum over earlier tokens (j ≡ part mod 8), added in a fixed butterfly order
@@ -183,9 +184,10 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT) k_gdn_chunk(const float
                 acc += __shfl_xor_sync(0xffffffffu, acc, 2);
                 acc += __shfl_xor_sync(0xffffffffu, acc, 4);
                 if (part == 0) U[rr * UP + c] -= acc;
-                __syncthreads();
+                __syncwarp();   // a column's eight lanes are one warp's: no other warp reads its U here
             }
         }
+        __syncthreads();
         // 5. outputs O = e^γ Q̂ S₀ + M U
 #pragma unroll
         for (int m = 0; m < GPU_GDN_C / 8; m++) {

@@ -93,7 +93,6 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int K = W.cols, KB = K / 64, nk = (KB + GPU_MM_WARPS - 1) / GPU_MM_WARPS, njob = ntile * nk;
     const float post = mm_post(W);
-    const bool tok = g < T;   // this lane's B column holds a token
     // steps j < R: slot j (a commit group per step, empty past the end: the count of groups in
     // flight stays R); step j is 64-block w + GPU_MM_WARPS · (j % nk) of tile tile0 + j / nk
     for (int j = 0; j < R; j++) {
@@ -112,9 +111,13 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     int slot = 0, cq = 0, ti = 0, iq = R % nk, it = R / nk;
     mm_cp_src src;
     if (it < ntile) mm_cp_tile<KIND>(W, 16 * (tile0 + it), g, t, src);
-    // this lane's B column in the parts, at 64-block 0 (k = its first of q = 0)
-    const __nv_bfloat16 *xb = xsm + (size_t)g * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
-    const size_t xss = (size_t)T * K;   // elements between the parts
+    // this lane's B column in each part, at 64-block 0 (k = its first of q = 0): token g, or the
+    // last token for lanes g ≥ T — an output column depends on its own B column alone, and
+    // columns past T are never stored, so those lanes read real values instead of being zeroed
+    const int gt = g < T ? g : T - 1;
+    const __nv_bfloat16 *xp[GPU_MM_SPLITS];
+#pragma unroll
+    for (int s = 0; s < GPU_MM_SPLITS; s++) xp[s] = xsm + ((size_t)s * T + gt) * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int j = 0; j < njob; j++) {   // uniform over the block: every warp has the same steps
         const int kb = w + GPU_MM_WARPS * cq;
@@ -123,13 +126,12 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
         if (kb < KB) {
             mm_raw raw;
             mm_cp_fetch<KIND>(sl, g, raw);
-            const __nv_bfloat16 *xk = xb + kb * 64;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int ko = KIND == GPU_W_PLANES ? 16 * q : 4 * q;
+                const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q : 4 * q);
                 uint2 b[GPU_MM_SPLITS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xk + s * xss + ko) : make_uint2(0, 0);
+                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = *(const uint2 *)(xp[s] + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -239,7 +241,8 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
     const int K = W.cols, KB = K / 64, KBc = mt_kbc<KIND>(KB), ns = (KB + KBc - 1) / KBc, njob = ntile * ns;
     const int SB = KBc * mt_kind<KIND>::per_kb, P = KBc * mt_kind<KIND>::code, R = min(GPU_MT_STAGES, GPU_MT_RING / SB);
     const float post = mm_post(W);
-    const bool tok = g < T;   // this lane's B column holds a token
+    // this lane's B column in each part: token g, or the last token for lanes g ≥ T (as k_mm_v)
+    const int gt = g < T ? g : T - 1;
     if (threadIdx.x == 0) {
         for (int i = 0; i < R; i++) mt_init(&full[i], 1), mt_init(&empty[i], GPU_MM_WARPS);
         mt_init_fence();
@@ -271,7 +274,7 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
                 uint2 b[GPU_MM_SPLITS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = tok ? *(const uint2 *)(xsm + ((size_t)s * T + g) * K + ko) : make_uint2(0, 0);
+                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = *(const uint2 *)(xsm + ((size_t)s * T + gt) * K + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -319,41 +322,53 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MT_BLOCKS) k_mm_t(gp
     }
 }
 
-// ---- prompts: tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens (mm.cuh: mmg_run) ---------------------
-template <int KIND>
+// ---- prompts: tiles of GPU_MMG_BM rows × BN tokens (mm.cuh: mmg_run) -----------------------------
+//
+// k_mm_g: BN = GPU_MMG_BN; k_mm_g32: BN = GPU_MMG_BN32, half the stages' bytes and half a block's
+// products, GPU_MMG32_BLOCKS blocks per multiprocessor — for steps of a few dozen tokens, where
+// k_mm_g's row blocks are fewer than the multiprocessors. The same steps per token: the same bits.
+template <int KIND, int NW>
 __device__ __forceinline__ void mm_dense_g(const gpu_mat &W, int base, int t0, const __nv_bfloat16 *__restrict__ xs, int T, const int *tok,
                                            const uint32_t *lut, float *__restrict__ y, int ldy) {
-    float tot[2][MMG_NW][4];
+    float tot[2][NW][4];
     mmg_run<KIND, true>([&](int w, const gpu_mat *&M, int &row0) { M = &W, row0 = base + 16 * w; }, W.cols, xs, (size_t)T * W.cols, tok,
                         mm_smem, lut, tot);
     const float post = mm_post(W);
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int n = 0; n < MMG_NW; n++)
+        for (int n = 0; n < NW; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int ti, rr, r;
-                mmg_place(i, n, e, ti, rr, r);
+                mmg_place<NW>(i, n, e, ti, rr, r);
                 const int row = base + 16 * ti + rr;
                 if (row < W.rows && tok[r] >= 0) y[(size_t)(t0 + r) * ldy + row] = tot[i][n][e] * post;
             }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_mm_g(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+template <int BN>
+__device__ __forceinline__ void mm_g(const gpu_lin_set &set, const __nv_bfloat16 *__restrict__ xs, int T) {
     __shared__ uint32_t lut[16];
-    __shared__ int tok[GPU_MMG_BN];
+    __shared__ int tok[BN];
     int m = 0;
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const gpu_mat W = set.W[m];
-    const int base = ((int)blockIdx.x - set.first[m]) * GPU_MMG_BM, t0 = blockIdx.y * GPU_MMG_BN, ldy = set.ldy[m];
-    for (int r = threadIdx.x; r < GPU_MMG_BN; r += blockDim.x) tok[r] = t0 + r < T ? t0 + r : -1;
+    const int base = ((int)blockIdx.x - set.first[m]) * GPU_MMG_BM, t0 = blockIdx.y * BN, ldy = set.ldy[m];
+    for (int r = threadIdx.x; r < BN; r += blockDim.x) tok[r] = t0 + r < T ? t0 + r : -1;
     mm_plane_lut(lut);
     __syncthreads();
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
-    case GPU_W_FP8: mm_dense_g<GPU_W_FP8>(W, base, t0, xs, T, tok, lut, y, ldy); break;
-    case GPU_W_NVFP4: mm_dense_g<GPU_W_NVFP4>(W, base, t0, xs, T, tok, lut, y, ldy); break;
-    default: mm_dense_g<GPU_W_BF16>(W, base, t0, xs, T, tok, lut, y, ldy); break;   // (gpu_k_mm: FP8, NVFP4 and BF16 only)
+    case GPU_W_FP8: mm_dense_g<GPU_W_FP8, BN / 16>(W, base, t0, xs, T, tok, lut, y, ldy); break;
+    case GPU_W_NVFP4: mm_dense_g<GPU_W_NVFP4, BN / 16>(W, base, t0, xs, T, tok, lut, y, ldy); break;
+    default: mm_dense_g<GPU_W_BF16, BN / 16>(W, base, t0, xs, T, tok, lut, y, ldy); break;   // (gpu_k_mm: FP8, NVFP4 and BF16 only)
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_mm_g(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    mm_g<GPU_MMG_BN>(set, xs, T);
+}
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG32_BLOCKS) k_mm_g32(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    mm_g<GPU_MMG_BN32>(set, xs, T);
 }

@@ -489,12 +489,12 @@ __device__ __forceinline__ float mm_post(const gpu_mat &W) { return W.kind == GP
 // parts in the same order) that is added to the running total when the class ends, in class
 // order: mm_reduce's order. So a token's sums are the bits of every other shape.
 
-#define MMG_NW (GPU_MMG_BN / 16)   // n-tiles of 8 tokens per warp
+#define MMG_NW (GPU_MMG_BN / 16)   // n-tiles of 8 tokens per warp (k_mm_g32: GPU_MMG_BN32 / 16; NW below)
 
-// Bytes of one stage: the weights' slots (mm_cp_slots), the parts [GPU_MM_SPLITS][GPU_MMG_BN][64] bf16.
-template <int KIND>
+// Bytes of one stage of BN tokens: the weights' slots (mm_cp_slots), the parts [GPU_MM_SPLITS][BN][64] bf16.
+template <int KIND, int BN = GPU_MMG_BN>
 struct mmg_stage {
-    static constexpr int a = mm_cp_slots<KIND>::bytes, b = GPU_MM_SPLITS * GPU_MMG_BN * 128, bytes = a + b;
+    static constexpr int a = mm_cp_slots<KIND>::bytes, b = GPU_MM_SPLITS * BN * 128, bytes = a + b;
 };
 
 // The swizzled place of 16-byte piece c (of 8) of token row r in a part: k_mm_g's reads of one
@@ -510,9 +510,9 @@ __device__ __forceinline__ int mmg_kb(int j, int KB) {
     return j < big ? j / (q + 1) + GPU_MM_WARPS * (j % (q + 1)) : r + (j - big) / q + GPU_MM_WARPS * ((j - big) % q);
 }
 
-// One 64-block of the stage (sa: the weights' slots, sb: the parts) into acc [2][MMG_NW][4] of warp (wm, wn).
-template <int KIND>
-__device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, int wm, int wn, const uint32_t *lut, float (&acc)[2][MMG_NW][4]) {
+// One 64-block of the stage (sa: the weights' slots, sb: the parts of 16·NW tokens) into acc [2][NW][4] of warp (wm, wn).
+template <int KIND, int NW>
+__device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, int wm, int wn, const uint32_t *lut, float (&acc)[2][NW][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     mm_raw raw[2];
 #pragma unroll
@@ -525,12 +525,12 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
 #pragma unroll
             for (int qq = 0; qq < 2; qq++) mm_widen<KIND>(raw[i], 2 * h + qq, lut, a[i][qq]);
 #pragma unroll
-        for (int n = 0; n < MMG_NW; n++) {
-            const int r = 8 * MMG_NW * wn + 8 * n + g;
+        for (int n = 0; n < NW; n++) {
+            const int r = 8 * NW * wn + 8 * n + g;
             uint2 b[2][GPU_MM_SPLITS];
 #pragma unroll
             for (int s = 0; s < GPU_MM_SPLITS; s++) {
-                const uint8_t *row = sb + (size_t)(s * GPU_MMG_BN + r) * 128;
+                const uint8_t *row = sb + (size_t)(s * 16 * NW + r) * 128;
                 if (KIND == GPU_W_PLANES) {   // k = 16q + 4t: piece 2q + t/2, half t % 2
 #pragma unroll
                     for (int qq = 0; qq < 2; qq++)
@@ -560,10 +560,10 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
 // token 8·MMG_NW·wn + 8n + 2t + e%2 (mmg_place), before the kind's scale. smem: GPU_MMG_STAGES ·
 // mmg_stage<KIND>::bytes (dynamic). DEP: GPU_DEP is still to come (the first stages' weights are
 // requested before it). lut filled and published by the caller.
-template <int KIND, bool DEP, class Tile>
+template <int KIND, bool DEP, class Tile, int NW>
 __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss, const int *tok, uint8_t *smem,
-                                        const uint32_t *lut, float (&tot)[2][MMG_NW][4]) {
-    constexpr int S = GPU_MMG_STAGES, ST = mmg_stage<KIND>::bytes;
+                                        const uint32_t *lut, float (&tot)[2][NW][4]) {
+    constexpr int S = GPU_MMG_STAGES, BN = 16 * NW, ST = mmg_stage<KIND, BN>::bytes;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5, wm = w & 3, wn = w >> 2;
     const int KB = K / 64;
     const gpu_mat *M;
@@ -576,10 +576,10 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
     auto issue_b = [&](int j) {
         if (j >= KB) return;
         const int kb = mmg_kb(j, KB);
-        uint8_t *sb = smem + (j % S) * ST + mmg_stage<KIND>::a;
-        for (int c = threadIdx.x; c < GPU_MM_SPLITS * GPU_MMG_BN * 8; c += GPU_MM_NT) {
-            const int s = c / (GPU_MMG_BN * 8), r = (c >> 3) % GPU_MMG_BN, p = c & 7, row = tok[r];
-            mm_cp<16>(sb + ((size_t)(s * GPU_MMG_BN + r) * 8 + mmg_piece<KIND>(p, r)) * 16,
+        uint8_t *sb = smem + (j % S) * ST + mmg_stage<KIND, BN>::a;
+        for (int c = threadIdx.x; c < GPU_MM_SPLITS * BN * 8; c += GPU_MM_NT) {
+            const int s = c / (BN * 8), r = (c >> 3) % BN, p = c & 7, row = tok[r];
+            mm_cp<16>(sb + ((size_t)(s * BN + r) * 8 + mmg_piece<KIND>(p, r)) * 16,
                       xs + s * ss + (size_t)(row >= 0 ? row : 0) * K + kb * 64 + p * 8, row >= 0);
         }
     };
@@ -592,11 +592,11 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
         issue_b(j);
         mm_cp_commit();
     }
-    float acc[2][MMG_NW][4];
+    float acc[2][NW][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int n = 0; n < MMG_NW; n++)
+        for (int n = 0; n < NW; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][n][e] = 0.f, tot[i][n][e] = 0.f;
     const int q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
@@ -607,12 +607,12 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
         issue_a(j + S - 1);
         issue_b(j + S - 1);
         mm_cp_commit();
-        mmg_mul<KIND>(smem + (j % S) * ST, smem + (j % S) * ST + mmg_stage<KIND>::a, wm, wn, lut, acc);
+        mmg_mul<KIND>(smem + (j % S) * ST, smem + (j % S) * ST + mmg_stage<KIND, BN>::a, wm, wn, lut, acc);
         if (--left == 0) {   // the class ends: its sum joins the total (the first is the total)
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int n = 0; n < MMG_NW; n++)
+                for (int n = 0; n < NW; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) tot[i][n][e] = cls == 0 ? acc[i][n][e] : tot[i][n][e] + acc[i][n][e], acc[i][n][e] = 0.f;
             cls++;
@@ -625,13 +625,14 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int n = 0; n < MMG_NW; n++)
+            for (int n = 0; n < NW; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) tot[i][n][e] += 0.f;
 }
 
 // Where tot[i][n][e] of mmg_run lies: row tile ti (of the block's GPU_MM_WARPS), row rr in it, token r.
+template <int NW = MMG_NW>
 __device__ __forceinline__ void mmg_place(int i, int n, int e, int &ti, int &rr, int &r) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    ti = 2 * (w & 3) + i, rr = (lane >> 2) + 8 * (e >> 1), r = 8 * MMG_NW * (w >> 2) + 8 * n + 2 * (lane & 3) + (e & 1);
+    ti = 2 * (w & 3) + i, rr = (lane >> 2) + 8 * (e >> 1), r = 8 * NW * (w >> 2) + 8 * n + 2 * (lane & 3) + (e & 1);
 }

@@ -286,7 +286,7 @@ static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x
     return err;
 }
 
-// Every shape a step of T tokens can take through k_mm (_b, _p and k_mm_g whatever T) against the
+// Every shape a step of T tokens can take through k_mm (_b, _p, k_mm_g and k_mm_g32 whatever T) against the
 // one it takes (ms's outputs hold its result): the same bits, and their times.
 static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *shape, const char *fmt) {
     size_t ob = 0;
@@ -294,13 +294,13 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     float *h0 = malloc(ob), *h1 = malloc(ob);
     for (size_t i = 0, o = 0; i < (size_t)ms->n; o += (size_t)T * ms->W[i].rows, i++)
         CU_CHECK(cu.cuMemcpyDtoH(h0 + o, ms->y[i], sizeof(float) * (size_t)T * ms->W[i].rows));
-    static const char *const name[3] = {"_b", "_p", "_g"};
-    double us[3];
+    static const char *const name[4] = {"_b", "_p", "_g", "_g32"};
+    double us[4];
     int same = 1;
-    const int g0 = hk.k.mm_g_min;
-    for (int sh = 0; sh < 3; sh++) {
+    const int g0 = hk.k.mm_g_min, g32 = hk.k.mm_g32_max;
+    for (int sh = 0; sh < 4; sh++) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
-        if (sh == 2) hk.k.mm_g_min = 1;   // (_g: k_mm_g from any tokens)
+        if (sh >= 2) hk.k.mm_g_min = 1, hk.k.mm_g32_max = sh == 3 ? T : 0;   // (_g, _g32: k_mm_g or k_mm_g32 from any tokens)
         if (sh < 2) gpu_k_mm_fixed(&hk.k, hk.s, ms, xs, T, sh + 1);
         else gpu_k_mm(&hk.k, hk.s, ms, xs, T);
         CU_CHECK(cu.cuStreamSynchronize(hk.s));
@@ -311,9 +311,10 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
         same &= eq;
         if (sh < 2) HK_TIME(us[sh], gpu_k_mm_fixed(&hk.k, hk.s, ms, xs, T, sh + 1));
         else HK_TIME(us[sh], gpu_k_mm(&hk.k, hk.s, ms, xs, T));
-        hk.k.mm_g_min = g0;
+        hk.k.mm_g_min = g0, hk.k.mm_g32_max = g32;
     }
-    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs; bits %s\n", "k_mm shapes", shape, fmt, us[0], us[1], us[2], same ? "equal" : "DIFFERENT");
+    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs, _g32 %.1f µs; bits %s\n", "k_mm shapes", shape, fmt, us[0], us[1], us[2], us[3],
+           same ? "equal" : "DIFFERENT");
     free(h0), free(h1);
 }
 
@@ -837,12 +838,12 @@ static void hk_gdn_conv(void) {
     hk_reset();
 }
 
-// k_gdn_rule (T one-token rows, each its own sequence) and k_gdn_chunk (one row of T tokens
-// from position 0) against their twins (kernel_data.h: kt_gdn_row), outputs and states.
-static void hk_gdn_rule(int kernel, int T) {
+// k_gdn_rule (T one-token rows, each its own sequence) and k_gdn_chunk (crows rows of T / crows
+// tokens from position 0) against their twins (kernel_data.h: kt_gdn_row), outputs and states.
+static void hk_gdn_rule(int kernel, int T, int crows) {
     const ck_config *c = &hk.m.cfg;
     int nk = c->lk_heads, nv = c->lv_heads, dk = c->lk_dim, dv = c->lv_dim, cd = c->conv_dim;
-    int nrows = kernel == K_GDN_RULE ? T : 1;
+    int nrows = kernel == K_GDN_RULE ? T : crows;
     size_t slot = (size_t)nv * dk * dv, nS = slot * nrows, nO = (size_t)T * nv * dv;
     float *qkv = hk_normal((size_t)T * cd, 1.0f), *bb = hk_normal((size_t)T * nv, 2.0f), *aa = hk_normal((size_t)T * nv, 2.0f);
     for (size_t i = 0; i < (size_t)T * nv; i++) aa[i] -= 1.0f;
@@ -1065,7 +1066,7 @@ int main(void) {
     if (gpu_kernels_load(&hk.k, &hk.dev, &e)) moet_die("%s", e.msg);
     const ck_config *c = &hk.m.cfg;
     gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
-    gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem(c->lk_dim));
+    gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(hk.k.smem_optin, c->lk_dim));
     CU_CHECK(cu.cuStreamCreate(&hk.s, GPU_STREAM_NON_BLOCKING));
     for (int i = 0; i < HK_REPS; i++)
         for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&hk.ev[i][j], 0));
@@ -1100,9 +1101,12 @@ int main(void) {
     if (hk_want("argmax")) hk_argmax();
     if (hk_want("gdn")) {
         hk_gdn_conv();
-        hk_gdn_rule(K_GDN_RULE, 1);
-        hk_gdn_rule(K_GDN_RULE, 512);
-        hk_gdn_rule(K_GDN_CHUNK, 512);
+        hk_gdn_rule(K_GDN_RULE, 1, 0);
+        hk_gdn_rule(K_GDN_RULE, 512, 0);
+        hk_gdn_rule(K_GDN_CHUNK, 512, 1);
+        hk_gdn_rule(K_GDN_CHUNK, 2048, 1);    // one prompt's 32 pieces: 128 blocks, the walk's latency
+        hk_gdn_rule(K_GDN_CHUNK, 4096, 16);   // 16 prompts of 256: 2,048 blocks, the occupancy
+
         hk_gated_norm();
     }
     if (hk_want("attention"))

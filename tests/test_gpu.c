@@ -569,7 +569,7 @@ static void kernel_mm_stream(gpu_engine *g) {
 // in column J (FP8: code r, every one but e4m3's NaN; NVFP4: nibble r % 16 under block scale
 // sc[r / 16] — subnormal, negative, the largest) times x = e_J gives code · scale · weight_scale,
 // the reference's decoders' value (ck_e4m3_lut, ck_e2m1_lut), at 1 token (k_mm_t / k_mm_v), 8
-// (k_mm_d) and 200 (k_mm_g). (Through gpu_k_mm: k_linear, which the engine takes for widths past
+// (k_mm_d), 100 (k_mm_g32, taken from any tokens) and 200 (k_mm_g). (Through gpu_k_mm: k_linear, which the engine takes for widths past
 // its model's, folds the NVFP4 block scale and weight_scale_2 into one f32 first, an ulp away
 // at times.) And a matrix holding e4m3's NaN code is refused at boot
 // (gpu_mat_check: the widening reads it as 480).
@@ -609,11 +609,14 @@ static void kernel_widen_codes(gpu_engine *g) {
         CUdeviceptr xd = kt_dev(&d, x, (size_t)TN * K), yd = kt_dev(&d, NULL, (size_t)TN * N),
                     xs = (uintptr_t)arena_take(&d, 2 * GPU_MM_SPLITS * (size_t)TN * K, 256, "parts");
         set.y[0] = yd;
-        static const int Ts[] = {1, 8, TN};
-        for (int ti = 0; ti < 3; ti++) {   // (gpu_k_mm directly: the engine's products take k_linear past its model's widths)
+        static const int Ts[] = {1, 8, 100, TN};
+        for (int ti = 0; ti < 4; ti++) {   // (gpu_k_mm directly: the engine's products take k_linear past its model's widths)
             int T = Ts[ti], bad = -1;
+            const int g_min = g->k.mm_g_min, g32_max = g->k.mm_g32_max;
+            if (T == 100) g->k.mm_g_min = 1, g->k.mm_g32_max = 128;   // k_mm_g32 (4 token tiles of 32, the last of 4)
             gpu_k_mm_split(&g->k, g->compute, xd, K, K, T, xs);
             gpu_k_mm(&g->k, g->compute, &set, xs, T);
+            g->k.mm_g_min = g_min, g->k.mm_g32_max = g32_max;
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(y, yd, sizeof(float) * (size_t)T * N));
             for (int t = 0; t < T && bad < 0; t++)
@@ -622,7 +625,7 @@ static void kernel_widen_codes(gpu_engine *g) {
             CHECK(bad < 0, "%s code widening at T %d: row %d gives %a, the reference %a", kind ? "nvfp4" : "fp8", T, bad,
                   bad < 0 ? 0.0 : (double)y[bad], bad < 0 ? 0.0 : (double)want[bad]);
         }
-        printf("%s: every %s exactly the reference's value at 1, 8 and %d tokens\n", kind ? "nvfp4" : "fp8",
+        printf("%s: every %s exactly the reference's value at 1, 8, 100 (k_mm_g32) and %d tokens\n", kind ? "nvfp4" : "fp8",
                kind ? "nibble under 8 block scales (subnormal, negative, the largest)" : "e4m3 code but NaN", TN);
         arena_release(&d);
         free(x), free(y), free(want), free(w), free(sc);
@@ -1559,7 +1562,7 @@ static void launch_limits(void) {
     k.smem_optin = GPU_SMEM_DEFAULT;
     const char *want[] = {"k_gdn_conv: grid.y = 70000 blocks (blocks of channels, rows, 1)",
                           "k_attention_f32: grid.y = 70000 blocks (tokens, query heads, 1)",
-                          "k_gdn_chunk: 126464 bytes of dynamic shared memory; the kernel may take 49152"};
+                          "k_gdn_chunk: 109824 bytes of dynamic shared memory; the kernel may take 49152"};
     for (int c = 0; c < 3; c++) {
         int fd[2];
         MOET_ASSERT(pipe(fd) == 0, "pipe");
@@ -1698,7 +1701,7 @@ static void moe_shapes(void) {
     CHECK(gpu_moe_nrb(&k, 8, 32) == 4, "gpu_moe_nrb: moe_nrb taken as set");
     // the dense products' shapes (gpu_mm_pick): k_mm_g (3) from a whole token tile where its blocks
     // fill the device, _p (2) where T · rows reach mm_p_work, _b (1), _d (0) up to 8 tokens
-    k.mm_g_min = GPU_MM_TOK_B + 1, k.mm_g_blocks = 64, k.mm_p_work = 65536;
+    k.mm_g_min = GPU_MM_TOK_B + 1, k.mm_g_blocks = 64, k.mm_p_work = 65536, k.mm_g32_max = 0;
     gpu_lin_set gdn = {0}, ao = {0}, qkv = {0}, pl = {0};
     gdn.n = 4, ao.n = 1, qkv.n = 3, pl.n = 1;
     const int gdn_rows[4] = {8192, 4096, 32, 32}, qkv_rows[3] = {8192, 512, 512};
@@ -1711,6 +1714,25 @@ static void moe_shapes(void) {
           "gpu_mm_pick: _p at 16 tokens for the large sets and at 64 for attention o (16 k_mm_g blocks), _b for attention o at 16");
     CHECK(gpu_mm_pick(&k, &ao, 8) == 0 && gpu_mm_pick(&k, &ao, 300) == 3 && gpu_mm_pick(&k, &pl, 300) == 2 && gpu_mm_pick(&k, &pl, 64) == 2,
           "gpu_mm_pick: _d up to 8 tokens; k_mm_g past GPU_MM_TOK_B; planes never k_mm_g");
+    CHECK(gpu_mm_pick(&k, &gdn, 64) == 3, "gpu_mm_pick: k_mm_g32 (4) never with mm_g32_max 0");
+    k.mm_g32_max = 64;
+    CHECK(gpu_mm_pick(&k, &gdn, 64) == 4 && gpu_mm_pick(&k, &qkv, 64) == 4 && gpu_mm_pick(&k, &gdn, 128) == 3 && gpu_mm_pick(&k, &ao, 64) == 2 &&
+              gpu_mm_pick(&k, &pl, 64) == 2,
+          "gpu_mm_pick: k_mm_g32 up to mm_g32_max tokens where k_mm_g would be taken, and only there");
+    k.mm_g32_max = 0;
+    // k_gdn_chunk's shared memory: its arrays (107 KiB at dk = 128: two blocks a multiprocessor),
+    // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
+    // only where the registered limit allows it
+    k.smem_optin = 232448, k.sms = 132, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128);
+    CHECK(gpu_gdn_chunk_smem(128) == 109824 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 109824 &&
+              gpu_gdn_chunk_grid_smem(&k, 128, 128) == 117248 && gpu_gdn_chunk_grid_smem(&k, 128, 132) == 117248 &&
+              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 109824,
+          "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128), gpu_gdn_chunk_grid_smem(&k, 128, 128),
+          gpu_gdn_chunk_grid_smem(&k, 128, 2048));
+    k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128);
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 109824, "k_gdn_chunk: padded past its registered limit");
+    CHECK(gpu_gdn_chunk_smem(32) == 64256 && gpu_gdn_chunk_smem_max(232448, 32) == 117248,
+          "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it)");
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
           "gpu_conv_nseg: the least power of two ≥ the longest row, 1 to %d", GPU_CONV_NT / 32);
