@@ -184,7 +184,8 @@ static size_t gpu_mm_g_smem(const gpu_lin_set *set, int bn) {
 // The shape of a step of T > GPU_MM_TOK_V tokens (or one whose tokens do not fit k_mm_v): 3
 // k_mm_g — tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged, where its shared
 // memory fits (not on a GB10) — for steps of k->mm_g_min tokens or more, and from a whole token
-// tile where its blocks (row blocks × token tiles) number k->mm_g_blocks or more; else gpu_mm_shape's,
+// tile where its blocks (row blocks × token tiles) number k->mm_g_blocks or more (4: k_mm_g32, its
+// tiles of GPU_MMG_BN32 tokens, for such steps of up to k->mm_g32_max tokens); else gpu_mm_shape's,
 // _p for a step of up to GPU_MM_TOK_B tokens whose T · rows reach k->mm_p_work. The kernel harness
 // on the H200 (`k_mm shapes`, the same bits in each): at 64 tokens the GDN in-projections (98 blocks)
 // `_b` 154.0, `_p` 118.6, `_g` 79.9 µs, attention o (16 blocks) 51.1, 38.2, 145.2; at 16 tokens
