@@ -155,8 +155,8 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
 // 1,024 (2,048 blocks) 8,628–8,653 with two blocks a multiprocessor against 7,779–7,799. Where
 // the registered limit is below the padding, the arrays alone.
 static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks) {
-    const size_t need = gpu_gdn_chunk_smem(dk), solo = (size_t)k->smem_optin / 2 + 1024;
-    return blocks <= k->sms && need < solo && solo <= (size_t)k->smem_max[K_GDN_CHUNK] ? solo : need;
+    const size_t padded = gpu_gdn_chunk_smem_max(k->smem_optin, dk);   // (the arrays where no padding fits)
+    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : gpu_gdn_chunk_smem(dk);
 }
 
 // A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),

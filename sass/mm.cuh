@@ -555,11 +555,11 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
 }
 
 // The block's tile: row tile w (< GPU_MM_WARPS) is rows [row0, row0 + 16) of matrix *M as tile(w, M,
-// row0) says (rows past M->rows: zeros), times the tokens tok[r] (r < GPU_MMG_BN, shared int32, -1:
+// row0) says (rows past M->rows: zeros), times the tokens tok[r] (r < 16·NW, shared int32, -1:
 // none) of xs (parts ss apart, rows of K); tot[i][n][e] = the sum of row tile 2wm + i, row g + 8(e/2),
-// token 8·MMG_NW·wn + 8n + 2t + e%2 (mmg_place), before the kind's scale. smem: GPU_MMG_STAGES ·
-// mmg_stage<KIND>::bytes (dynamic). DEP: GPU_DEP is still to come (the first stages' weights are
-// requested before it). lut filled and published by the caller.
+// token 8·NW·wn + 8n + 2t + e%2 (mmg_place), before the kind's scale (k_mm_g: NW = MMG_NW). smem:
+// GPU_MMG_STAGES · mmg_stage<KIND, 16·NW>::bytes (dynamic). DEP: GPU_DEP is still to come (the
+// first stages' weights are requested before it). lut filled and published by the caller.
 template <int KIND, bool DEP, class Tile, int NW>
 __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss, const int *tok, uint8_t *smem,
                                         const uint32_t *lut, float (&tot)[2][NW][4]) {
