@@ -39,7 +39,8 @@ build_moet() {
 }
 
 # The kernels: sass/all.cu (every sass/*.cu) compiled by nvcc to one cubin per architecture and a
-# PTX fallback. They are committed and embedded in ./moet by gpu/kernels.c (.incbin), so a machine
+# PTX fallback (sass/moet.*), and so is sass/all_bf.cu, the products reading the activations' bf16
+# rounding (sass/moet_bf.*). They are committed and embedded in ./moet by gpu/kernels.c (.incbin), so a machine
 # with only the NVIDIA driver runs them and a machine with no CUDA toolkit still builds.
 # sass/moet.stamp holds the SHA-256 of the sources and of `nvcc --version`: the images are rebuilt
 # only when a source (or the compiler) changed, and only where nvcc is present.
@@ -57,13 +58,16 @@ sass_stamp() {
 sass_compile() {   # into directory $1
     local out=$1 a pids=() rc=0
     mkdir -p "$out"
-    for a in $SASS_ARCHS; do
-        "$NVCC" $NVCC_FLAGS -cubin -arch=sm_$a -o "$out/moet.sm_$a.cubin" sass/all.cu & pids+=($!)
-    done
     mkdir -p build
-    { "$NVCC" $NVCC_FLAGS -ptx -arch=compute_90 -o build/moet.compute_90.full.ptx sass/all.cu &&
-        sed -e "$PTX_KEEP" build/moet.compute_90.full.ptx >"$out/moet.compute_90.ptx"; } &
-    pids+=($!)
+    for img in moet:all moet_bf:all_bf; do   # image name : source (sass/all_bf.cu: the products reading bf16 activations)
+        local name=${img%%:*} src=sass/${img#*:}.cu
+        for a in $SASS_ARCHS; do
+            "$NVCC" $NVCC_FLAGS -cubin -arch=sm_$a -o "$out/$name.sm_$a.cubin" "$src" & pids+=($!)
+        done
+        { "$NVCC" $NVCC_FLAGS -ptx -arch=compute_90 -o "build/$name.compute_90.full.ptx" "$src" &&
+            sed -e "$PTX_KEEP" "build/$name.compute_90.full.ptx" >"$out/$name.compute_90.ptx"; } &
+        pids+=($!)
+    done
     for a in "${pids[@]}"; do wait "$a" || rc=1; done
     return $rc
 }
@@ -98,13 +102,15 @@ check_cubins() {
     local ptxas
     ptxas="$(dirname "$(command -v "$NVCC")")/ptxas"
     if [ -x "$ptxas" ]; then
-        "$ptxas" -arch=sm_90 -O3 -o build/sass-check/full.cubin build/moet.compute_90.full.ptx &
-        "$ptxas" -arch=sm_90 -O3 -o build/sass-check/kept.cubin sass/moet.compute_90.ptx
-        wait
-        if ! cmp -s build/sass-check/full.cubin build/sass-check/kept.cubin; then
-            echo "build.sh: sass/moet.compute_90.ptx does not compile to the machine code of nvcc's PTX" >&2
-            bad=1
-        fi
+        for name in moet moet_bf; do
+            "$ptxas" -arch=sm_90 -O3 -o build/sass-check/$name.full.cubin build/$name.compute_90.full.ptx &
+            "$ptxas" -arch=sm_90 -O3 -o build/sass-check/$name.kept.cubin sass/$name.compute_90.ptx
+            wait
+            if ! cmp -s build/sass-check/$name.full.cubin build/sass-check/$name.kept.cubin; then
+                echo "build.sh: sass/$name.compute_90.ptx does not compile to the machine code of nvcc's PTX" >&2
+                bad=1
+            fi
+        done
     fi
     return $bad
 }

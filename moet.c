@@ -1018,6 +1018,9 @@ typedef struct ref_engine_s {
     int32_t **trace_ids; // NULL, or [L] buffers [T, K] receiving each layer's router choices (tests)
     float **trace_w;     // NULL, or [L] buffers [T, K] receiving their weights
     int kv_round;        // GPU_KV_*: the stored keys and values rounded as the GPU's KV cache stores them (tests)
+    int act_bf16;        // the tensor-core products' inputs rounded to bf16, as the GPU's `--act-dtype bf16` (ref_linear)
+    float *xr;           // [xr_floats] those rounded inputs, a run of tokens at a time
+    size_t xr_floats;
     // the backend interface (engine_backend): sampler state and the results of one step
     samp_bank bank;      // per-slot sampler state
     float *step_logits;  // [max_seqs, V] the last-token logits of the rows that want a token
@@ -1124,6 +1127,8 @@ static void ref_carve(ref_engine *r, arena *a) {
     ARENA_TAKE(a, r->eu, Tm * ew, "expert up");
     ARENA_TAKE(a, r->ed, Tm * H, "expert output");
     ARENA_TAKE(a, r->wrow, (size_t)r->threads * ref_max_row(c), "weight rows");
+    r->xr_floats = (Tm < 64 ? Tm : 64) * (size_t)ref_max_row(c);   // runs of up to 64 tokens of the widest input
+    ARENA_TAKE(a, r->xr, r->xr_floats, "bf16-rounded product inputs");
     ARENA_TAKE(a, r->scores, r->max_len, "attention scores");
     ARENA_TAKE(a, r->tmp, 2 * (size_t)(c->conv_dim > 2 * c->lv_dim ? c->conv_dim : 2 * c->lv_dim), "temporaries");
     ARENA_TAKE(a, r->inv_freq, c->rot_dim / 2, "rotary frequencies");
@@ -1331,10 +1336,47 @@ static void ref_prefix_restore(ref_engine *r, ref_seq *q, const int32_t *from, i
 
 // ---- ops ---------------------------------------------------------------------------------
 
+// float → bf16 → float, round to nearest even (as __float2bfloat16_rn; no NaN here).
+static float ref_bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// Whether the GPU multiplies W on the tensor cores (gpu_mm_ok: FP8, NVFP4, BF16 or planes, in_features
+// a multiple of 64; the planes' rows a multiple of 16), where `--act-dtype bf16` gives the
+// products the bf16 rounding of their inputs.
+static int ref_tensor_core(const ck_mat *W) {
+    if (W->cols % 64) return 0;
+    return W->kind == CK_W_FP8 || W->kind == CK_W_NVFP4 || W->kind == CK_W_BF16 || (W->kind == CK_W_PLANES && W->rows % 16 == 0);
+}
+
+static void ref_linear_f32(ref_engine *r, const ck_mat *W, const float *x, int ldx, int T, float *y, int ldy);
+
+// y[t, o] = Σ_k W[o, k] · x[t, k] for t < T, o < W.rows (ref_linear_f32). With r->act_bf16 and a
+// matrix the GPU takes on its tensor cores (ref_tensor_core), x is first rounded to bf16, token by
+// token, into r->xr (runs of as many tokens as it holds: each output depends on its own token).
+static void ref_linear(ref_engine *r, const ck_mat *W, const float *x, int ldx, int T, float *y, int ldy) {
+    if (!r->act_bf16 || !ref_tensor_core(W)) {
+        ref_linear_f32(r, W, x, ldx, T, y, ldy);
+        return;
+    }
+    const int K = W->cols, run = (int)(r->xr_floats / (size_t)K);
+    MOET_ASSERT(run >= 1, "ref_linear: inputs of %d exceed the rounding buffer (%zu floats)", K, r->xr_floats);
+    for (int t0 = 0; t0 < T; t0 += run) {
+        const int n = T - t0 < run ? T - t0 : run;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++) r->xr[(size_t)t * K + k] = ref_bf16_round(x[(size_t)(t0 + t) * ldx + k]);
+        ref_linear_f32(r, W, r->xr, K, n, y + (size_t)t0 * ldy, ldy);
+    }
+}
+
 // y[t, o] = Σ_k W[o, k] · x[t, k] for t < T, o < W.rows. Each weight row is decoded once per
 // call and reused for every token. Rows are split over the workers; each output element is
 // computed by one worker in a fixed order, so results do not depend on the thread count.
-static void ref_linear(ref_engine *r, const ck_mat *W, const float *x, int ldx, int T, float *y, int ldy) {
+static void ref_linear_f32(ref_engine *r, const ck_mat *W, const float *x, int ldx, int T, float *y, int ldy) {
     int nt = r->n_workers + 1, maxrow = ref_max_row(&r->m->cfg);
     if (nt == 1 || (size_t)W->rows * W->cols * T < (1u << 16)) {   // small products: not worth a hand-off
         ref_linear_job j = {W, x, y, T, ldx, ldy, 0, W->rows, r->wrow};
@@ -1380,15 +1422,6 @@ static void ref_rope(const ref_engine *r, float *u, int p) {
         u[i] = a * c - b * s;
         u[i + half] = b * c + a * s;
     }
-}
-
-// float → bf16 → float, round to nearest even (as __float2bfloat16_rn; no NaN here).
-static float ref_bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
 }
 
 // float → e4m3fn → float, round to nearest even, saturating to ±448 (as __nv_fp8_e4m3(float)).
@@ -2401,9 +2434,9 @@ static int prefix_held(const prefix_table *T) {
 // either: the model's config.json, every shard's safetensors header (tensor names, dtypes,
 // shapes, offsets) with its size and modification time, the Hugging Face revision when the
 // path names one, the plane file's header page (its SHA-256 covers the hash of every expert
-// slot), the backend (CPU or GPU, and the GPU's KV dtype) and the block size. SHA-256, first
-// 8 bytes. Boot only (it allocates).
-static uint64_t prefix_identity(const ck_model *m, const char *planes, int is_gpu, int kv_dtype, int block, moet_err *e) {
+// slot), the backend (CPU or GPU, and the GPU's KV dtype), the products' input rounding
+// (`--act-dtype bf16`) and the block size. SHA-256, first 8 bytes. Boot only (it allocates).
+static uint64_t prefix_identity(const ck_model *m, const char *planes, int is_gpu, int kv_dtype, int act_bf16, int block, moet_err *e) {
     pf_sha sha;
     if (pf_sha_init(&sha, e)) return 0;
     uint8_t sum[32], acc[32];
@@ -2450,6 +2483,7 @@ static uint64_t prefix_identity(const ck_model *m, const char *planes, int is_gp
     }
     int32_t be[3] = {is_gpu, is_gpu ? kv_dtype : -1, block};
     PREFIX_ID_ADD(be, sizeof be);
+    if (act_bf16) PREFIX_ID_ADD("act bf16", 8);   // (an f32 run's identity as before)
 #undef PREFIX_ID_ADD
     memcpy(sum, acc, 32);
     pf_sha_free(&sha);
@@ -3892,6 +3926,9 @@ static const char serve_usage[] =
     "                          CPU reference), gpu (an error without one) or cpu\n"
     "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
     "                          and head) or f32\n"
+    "  --act-dtype T           the matrix products' inputs: f32 (default; on the GPU three bf16\n"
+    "                          parts, exact) or bf16 (rounded to bf16: one tensor-core product\n"
+    "                          where f32 takes three; the CPU reference rounds the same way)\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
     "  --host-margin-gb G      on a GPU that shares the host's memory (GB10): GiB of MemAvailable\n"
     "                          the memory plan leaves the host (default 4)\n"
@@ -3925,7 +3962,7 @@ static const char serve_usage[] =
     "  -h, --help              this text\n";
 
 typedef struct {
-    const char *model, *planes, *name, *backend, *kv_dtype, *thinking, *mtp, *spec, *prefetch;
+    const char *model, *planes, *name, *backend, *kv_dtype, *act_dtype, *thinking, *mtp, *spec, *prefetch;
     int no_verify, strict_revision, seqs, batch, max_len, queue, max_lp, threads, have_seed, io_depth;
     double host_margin_gb;     // GiB of MemAvailable left to the host on a GPU sharing its memory
     double expert_cache_gb;    // > 0: the CPU reference holds at most this many GiB of plane slots
@@ -3946,6 +3983,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_INT("--max-logprobs", serve_flags, max_lp, 0, MOET_MAX_LOGPROBS),
     FLAG_CHOICE("--backend", serve_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", serve_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_CHOICE("--act-dtype", serve_flags, act_dtype, "f32|bf16"),
     FLAG_INT("--threads", serve_flags, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", serve_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--prefix-block", serve_flags, prefix_block, 1, 1 << 20),
@@ -3963,14 +4001,14 @@ static const moet_flag serve_flag_table[] = {
 _Static_assert(MOET_MAX_SPEC == 8, "--speculative-tokens lists 0..MOET_MAX_SPEC");
 
 static int cmd_serve(int argc, char **argv) {
-    serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
+    serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "f32", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
                       .threads = 1, .prefix_gb = -1, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("serve", serve_usage, serve_flag_table, (int)(sizeof serve_flag_table / sizeof serve_flag_table[0]), argc,
                         argv, &fl);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     const char *model = fl.model, *planes = fl.planes, *name = fl.name, *backend = fl.backend;
     int seqs = fl.seqs, batch = fl.batch, max_len = fl.max_len, queue = fl.queue, max_lp = fl.max_lp, threads = fl.threads;
-    int have_seed = fl.have_seed, kv_dtype = GPU_KV_BF16;
+    int have_seed = fl.have_seed, kv_dtype = GPU_KV_BF16, act_bf16 = 0;
     int thinking = fl.thinking ? !strcmp(fl.thinking, "on") : -1;   // -1: on, except for the bundled demo model
     uint64_t seed = fl.seed;
     int prefix_block = fl.prefix_block;
@@ -3978,6 +4016,7 @@ static int cmd_serve(int argc, char **argv) {
     pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, fl.prefetch ? strcmp(fl.prefetch, "off") != 0 : -1,
                           fl.io_depth, 0};   // progress on stderr
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
+    MOET_ASSERT(engine_act_dtype(fl.act_dtype, &act_bf16) == 0, "act dtype %s", fl.act_dtype);
     if (batch < seqs) {
         fprintf(stderr, "moet serve: --max-batch-tokens %d must be at least --max-num-seqs %d\n", batch, seqs);
         return 2;
@@ -4052,7 +4091,7 @@ static int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     int pblock = prefix_block ? prefix_block : MOET_PREFIX_BLOCK < max_len ? MOET_PREFIX_BLOCK : 0;
-    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, !spec_auto && !spec};
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, !spec_auto && !spec, act_bf16};
     if (engine_open_prefix(&E, backend, &m, &eo, pblock, prefix_gb, "moet serve", &e)) goto fail;
     have_r = 1;
     if (spec > E.be.max_spec) {
@@ -4068,7 +4107,7 @@ static int cmd_serve(int argc, char **argv) {
                 cfg.spec);
     } else if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
     if (E.be.prefix_blocks) {
-        cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
+        cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, act_bf16, E.be.prefix_block, &e);
         size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block, E.g.g.o.mtp) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);
         fprintf(stderr, "moet serve: prefix cache: %d blocks of %d tokens, %.2f MiB each, %.2f GiB\n", E.be.prefix_blocks,
                 E.be.prefix_block, per / 1048576.0, (double)per * E.be.prefix_blocks / 1073741824.0);
@@ -4177,6 +4216,8 @@ static const char run_usage[] =
     "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
     "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
     "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
+    "  --act-dtype T        the matrix products' inputs: f32 (default) or bf16 (rounded to bf16, on\n"
+    "                       both backends: one tensor-core product where f32 takes three)\n"
     "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
     "  --host-margin-gb G   on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                       memory plan leaves the host (default 4)\n"
@@ -4193,7 +4234,7 @@ static const char run_usage[] =
     "  -h, --help           this text\n";
 
 typedef struct {
-    const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *planes, *prefetch;
+    const char *model, *ids, *ids_file, *out, *backend, *kv_dtype, *act_dtype, *planes, *prefetch;
     int greedy, dump_hidden, threads, chunk, no_verify, strict_revision, io_depth;
     double host_margin_gb, expert_cache_gb;
 } run_flags;
@@ -4207,6 +4248,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_SWITCH("--dump-hidden", run_flags, dump_hidden),
     FLAG_CHOICE("--backend", run_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", run_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_CHOICE("--act-dtype", run_flags, act_dtype, "f32|bf16"),
     FLAG_INT("--threads", run_flags, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", run_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
@@ -4219,7 +4261,7 @@ static const moet_flag run_flag_table[] = {
 };
 
 static int cmd_run(int argc, char **argv) {
-    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .threads = 1, .chunk = 512, .host_margin_gb = MOET_HOST_MARGIN_GB};
+    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "f32", .threads = 1, .chunk = 512, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("run", run_usage, run_flag_table, (int)(sizeof run_flag_table / sizeof run_flag_table[0]), argc, argv, &fl);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!fl.model || (!fl.ids == !fl.ids_file))
@@ -4227,8 +4269,9 @@ static int cmd_run(int argc, char **argv) {
     if (fl.expert_cache_gb > 0 && !fl.planes)
         return moet_usage_error("run", run_usage, "--expert-cache-gb needs --planes FILE (the cache holds the plane file's slots)");
     const char *model = fl.model, *ids_arg = fl.ids, *ids_file = fl.ids_file, *out = fl.out, *backend = fl.backend, *planes = fl.planes;
-    int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16;
+    int greedy = fl.greedy, dump_hidden = fl.dump_hidden, threads = fl.threads, chunk = fl.chunk, kv_dtype = GPU_KV_BF16, act_bf16 = 0;
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
+    MOET_ASSERT(engine_act_dtype(fl.act_dtype, &act_bf16) == 0, "act dtype %s", fl.act_dtype);
     pf_serve_opts popt = {fl.no_verify, fl.strict_revision, 0, 1, fl.expert_cache_gb, fl.prefetch ? strcmp(fl.prefetch, "off") != 0 : -1,
                           fl.io_depth, 0};   // progress on stderr
     moet_err e = {{0}};
@@ -4277,7 +4320,7 @@ static int cmd_run(int argc, char **argv) {
             goto fail;
         }
     if (chunk > T) chunk = T;
-    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, 1};   // (run does not draft)
+    engine_opts eo = {1, T + greedy, chunk, threads, kv_dtype, planes, popt, fl.host_margin_gb, 0, 1, act_bf16};   // (run does not draft)
     if (engine_open(&E, backend, &m, &eo, "moet run", &e)) goto fail;
     have_e = 1;
     // a cut inside the prompt must lie at a multiple of the backend's chunk_align for the

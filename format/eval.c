@@ -58,6 +58,7 @@ typedef struct {
     int max_seqs, max_batch_tokens, threads;
     const char *backend;          // auto | gpu | cpu
     int kv_dtype;                 // GPU KV cache (GPU_KV_*)
+    int act_bf16;                 // --act-dtype bf16: the matrix products' inputs rounded to bf16
     const char *save_ref;         // write a reference file
     int top_k;                    // log-probabilities it keeps per token
     const char *ref;              // compare with this reference file
@@ -956,7 +957,7 @@ static int eval_main(const eval_opts *opts, eval_result *res, moet_err *e) {
     if (o->save_ref && eval_out_open(&E, e)) goto out;
     // the engine: a slot per window run at once, each as long as the longest window
     engine_opts eo = {E.max_seqs, E.longest, E.mbt, o->threads, o->kv_dtype, o->planes,
-                      {o->no_verify, o->strict_revision, 0, o->progress, 0, 0, 0, 0}, o->host_margin_gb, 0, 1};   // (eval does not draft)
+                      {o->no_verify, o->strict_revision, 0, o->progress, 0, 0, 0, 0}, o->host_margin_gb, 0, 1, o->act_bf16};   // (eval does not draft)
     if (engine_open(&EA, o->backend ? o->backend : "auto", &m, &eo, "moet eval", e)) goto out;
     have_r = 1;
     engine_backend be = EA.be;
@@ -1080,6 +1081,8 @@ static const char eval_usage[] =
     "  --backend B             auto (default: the GPU when there is one, else the CPU reference),\n"
     "                          gpu or cpu\n"
     "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"
+    "  --act-dtype T           the matrix products' inputs: f32 (default, as the server) or bf16\n"
+    "                          (rounded to bf16, on either backend)\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
     "  --host-margin-gb G      on a GPU that shares the host's memory (GB10): GiB of MemAvailable\n"
     "                          the memory plan leaves the host (default 4)\n"
@@ -1088,7 +1091,7 @@ static const char eval_usage[] =
 
 typedef struct {
     eval_opts o;
-    const char *kv_dtype;
+    const char *kv_dtype, *act_dtype;
     int quiet;
 } eval_flags;
 
@@ -1111,13 +1114,14 @@ static const moet_flag eval_flag_table[] = {
     FLAG_INT("--max-batch-tokens", eval_flags, o.max_batch_tokens, 1, 1 << 20),
     FLAG_CHOICE("--backend", eval_flags, o.backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", eval_flags, kv_dtype, "bf16|fp8|f32"),
+    FLAG_CHOICE("--act-dtype", eval_flags, act_dtype, "f32|bf16"),
     FLAG_INT("--threads", eval_flags, o.threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", eval_flags, o.host_margin_gb, 0, 1 << 20),
     {.name = "--quiet", .alias = "-q", .kind = ARG_SWITCH, .at = offsetof(eval_flags, quiet)},
 };
 
 static int cmd_eval(int argc, char **argv) {
-    eval_flags fl = {.kv_dtype = "bf16", .o.host_margin_gb = MOET_HOST_MARGIN_GB};
+    eval_flags fl = {.kv_dtype = "bf16", .act_dtype = "f32", .o.host_margin_gb = MOET_HOST_MARGIN_GB};
     eval_opts *op = &fl.o;
     op->max_seqs = 8;
     op->max_batch_tokens = 512;
@@ -1128,6 +1132,7 @@ static int cmd_eval(int argc, char **argv) {
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!op->model || !op->data) return moet_usage_error("eval", eval_usage, "need --model DIR and --data FILE.jsonl");
     MOET_ASSERT(engine_kv_dtype(fl.kv_dtype, &op->kv_dtype) == 0, "kv dtype %s", fl.kv_dtype);
+    MOET_ASSERT(engine_act_dtype(fl.act_dtype, &op->act_bf16) == 0, "act dtype %s", fl.act_dtype);
     op->progress = !fl.quiet;
     eval_opts o = *op;
     eval_result res;

@@ -386,6 +386,7 @@ typedef struct {
     double host_margin_gb;               // GPU sharing the host's memory: GiB of MemAvailable left to the host
     int no_graphs;                       // GPU: no decode graphs, every kernel launched by the host (gpu_opts)
     int no_drafts;                       // GPU: the command never drafts: the model's MTP head stays off the device
+    int act_bf16;                        // --act-dtype bf16: the tensor-core products read their inputs' bf16 rounding (both backends)
 } engine_opts;
 
 typedef struct {
@@ -400,6 +401,13 @@ typedef struct {
 static int engine_kv_dtype(const char *s, int *out) {
     for (int i = 0; i < 3; i++)
         if (!strcmp(s, gpu_kv_names[i])) { *out = i; return 0; }
+    return -1;
+}
+
+// --act-dtype: f32 (the products' inputs as they are: three bf16 parts on the GPU) or bf16 (their
+// bf16 rounding: one part) → *bf16.
+static int engine_act_dtype(const char *s, int *bf16) {
+    if (!strcmp(s, "f32") || !strcmp(s, "bf16")) { *bf16 = !strcmp(s, "bf16"); return 0; }
     return -1;
 }
 
@@ -431,7 +439,7 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         // the MTP head on the device too where the model has one and the command may draft
         // (speculation: --speculative-tokens; its BF16 layer is ~1.7 GB on Qwen3.6)
         gpu_opts go = {o->max_seqs, o->max_len, o->max_tokens, o->kv_dtype, (size_t)(o->host_margin_gb * 1073741824.0), o->no_graphs,
-                       m->mtp.present && !o->no_drafts};
+                       m->mtp.present && !o->no_drafts, o->act_bf16};
         int blocks;
         if (engine_prefix_blocks(prefix_block, prefix_gb, gpu_prefix_bytes(&m->cfg, o->kv_dtype, prefix_block, go.mtp), &blocks, e))
             return -1;
@@ -479,6 +487,7 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         pf_detach(&E->pa);
         return -1;
     }
+    E->r.act_bf16 = o->act_bf16;
     E->be = ref_backend(&E->r);
     return 0;
 }

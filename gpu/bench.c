@@ -18,9 +18,9 @@
 // result says the depth the timed steps started from (the smallest and the largest of the batch).
 
 typedef struct {
-    const char *model, *planes, *backend, *kv_dtype_name;
+    const char *model, *planes, *backend, *kv_dtype_name, *act_dtype_name;
     moet_list batch;
-    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, profile, no_verify, spec, spec_auto, io_depth;
+    int prompt, gen, depth, max_batch_tokens, threads, kv_dtype, act_bf16, profile, no_verify, spec, spec_auto, io_depth;
     const char *spec_name;
     pf_serve_opts popt;
     double host_margin_gb, expert_cache_gb, route_zipf;
@@ -43,6 +43,7 @@ static const char bench_usage[] =
     "                        sequence past it: the result says the depth the timed steps start at)\n"
     "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
     "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
+    "  --act-dtype T         the matrix products' inputs: f32 (default) or bf16 (rounded to bf16)\n"
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
     "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
@@ -79,6 +80,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_INT("--depth", bench_opts, depth, 1, 1 << 22),
     FLAG_INT("--max-batch-tokens", bench_opts, max_batch_tokens, 1, 1 << 20),
     FLAG_CHOICE("--kv-dtype", bench_opts, kv_dtype_name, "bf16|fp8|f32"),
+    FLAG_CHOICE("--act-dtype", bench_opts, act_dtype_name, "f32|bf16"),
     FLAG_CHOICE("--backend", bench_opts, backend, "auto|gpu|cpu"),
     FLAG_SWITCH("--profile", bench_opts, profile),
     FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
@@ -219,7 +221,7 @@ static int bench_cmp_double(const void *a, const void *b) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
+    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .act_dtype_name = "f32", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
                     .batch = {2, {1, 16}}};
     int arc = moet_args("bench", bench_usage, bench_flag_table, (int)(sizeof bench_flag_table / sizeof bench_flag_table[0]), argc,
                         argv, &o);
@@ -230,6 +232,7 @@ static int cmd_bench(int argc, char **argv) {
     if (o.route_zipf > 0 && !(o.expert_cache_gb > 0))
         return moet_usage_error("bench", bench_usage, "--route-zipf shapes what the expert cache sees: it needs --expert-cache-gb");
     MOET_ASSERT(engine_kv_dtype(o.kv_dtype_name, &o.kv_dtype) == 0, "kv dtype %s", o.kv_dtype_name);
+    MOET_ASSERT(engine_act_dtype(o.act_dtype_name, &o.act_bf16) == 0, "act dtype %s", o.act_dtype_name);
     // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
     o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, o.prefetch ? strcmp(o.prefetch, "off") != 0 : -1, o.io_depth, o.route_zipf};
     if (o.depth < 0) o.depth = o.prompt;
@@ -255,7 +258,7 @@ static int cmd_bench(int argc, char **argv) {
         return 1;
     }
     engine_opts eo = {maxB, max_len, Tm, o.threads ? o.threads : pf_ncpu(), o.kv_dtype, o.planes, o.popt, o.host_margin_gb,
-                      o.graphs && !strcmp(o.graphs, "off"), !o.spec};
+                      o.graphs && !strcmp(o.graphs, "off"), !o.spec, o.act_bf16};
     if (engine_open(&E, o.backend, &m, &eo, "moet bench", &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); goto out0; }
     engine_backend *be = &E.be;
     int use_gpu = E.is_gpu;
@@ -295,6 +298,7 @@ static int cmd_bench(int argc, char **argv) {
     js_w_key(&w, "model"), js_w_str(&w, model_name);
     js_w_key(&w, "experts"), js_w_str(&w, o.planes ? "planes" : m.expert_format);
     js_w_key(&w, "kv_dtype"), js_w_str(&w, gpu_kv_names[o.kv_dtype]);
+    js_w_key(&w, "act_dtype"), js_w_str(&w, o.act_bf16 ? "bf16" : "f32");
     if (use_gpu) js_w_key(&w, "copy_gbs"), js_w_num(&w, round(copy_gbs * 10) / 10);   // the byte model is the GPU's
     js_w_key(&w, "results"), js_w_arr(&w);
     for (int bi = 0; bi < o.batch.n; bi++) {

@@ -25,6 +25,7 @@ typedef struct {
     size_t host_margin;                  // bytes of the host's MemAvailable a GPU sharing it leaves alone
     int no_graphs;                       // 1: every step's kernels launched one by one (moet bench --cuda-graphs off)
     int mtp;                             // 1: the checkpoint's MTP head on the device too (gpu_mtp_rows)
+    int act_bf16;                        // 1: the products read one bf16 part of their inputs (gpu_kernels.parts 1: sass/all_bf.cu)
 } gpu_opts;
 
 // Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
@@ -469,6 +470,7 @@ static void gpu_free(gpu_engine *g) {
     if (g->compute) CU_CHECK(cu.cuStreamDestroy(g->compute));
     if (g->copy) CU_CHECK(cu.cuStreamDestroy(g->copy));
     if (g->k.mod) CU_CHECK(cu.cuModuleUnload(g->k.mod));
+    if (g->k.mod_bf) CU_CHECK(cu.cuModuleUnload(g->k.mod_bf));
     gpu_close(&g->dev);
 }
 
@@ -643,6 +645,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (gpu_fa_refuse(c, o->kv_dtype, g->dev.smem_optin, e)) return gpu_close(&g->dev), -1;
     if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
+    g->k.parts = o->act_bf16 ? 1 : GPU_MM_SPLITS;
     gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB):
     // prompts are then cut at multiples of GPU_GDN_C; otherwise every token takes the recurrence

@@ -19,6 +19,11 @@ GPU_EMBED(gpu_img_sm90, "sass/moet.sm_90.cubin")
 GPU_EMBED(gpu_img_sm120, "sass/moet.sm_120.cubin")
 GPU_EMBED(gpu_img_sm121, "sass/moet.sm_121.cubin")
 GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the .byte 0 above
+// the tensor-core products reading the activations' bf16 rounding (sass/all_bf.cu)
+GPU_EMBED(gpu_img_bf_sm90, "sass/moet_bf.sm_90.cubin")
+GPU_EMBED(gpu_img_bf_sm120, "sass/moet_bf.sm_120.cubin")
+GPU_EMBED(gpu_img_bf_sm121, "sass/moet_bf.sm_121.cubin")
+GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
 
 #define GPU_KERNELS(X)                                                                               \
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
@@ -37,6 +42,10 @@ GPU_EMBED(gpu_img_ptx90, "sass/moet.compute_90.ptx")   // NUL-terminated by the 
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 #define GPU_K_NAME(id, name) name,
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
+// The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
+// reading hi alone (gpu_kernels.parts 1), by the same name.
+static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MOE_UP_D,
+                                        K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G};
 
 // Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
 // γ [C] (f64); k̂ and q̂ [C, dk + 1], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
@@ -81,8 +90,10 @@ static size_t gpu_fa_smem(int nq, int hd) {
 #define GPU_PROF_MAX 8192   // launches of one profiled step
 
 typedef struct {
-    CUmodule mod;
+    CUmodule mod, mod_bf;  // sass/all.cu's image, sass/all_bf.cu's
     CUfunction fn[K_COUNT];
+    CUfunction fn_bf[K_COUNT];   // gpu_parts_kernels from mod_bf (0 for the others)
+    int parts;             // the activations' bf16 parts the products read: GPU_MM_SPLITS (f32-faithful) or 1 (their bf16 rounding: fn_bf)
     const char *image;     // which image was loaded, for the log
     int smem_optin;        // the device's most dynamic shared memory per block (bytes)
     int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
@@ -104,22 +115,28 @@ typedef struct {
 } gpu_kernels;
 
 static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
-    const unsigned char *img;
-    if (d->cc_major == 9 && d->cc_minor == 0) img = gpu_img_sm90, k->image = "sm_90 cubin";
-    else if (d->cc_major == 12 && d->cc_minor == 0) img = gpu_img_sm120, k->image = "sm_120 cubin";
-    else if (d->cc_major == 12 && d->cc_minor == 1) img = gpu_img_sm121, k->image = "sm_121 cubin";
-    else img = gpu_img_ptx90, k->image = "compute_90 PTX (compiled by the driver)";
+    const unsigned char *img, *img_bf;
+    if (d->cc_major == 9 && d->cc_minor == 0) img = gpu_img_sm90, img_bf = gpu_img_bf_sm90, k->image = "sm_90 cubin";
+    else if (d->cc_major == 12 && d->cc_minor == 0) img = gpu_img_sm120, img_bf = gpu_img_bf_sm120, k->image = "sm_120 cubin";
+    else if (d->cc_major == 12 && d->cc_minor == 1) img = gpu_img_sm121, img_bf = gpu_img_bf_sm121, k->image = "sm_121 cubin";
+    else img = gpu_img_ptx90, img_bf = gpu_img_bf_ptx90, k->image = "compute_90 PTX (compiled by the driver)";
     CUresult r = cu.cuModuleLoadData(&k->mod, img);
+    if (!r) r = cu.cuModuleLoadData(&k->mod_bf, img_bf);
     if (r) {
         const char *name = "?";
         cu.cuGetErrorName(r, &name);
+        if (k->mod) CU_CHECK(cu.cuModuleUnload(k->mod)), k->mod = NULL;
         return err_set(e, "cannot load the %s kernels on %s (compute capability %d.%d): %s", k->image, d->name, d->cc_major,
                        d->cc_minor, name);
     }
     for (int i = 0; i < K_COUNT; i++) {
         CU_CHECK(cu.cuModuleGetFunction(&k->fn[i], k->mod, gpu_kernel_names[i]));
+        k->fn_bf[i] = NULL;
         k->smem_max[i] = GPU_SMEM_DEFAULT;
     }
+    for (size_t i = 0; i < sizeof gpu_parts_kernels / sizeof gpu_parts_kernels[0]; i++)
+        CU_CHECK(cu.cuModuleGetFunction(&k->fn_bf[gpu_parts_kernels[i]], k->mod_bf, gpu_kernel_names[gpu_parts_kernels[i]]));
+    k->parts = GPU_MM_SPLITS;
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
@@ -143,6 +160,7 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
     MOET_ASSERT(bytes <= (size_t)k->smem_optin, "%s: %zu bytes of shared memory per block; the device has %d", gpu_kernel_names[fn],
                 bytes, k->smem_optin);
     CU_CHECK(cu.cuFuncSetAttribute(k->fn[fn], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)bytes));
+    if (k->fn_bf[fn]) CU_CHECK(cu.cuFuncSetAttribute(k->fn_bf[fn], GPU_FUNC_ATTR_MAX_DYN_SMEM, (int)bytes));
     k->smem_max[fn] = (int)bytes;
 }
 
@@ -187,7 +205,7 @@ static void gpu_launch(gpu_kernels *k, int fn, gpu_dim grid, int block, size_t s
     // weights. The profiler times kernels one by one, without the overlap.
     gpu_launch_attr pdl = {.id = GPU_LAUNCH_ATTR_PROGRAMMATIC, .v.value = 1};
     gpu_launch_config cfg = {(unsigned)grid.x, (unsigned)grid.y, (unsigned)grid.z, (unsigned)block, 1, 1, (unsigned)smem, s, &pdl, k->prof ? 0u : 1u};
-    CUresult r = cu.cuLaunchKernelEx(&cfg, k->fn[fn], args, NULL);
+    CUresult r = cu.cuLaunchKernelEx(&cfg, k->parts == 1 && k->fn_bf[fn] ? k->fn_bf[fn] : k->fn[fn], args, NULL);
     if (r) {   // which launch, then the driver's word
         fprintf(stderr, "moet: %s: grid (%lld, %lld, %lld) %s, %d threads, %zu bytes of dynamic shared memory:\n", name, grid.x, grid.y, grid.z,
                 grid.axes, block, smem);

@@ -133,11 +133,12 @@ static int gpu_smem_room(gpu_kernels *k, int fn, size_t smem) {
 }
 
 // k_mm_g's dynamic shared memory for weights of kind (sass/mm.cuh: mmg_stage): GPU_MMG_STAGES stages
-// of the weights' slots (2, or 4 for BF16, 16-byte slots per thread) and the tokens' parts.
-static size_t gpu_mmg_smem_bn(int kind, int bn) {
-    return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * GPU_MM_SPLITS * bn * 64);
+// of the weights' slots (2, or 4 for BF16, 16-byte slots per thread) and the tokens' parts the
+// products read (k->parts of them).
+static size_t gpu_mmg_smem_bn(const gpu_kernels *k, int kind, int bn) {
+    return (size_t)GPU_MMG_STAGES * ((kind == GPU_W_BF16 ? 4 : 2) * GPU_MM_NT * 16 + 2 * (size_t)k->parts * bn * 64);
 }
-static size_t gpu_mmg_smem(int kind) { return gpu_mmg_smem_bn(kind, GPU_MMG_BN); }
+static size_t gpu_mmg_smem(const gpu_kernels *k, int kind) { return gpu_mmg_smem_bn(k, kind, GPU_MMG_BN); }
 
 // Whether k_mm_t can take every matrix of the set: each bulk copy's source and size 16-byte
 // aligned (sass/mm.cuh: mt_kind, mt_kbc) — FP8 and BF16 rows, NVFP4 rows and their scale rows (K a
@@ -154,7 +155,7 @@ static int gpu_mt_ok(const gpu_lin_set *set) {
 // blocks per multiprocessor, the ring of weights and the tokens' parts in dynamic shared memory
 // (it must fit the device: asserted); the same bits.
 static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int bulk) {
-    size_t smem = (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
+    size_t smem = (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
     const int room = gpu_smem_room(k, bulk ? K_MM_T : K_MM_V, smem);   // (the kernel's opt-in, taken once)
     MOET_ASSERT(T >= 1 && T <= GPU_MM_TOK_V && (!bulk || gpu_mt_ok(set)) && room, "k_mm_%c: %d tokens, %zu bytes of shared memory",
                 bulk ? 't' : 'v', T, smem);
@@ -172,11 +173,11 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 
 // k_mm_g's shared memory for the set (its widest kind's stages), or 0 when a matrix is planes
 // (k_mm_g carries FP8, NVFP4 and BF16).
-static size_t gpu_mm_g_smem(const gpu_lin_set *set, int bn) {
+static size_t gpu_mm_g_smem(const gpu_kernels *k, const gpu_lin_set *set, int bn) {
     size_t gsmem = 0;
     for (int i = 0; i < set->n; i++) {
         if (set->W[i].kind == GPU_W_PLANES) return 0;
-        gsmem = gpu_mmg_smem_bn(set->W[i].kind, bn) > gsmem ? gpu_mmg_smem_bn(set->W[i].kind, bn) : gsmem;
+        gsmem = gpu_mmg_smem_bn(k, set->W[i].kind, bn) > gsmem ? gpu_mmg_smem_bn(k, set->W[i].kind, bn) : gsmem;
     }
     return gsmem;
 }
@@ -194,7 +195,7 @@ static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
     long long rows = 0, blocks = 0;
     for (int i = 0; i < set->n; i++) rows += set->W[i].rows, blocks += gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
     blocks *= gpu_cdiv(T, GPU_MMG_BN);
-    const size_t gsmem = gpu_mm_g_smem(set, GPU_MMG_BN), gsmem32 = gpu_mm_g_smem(set, GPU_MMG_BN32);
+    const size_t gsmem = gpu_mm_g_smem(k, set, GPU_MMG_BN), gsmem32 = gpu_mm_g_smem(k, set, GPU_MMG_BN32);
     if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem))
         return T <= k->mm_g32_max && gpu_smem_room(k, K_MM_G32, gsmem32) ? 4 : 3;
     const int sh = gpu_mm_shape(T);
@@ -218,7 +219,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     // K = 4,096; a GB10 block takes 99 KiB: there such a step takes k_mm_d, the same bits).
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
-    size_t smem = GPU_MM_RING_BYTES + (size_t)2 * GPU_MM_SPLITS * T * set->W[0].cols;
+    size_t smem = GPU_MM_RING_BYTES + (size_t)2 * k->parts * T * set->W[0].cols;
     if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
         double bytes = 0;
         int fp8 = 0;
@@ -235,7 +236,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         const int bn = sh == 4 ? GPU_MMG_BN32 : GPU_MMG_BN;
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
         gpu_launch(k, sh == 4 ? K_MM_G32 : K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, bn), 1, "(row blocks of every matrix, token tiles, 1)"},
-                   GPU_MM_NT, gpu_mm_g_smem(set, bn), s, GPU_ARGS((void *)set, &xs, &T));
+                   GPU_MM_NT, gpu_mm_g_smem(k, set, bn), s, GPU_ARGS((void *)set, &xs, &T));
         return;
     }
     gpu_k_mm_fixed(k, s, set, xs, T, sh);
@@ -264,7 +265,7 @@ static int gpu_moe_shape(gpu_kernels *k, long long P, int E) {
     MOET_ASSERT(k->moe_d_ppe >= 0 && k->moe_d_ppe <= GPU_MOE_D_PPE, "gpu_moe_shape: _d up to %d pairs per expert", k->moe_d_ppe);
     if (P <= GPU_MM_TOK_B || P <= (long long)k->moe_d_ppe * E) return 0;
     int g = P >= (long long)k->moe_g_min * E && (k->moe_kind == GPU_W_PLANES || k->moe_kind == GPU_W_NVFP4) &&
-            gpu_smem_room(k, K_MOE_UP_G, gpu_mmg_smem(k->moe_kind)) && gpu_smem_room(k, K_MOE_DN_G, gpu_mmg_smem(k->moe_kind));
+            gpu_smem_room(k, K_MOE_UP_G, gpu_mmg_smem(k, k->moe_kind)) && gpu_smem_room(k, K_MOE_DN_G, gpu_mmg_smem(k, k->moe_kind));
     return g ? 2 : 1;
 }
 static int gpu_moe_cap(gpu_kernels *k, long long P, int E) {
@@ -332,7 +333,7 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu)
         gpu_launch(k, K_MOE_UP_G, (gpu_dim){bound, gpu_cdiv(I, GPU_MMG_BM / 2), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
-                   gpu_mmg_smem(k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+                   gpu_mmg_smem(k, k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
     int rt = gpu_moe_rt_up[sh];
@@ -340,7 +341,7 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
     const int fn = sh ? K_MOE_UP_P : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;   // (_d1: one row block a block, straight through)
     // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
+    size_t smem = sh == 0 ? (size_t)2 * k->parts * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_up_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I, &nrb));
@@ -352,7 +353,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 2) {
         gpu_launch(k, K_MOE_DN_G, (gpu_dim){bound, gpu_cdiv(H, GPU_MMG_BM), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
-                   gpu_mmg_smem(k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+                   gpu_mmg_smem(k, k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
     int rt = gpu_moe_rt_dn[sh];
@@ -360,7 +361,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
     const int fn = sh ? K_MOE_DN_P : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
     // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * GPU_MM_SPLITS * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
+    size_t smem = sh == 0 ? (size_t)2 * k->parts * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H, &nrb));

@@ -86,11 +86,17 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 
 // k_mm*, k_moe_up*, k_moe_dn* (sass/mm.cuh): a block of GPU_MM_WARPS warps, each one slice of
 // k (the 64-blocks kb ≡ warp mod GPU_MM_WARPS), over a tile of 16·RT rows and GPU_MM_TOK tokens
-// (four n-tiles of 8); activations as GPU_MM_SPLITS bf16 parts (k_mm_split: hi, mid, lo).
+// (four n-tiles of 8); activations as GPU_MM_SPLITS bf16 parts (k_mm_split: hi, mid, lo), of
+// which the products read GPU_MM_PARTS: all three (f32-faithful: the kernels of sass/all.cu) or
+// hi alone, the bf16 rounding of the activations (the same sources built from sass/all_bf.cu,
+// `--act-dtype bf16`). The host learns which from the image a kernel comes from (gpu_kernels.parts).
 #define GPU_MM_WARPS 8
 #define GPU_MM_NT (GPU_MM_WARPS * 32)
 #define GPU_MM_TOK 32
 #define GPU_MM_SPLITS 3
+#ifndef GPU_MM_PARTS
+#define GPU_MM_PARTS GPU_MM_SPLITS
+#endif
 // The launch shapes (sass/mm.cu, moe_mm.cu): _d for steps of up to 8 tokens (or 8 expert pairs), _b up to
 // GPU_MM_TOK_B, _p beyond.
 #define GPU_MM_TOK_B 128
@@ -109,7 +115,7 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 #define GPU_MT_STAGES 8
 #define GPU_MT_BLOCKS 2
 #define GPU_MT_MIN_BYTES (32.0 * 1024 * 1024)   // gpu_k_mm: k_mm_t from this many bytes of weights (none FP8)
-GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3, "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
+GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || GPU_MM_PARTS == 1), "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_mm_g (sass/mm.cuh: mmg_run): prompt steps in tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens per block
 // (warp w copies row tile w of 16; warps as 4 × 2 of 32 rows × GPU_MMG_BN / 2 tokens), GPU_MMG_STAGES
 // 64-blocks of both operands in flight through shared memory, GPU_MMG_BLOCKS blocks per multiprocessor.

@@ -78,7 +78,7 @@ MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 // ---- decode: a few tokens, each block streaming a run of row tiles ------------------------------
 //
 // k_mm_v (T ≤ GPU_MM_TOK_V): the tokens' parts are copied into shared memory once per block
-// (dynamic: GPU_MM_SPLITS·T·K bf16), then the block walks row tiles first[m] + set.pad[0]·(its
+// (dynamic: GPU_MM_PARTS·T·K bf16), then the block walks row tiles first[m] + set.pad[0]·(its
 // index within matrix m) onward (set.pad[0] tiles per block). Each thread copies its own weight
 // bytes of mm_cp_slots<KIND>::ring (tile, 64-block) steps ahead (six; three for BF16) into its
 // own slots of a ring of GPU_MM_RING_BYTES of shared memory (cp.async: no registers held, the
@@ -102,7 +102,7 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     }
     // the weights are on their way: wait for the activations, then copy them in
     GPU_DEP();
-    const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
+    const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
     for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
     mm_plane_lut(lut);
     __syncthreads();
@@ -115,9 +115,9 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     // last token for lanes g ≥ T — an output column depends on its own B column alone, and
     // columns past T are never stored, so those lanes read real values instead of being zeroed
     const int gt = g < T ? g : T - 1;
-    const __nv_bfloat16 *xp[GPU_MM_SPLITS];
+    const __nv_bfloat16 *xp[GPU_MM_PARTS];
 #pragma unroll
-    for (int s = 0; s < GPU_MM_SPLITS; s++) xp[s] = xsm + ((size_t)s * T + gt) * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
+    for (int s = 0; s < GPU_MM_PARTS; s++) xp[s] = xsm + ((size_t)s * T + gt) * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int j = 0; j < njob; j++) {   // uniform over the block: every warp has the same steps
         const int kb = w + GPU_MM_WARPS * cq;
@@ -129,14 +129,14 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q : 4 * q);
-                uint2 b[GPU_MM_SPLITS];
+                uint2 b[GPU_MM_PARTS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = *(const uint2 *)(xp[s] + ko);
+                for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xp[s] + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
+                for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[e] += c[e];
             }
@@ -168,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(
     const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
     const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
     uint8_t *ring = mm_smem;                                            // GPU_MM_RING_BYTES
-    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MM_RING_BYTES);   // [GPU_MM_SPLITS][T][K]
+    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MM_RING_BYTES);   // [GPU_MM_PARTS][T][K]
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
     case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
@@ -256,7 +256,7 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
     if (w == 0)
         for (int js = 0; js < R && js < njob; js++) issue(js);
     GPU_DEP();
-    const int n16 = GPU_MM_SPLITS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
+    const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
     for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
     mm_plane_lut(lut);
     __syncthreads();
@@ -272,14 +272,14 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
-                uint2 b[GPU_MM_SPLITS];
+                uint2 b[GPU_MM_PARTS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++) b[s] = *(const uint2 *)(xsm + ((size_t)s * T + gt) * K + ko);
+                for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xsm + ((size_t)s * T + gt) * K + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
+                for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[e] += c[e];
             }
@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MT_BLOCKS) k_mm_t(gp
     const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
     const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
     uint8_t *ring = mm_smem;                                      // GPU_MT_RING
-    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MT_RING);   // [GPU_MM_SPLITS][T][K]
+    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MT_RING);   // [GPU_MM_PARTS][T][K]
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
     case GPU_W_FP8: mt_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, ring, full, empty, T, red, lut, y, set.ldy[m]); break;

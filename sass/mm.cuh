@@ -9,7 +9,9 @@
 //
 // Activations enter as three bf16 parts x = hi + mid + lo (k_mm_split): each part times a bf16
 // weight is exact in f32, and the parts carry 24 bits of x's mantissa, so the product is that
-// of f32 activations up to the order of the f32 additions (arena/DESIGN.md §3).
+// of f32 activations up to the order of the f32 additions (arena/DESIGN.md §3). Built with
+// GPU_MM_PARTS 1 (sass/all_bf.cu) the products read hi alone: x rounded to bf16, the same steps
+// and order otherwise.
 //
 // Fragments (PTX ISA, mma.m16n8k16 .bf16): lane (g = lane/4, t = lane%4) holds A rows g and g+8
 // at k slots {2t, 2t+1, 2t+8, 2t+9} and B column (token) g at the same slots. Each k16 step q
@@ -308,7 +310,7 @@ __device__ __forceinline__ void mm_plane_lut(uint32_t *lut) {
 // The calling warp's share of acc[i][n] += W_i[row0_i + tile rows, k] · xs[brow[n], k] for the
 // NTL row tiles i (matrix M[i / RT], rows row0[i % RT]) and the NT n-tiles of 8 tokens (n < nact
 // only; brow[n] < 0: no token, zeros), over the 64-blocks kb ≡ warp (mod GPU_MM_WARPS).
-// xs: bf16 [GPU_MM_SPLITS][·][K] with ss elements between the parts; row brow[n] of each part.
+// xs: bf16 [GPU_MM_PARTS][·][K] with ss elements between the parts; row brow[n] of each part.
 // Each 16-wide step sums its three parts (lo, mid, hi) into a fresh accumulator that is then
 // added to the running one in f32: the tensor cores' own additions (which do not round to
 // nearest) see at most 48 products.
@@ -321,14 +323,14 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
     constexpr int QB = NT == 1 ? 4 : 1;
 #pragma unroll
     for (int q0 = 0; q0 < 4; q0 += QB) {
-        uint2 b[QB][NT][GPU_MM_SPLITS];
+        uint2 b[QB][NT][GPU_MM_PARTS];
 #pragma unroll
         for (int qq = 0; qq < QB; qq++) {
             const int q = q0 + qq, ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int s = 0; s < GPU_MM_SPLITS; s++)
+                for (int s = 0; s < GPU_MM_PARTS; s++)
                     b[qq][n][s] = (n < nact && brow[n] >= 0) ? (SB ? *(const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)
                                                                    : __ldg((const uint2 *)(xs + s * ss + (size_t)brow[n] * K + ko)))
                                                              : make_uint2(0, 0);
@@ -344,7 +346,7 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
                     if (n < nact) {
                         float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                        for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a, b[qq][n][s].x, b[qq][n][s].y);
+                        for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[qq][n][s].x, b[qq][n][s].y);
 #pragma unroll
                         for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
                     }
@@ -463,11 +465,11 @@ __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K,
     }
 }
 
-// Copies rows src_row(j) of the parts [GPU_MM_SPLITS][·][K] at xs (ss elements apart), j < n, into
-// dst [GPU_MM_SPLITS][n][K] (shared memory), 16 bytes a thread at a time; the caller synchronises.
+// Copies rows src_row(j) of the parts [GPU_MM_PARTS][·][K] at xs (ss elements apart), j < n, into
+// dst [GPU_MM_PARTS][n][K] (shared memory), 16 bytes a thread at a time; the caller synchronises.
 template <class F>
 __device__ __forceinline__ void mm_stage(__nv_bfloat16 *dst, const __nv_bfloat16 *__restrict__ xs, size_t ss, int K, int n, F src_row) {
-    const int per = K / 8, total = GPU_MM_SPLITS * n * per;   // 16-byte pieces
+    const int per = K / 8, total = GPU_MM_PARTS * n * per;   // 16-byte pieces
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
         int s = i / (n * per), j = (i / per) % n, k8 = i % per;
         ((uint4 *)dst)[i] = __ldg((const uint4 *)(xs + s * ss + (size_t)src_row(j) * K) + k8);
@@ -491,10 +493,10 @@ __device__ __forceinline__ float mm_post(const gpu_mat &W) { return W.kind == GP
 
 #define MMG_NW (GPU_MMG_BN / 16)   // n-tiles of 8 tokens per warp (k_mm_g32: GPU_MMG_BN32 / 16; NW below)
 
-// Bytes of one stage of BN tokens: the weights' slots (mm_cp_slots), the parts [GPU_MM_SPLITS][BN][64] bf16.
+// Bytes of one stage of BN tokens: the weights' slots (mm_cp_slots), the parts [GPU_MM_PARTS][BN][64] bf16.
 template <int KIND, int BN = GPU_MMG_BN>
 struct mmg_stage {
-    static constexpr int a = mm_cp_slots<KIND>::bytes, b = GPU_MM_SPLITS * BN * 128, bytes = a + b;
+    static constexpr int a = mm_cp_slots<KIND>::bytes, b = GPU_MM_PARTS * BN * 128, bytes = a + b;
 };
 
 // The swizzled place of 16-byte piece c (of 8) of token row r in a part: k_mm_g's reads of one
@@ -527,9 +529,9 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
 #pragma unroll
         for (int n = 0; n < NW; n++) {
             const int r = 8 * NW * wn + 8 * n + g;
-            uint2 b[2][GPU_MM_SPLITS];
+            uint2 b[2][GPU_MM_PARTS];
 #pragma unroll
-            for (int s = 0; s < GPU_MM_SPLITS; s++) {
+            for (int s = 0; s < GPU_MM_PARTS; s++) {
                 const uint8_t *row = sb + (size_t)(s * 16 * NW + r) * 128;
                 if (KIND == GPU_W_PLANES) {   // k = 16q + 4t: piece 2q + t/2, half t % 2
 #pragma unroll
@@ -546,7 +548,7 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
                 for (int i = 0; i < 2; i++) {
                     float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                    for (int s = GPU_MM_SPLITS - 1; s >= 0; s--) mm_mma(c, a[i][qq], b[qq][s].x, b[qq][s].y);
+                    for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a[i][qq], b[qq][s].x, b[qq][s].y);
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
                 }
@@ -577,7 +579,7 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
         if (j >= KB) return;
         const int kb = mmg_kb(j, KB);
         uint8_t *sb = smem + (j % S) * ST + mmg_stage<KIND, BN>::a;
-        for (int c = threadIdx.x; c < GPU_MM_SPLITS * BN * 8; c += GPU_MM_NT) {
+        for (int c = threadIdx.x; c < GPU_MM_PARTS * BN * 8; c += GPU_MM_NT) {
             const int s = c / (BN * 8), r = (c >> 3) % BN, p = c & 7, row = tok[r];
             mm_cp<16>(sb + ((size_t)(s * BN + r) * 8 + mmg_piece<KIND>(p, r)) * 16,
                       xs + s * ss + (size_t)(row >= 0 ? row : 0) * K + kb * 64 + p * 8, row >= 0);

@@ -227,7 +227,7 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 }
 
 // The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
-// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_SPLITS·min(T,
+// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_PARTS·min(T,
 // GPU_MOE_CAP_D)·width bytes of dynamic shared memory and caps its registers for two blocks per
 // multiprocessor.
 #define MOE_UP(name, RT, NT, U, ONE, MINB, NRB)                                                                                  \

@@ -58,7 +58,7 @@ static int bp_run(ck_model *m, const char *backend, const char *planes, pf_serve
         return -1;
     }
     serve_config cfg = {seqs, batch, R, 0, "bench", {1.0f, 0, 1.0f, 0, 0, 0, 1.0f}, 0, {0}, 1, 0, 0, 0, 0, 0};
-    if (E.be.prefix_blocks) cfg.prefix_identity = prefix_identity(m, planes, E.is_gpu, kv_dtype, E.be.prefix_block, &e);
+    if (E.be.prefix_blocks) cfg.prefix_identity = prefix_identity(m, planes, E.is_gpu, kv_dtype, 0, E.be.prefix_block, &e);
     if (serve_init(&S, &cfg, E.be, (serve_codec){NULL, bp_encode, bp_piece}, &e)) {
         fprintf(stderr, "bench_prefix: %s\n", e.msg);
         engine_close(&E);

@@ -264,8 +264,54 @@ static void kv_round_unit(void) {
     CHECK(z[0] == 0.25f && z[1] == -7.0f && z[2] == 1e-3f, "an f32 cache keeps its values");
 }
 
+// The reference's bf16 product inputs (`--act-dtype bf16`: ref_linear with act_bf16). The tiny
+// model's lm_head (BF16 [vocab, 128]: a matrix the GPU takes on its tensor cores) over 200 tokens
+// of inputs whose mantissas bf16 cannot hold, on three threads: exactly ref_linear_f32 of the
+// inputs rounded to bf16 (so the runs of the rounding buffer change nothing), and not its product
+// of the inputs as they are; a view of it 100 columns wide (not a multiple of 64: the GPU's
+// k_linear, f32) and act_bf16 off keep the inputs as they are.
+static void act_bf16_unit(void) {
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, "tests/fixtures/tiny/bf16", &e)) { CHECK(0, "%s", e.msg); return; }
+    enum { T = 200 };
+    const ck_mat *W = &m.lm_head;
+    const int K = W->cols, V = W->rows;
+    ref_engine r;
+    if (ref_init(&r, &m, 1, T, T, 3, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    CHECK(ref_tensor_core(W) && K == 128 && (size_t)T * K > r.xr_floats, "the lm_head [%d, %d] in runs of %zu floats", V, K, r.xr_floats);
+    float *x = malloc(sizeof(float) * T * K), *xr = malloc(sizeof(float) * T * K);
+    float *a = malloc(sizeof(float) * (size_t)T * V), *b = malloc(sizeof(float) * (size_t)T * V), *c = malloc(sizeof(float) * (size_t)T * V);
+    uint32_t st = 12345;
+    for (int i = 0; i < T * K; i++) {
+        st = st * 1664525u + 1013904223u;
+        x[i] = ((float)(st >> 8) / 16777216.0f - 0.5f) * 3.0f + 0x1p-12f;   // 24-bit mantissas
+        xr[i] = ref_bf16_round(x[i]);
+    }
+    r.act_bf16 = 1;
+    ref_linear(&r, W, x, K, T, a, V);
+    ref_linear_f32(&r, W, xr, K, T, b, V);
+    ref_linear_f32(&r, W, x, K, T, c, V);
+    CHECK(!memcmp(a, b, sizeof(float) * (size_t)T * V), "act bf16: not the product of the rounded inputs");
+    CHECK(memcmp(a, c, sizeof(float) * (size_t)T * V) != 0, "act bf16: the inputs were not rounded");
+    ck_mat W100 = *W;
+    W100.cols = 100;
+    CHECK(!ref_tensor_core(&W100), "100 columns taken as a tensor-core product");
+    ref_linear(&r, &W100, x, K, T, a, V);
+    ref_linear_f32(&r, &W100, x, K, T, c, V);
+    CHECK(!memcmp(a, c, sizeof(float) * (size_t)T * V), "act bf16 rounded a product the GPU keeps in f32");
+    r.act_bf16 = 0;
+    ref_linear(&r, W, x, K, T, a, V);
+    ref_linear_f32(&r, W, x, K, T, c, V);
+    CHECK(!memcmp(a, c, sizeof(float) * (size_t)T * V), "act f32 rounded its inputs");
+    free(x), free(xr), free(a), free(b), free(c);
+    ref_free(&r);
+    ck_close(&m);
+}
+
 int main(void) {
     kv_round_unit();
+    act_bf16_unit();
     cli_run("tests/fixtures/tiny", "nvfp4", "nvfp4");
     thread_invariance("tests/fixtures/check/nvfp4");
     run_variant("tests/fixtures/tiny", "bf16", "bf16", 1);

@@ -1,0 +1,9 @@
+// sass/all_bf.cu — the tensor-core products again, reading one bf16 part of the activations (hi:
+// their bf16 rounding) instead of three (gpu_abi.h: GPU_MM_PARTS): one mma per weight fragment
+// where the f32-faithful kernels take three, a third of the activations' loads and staged bytes.
+// One cubin per architecture (sass/moet_bf.sm_XX.cubin) and a PTX fallback; gpu/kernels.c looks
+// the products up there by the same names for `--act-dtype bf16`. Their CPU twin is ref_linear
+// with the reference's inputs rounded the same way (ref_engine.act_bf16).
+#define GPU_MM_PARTS 1
+#include "mm.cu"
+#include "moe_mm.cu"
