@@ -483,6 +483,9 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
             fprintf(f, "moet:   %-12s %-7s %10.3f GiB\n", as[i]->name, arena_kind_name[as[i]->kind], (double)as[i]->cap / (1u << 30));
     fprintf(f, "moet:   KV cache: %zu pages of %d tokens = %zu tokens (%s), %d sequences of up to %d tokens\n", g->n_pages,
             GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
+    fprintf(f, "moet:   matrix products: inputs as %s\n",
+            g->k.parts == 1 ? "their bf16 rounding (--act-dtype bf16: one tensor-core product a weight fragment)"
+                            : "three bf16 parts (f32, exact up to the order of the additions)");
     if (g->graph_rows)
         fprintf(f, "moet:   decode graphs: steps of 1 to %d rows of one token, %zu kernels each at most, captured in %.2f s\n",
                 g->graph_rows, g->graph_size, g->graph_s);

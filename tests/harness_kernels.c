@@ -7,6 +7,10 @@
 // `./build.sh harness` builds and runs it on a machine with an NVIDIA GPU; the exit status is 1
 // when an error is past its bound (or there is no GPU). HK_ONLY=linear,experts (a comma-separated
 // list of embed, norm, linear, router, experts, combine, argmax, gdn, attention) runs those sections only.
+// HK_ACT=bf16: the tensor-core products read one bf16 part of their inputs (`--act-dtype bf16`:
+// sass/all_bf.cu's images), against twins that round their inputs the same way (ref_linear with
+// act_bf16); the f32 CUDA-core products (k_linear, k_moe_gate_up, k_moe_down), whose twins do not,
+// are left out of such a run.
 //
 // Shapes: tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json (H 2048; attention 16 query
 // heads over 2 KV heads of 256, 64 rotary dims; GDN 16 key / 32 value heads of 128, conv 4; 256
@@ -77,6 +81,7 @@ static struct {
     ck_model m;              // the config alone: the twins read their dimensions from it
     ref_engine r;            // the twins' engine: matrix products on every core, rotary frequencies, KV rounding
     uint64_t rng;
+    int act;                 // HK_ACT=bf16: the products' one-part images, the twins rounding their inputs
 } hk;
 
 // ---- data and device buffers ------------------------------------------------------------------
@@ -369,12 +374,14 @@ static void hk_linear(void) {
                 set.ldy[i] = W[i].rows;
                 obytes += 4.0 * T * W[i].rows;
             }
-            gpu_k_linear(&hk.k, hk.s, &set, xd, K, T);
-            err = hk_set_err(&set, W, x, K, T);
-            HK_TIME(us, gpu_k_linear(&hk.k, hk.s, &set, xd, K, T));
             char shape[96];
             snprintf(shape, sizeof shape, "%s T=%d [%s, %d]", sets[si].name, T, rows, K);
-            hk_row("k_linear", shape, fmt, err, HK_TOL_SUM, us, wbytes + 4.0 * T * K + obytes);
+            if (!hk.act) {
+                gpu_k_linear(&hk.k, hk.s, &set, xd, K, T);
+                err = hk_set_err(&set, W, x, K, T);
+                HK_TIME(us, gpu_k_linear(&hk.k, hk.s, &set, xd, K, T));
+                hk_row("k_linear", shape, fmt, err, HK_TOL_SUM, us, wbytes + 4.0 * T * K + obytes);
+            }
             // the tensor cores: k_mm_split, then k_mm over the parts (outputs poisoned again)
             CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * K);
             for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows, hk.s));   // ordered before the launch on hk.s
@@ -383,7 +390,7 @@ static void hk_linear(void) {
             gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
             err = hk_set_err(&set, W, x, K, T);
             HK_TIME(us, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
-            hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);
+            hk_row("k_mm", shape, fmt, err, HK_TOL_SUM, us, wbytes + 2.0 * hk.k.parts * T * K + obytes);
             if (T <= GPU_MM_TOK_V && gpu_mt_ok(&ms)) {   // both streaming kernels on the same parts: k_mm's bits, their times
                 size_t ob = 0;
                 for (int i = 0; i < n; i++) ob += sizeof(float) * (size_t)T * W[i].rows;
@@ -398,7 +405,7 @@ static void hk_linear(void) {
                         CU_CHECK(cu.cuMemcpyDtoH(h1 + o, set.y[i], sizeof(float) * (size_t)T * W[i].rows));
                     int same = !memcmp(h0, h1, ob);
                     HK_TIME(us, gpu_k_mm_stream(&hk.k, hk.s, &ms, xs, T, bulk));
-                    hk_row(bulk ? "k_mm_t" : "k_mm_v", shape, fmt, same ? 0.0 : 1.0, 0.5, us, wbytes + 2.0 * GPU_MM_SPLITS * T * K + obytes);   // err 1: not k_mm's bits
+                    hk_row(bulk ? "k_mm_t" : "k_mm_v", shape, fmt, same ? 0.0 : 1.0, 0.5, us, wbytes + 2.0 * hk.k.parts * T * K + obytes);   // err 1: not k_mm's bits
                 }
                 free(h0), free(h1);
             }
@@ -639,11 +646,13 @@ static void hk_experts(int kind) {
         double egu = check_nerr(gh, href, (size_t)P * I), ed_ = check_nerr(gy, yref, (size_t)P * H), us;
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d] x 2", T, K, skew ? " (same)" : "", I, H);
-        HK_TIME(us, gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T));
-        hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
-        snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
-        HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
-        hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
+        if (!hk.act) {   // (f32 kernels: their twins, computed above, do not round)
+            HK_TIME(us, gpu_k_moe_gate_up(&hk.k, hk.s, ex, sd, xd, H, K, hd, I, T));
+            hk_row("k_moe_gate_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 4.0 * T * H + 4.0 * P * I + 4.0 * P);
+            snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
+            HK_TIME(us, gpu_k_moe_down(&hk.k, hk.s, ex, sd, hd, I, yd, H, P));
+            hk_row("k_moe_down", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 4.0 * P * I + 4.0 * P * H + 4.0 * P);
+        }
         // the tensor cores: the pairs grouped by expert (k_moe_sort), k_moe_up writing h's parts,
         // k_moe_dn reading them; against the same twins (down over the GPU's own h)
         CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * H), hs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I);
@@ -674,10 +683,10 @@ static void hk_experts(int kind) {
         HK_TIME(us, gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map));
         hk_row("k_moe_sort", shape, "i32", hk_map_err(map, sel, P, E), HK_TOL_EXACT, us, 4.0 * P + 4.0 * gpu_moe_map_ints(P, E));
         HK_TIME(us, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I));
-        hk_row("k_moe_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 6.0 * T * H + 6.0 * P * I);
+        hk_row("k_moe_up", shape, hk_kind(kind), egu, HK_TOL_PRODUCT, us, ebytes_gu + 2.0 * hk.k.parts * T * H + 6.0 * P * I);
         snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
-        hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 6.0 * P * I + 4.0 * P * H);
+        hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 2.0 * hk.k.parts * P * I + 4.0 * P * H);
         // every other shape this step could take (_d up to GPU_MOE_D_PPE pairs per expert, _p, _g
         // from any pairs per expert) against the one it takes: the same bits, and their times
         static const char *const shname[3] = {"_d", "_p", "_g"};
@@ -1064,6 +1073,10 @@ int main(void) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (ref_init(&hk.r, &hk.m, 1, 4096, 512, cores > 1 ? (int)cores : 1, &e)) moet_die("%s", e.msg);
     if (gpu_kernels_load(&hk.k, &hk.dev, &e)) moet_die("%s", e.msg);
+    const char *act = getenv("HK_ACT");
+    if (act && strcmp(act, "bf16") && strcmp(act, "f32")) moet_die("HK_ACT=%s: bf16 or f32", act);
+    hk.act = act && !strcmp(act, "bf16");
+    hk.k.parts = hk.act ? 1 : GPU_MM_SPLITS, hk.r.act_bf16 = hk.act;
     const ck_config *c = &hk.m.cfg;
     gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
     gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(hk.k.smem_optin, c->lk_dim));
