@@ -134,11 +134,7 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
                 for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xp[s] + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[e] += c[e];
+                mm_acc(acc, a, b);
             }
         }
         // step j + R into the slot just read (its values are used above: the read is done)
@@ -277,11 +273,7 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
                 for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xsm + ((size_t)s * T + gt) * K + ko);
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[e] += c[e];
+                mm_acc(acc, a, b);
             }
         }
         __syncwarp();

@@ -23,8 +23,8 @@
 //
 // Order (batch invariance): warp w of GPU_MM_WARPS takes the 64-blocks kb = w, w + 8, …; for each
 // kb and q = 0..3, the parts lo, mid, hi go through three mma into a fresh accumulator, which is
-// then added to the running one in f32; the warps' sums are added in warp order (mm_reduce,
-// mm_at). All of it depends on K alone: a token's result is the same bits whatever the other
+// then added to the running one in f32 (one part: its mma accumulates into the running one;
+// mm_acc); the warps' sums are added in warp order (mm_reduce, mm_at). All of it depends on K alone: a token's result is the same bits whatever the other
 // tokens of the launch, the tile it lands in or the rows per block (k_mm_v: the same steps).
 #pragma once
 #include "common.cuh"
@@ -80,6 +80,22 @@ __device__ __forceinline__ void mm_mma(float c[4], const uint32_t a[4], uint32_t
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc += one k16 step's products of the activations' parts b[GPU_MM_PARTS] with the widened
+// weights a: three parts (lo, mid, hi) through a fresh accumulator that is then added in f32 (the
+// tensor cores' own additions, which do not round to nearest, see at most 48 products); one part
+// (sass/all_bf.cu) straight into acc. Every shape sums its steps through this, in the same order.
+__device__ __forceinline__ void mm_acc(float acc[4], const uint32_t a[4], const uint2 *b) {
+    if (GPU_MM_PARTS == 1) {
+        mm_mma(acc, a, b[0].x, b[0].y);
+        return;
+    }
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[s].x, b[s].y);
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[e] += c[e];
 }
 
 // The raw bytes one lane loads for one row tile and one 64-block (before widening).
@@ -344,11 +360,7 @@ __device__ __forceinline__ void mm_step(const mm_raw (&raw)[NTL], int kb, const 
 #pragma unroll
                 for (int n = 0; n < NT; n++)
                     if (n < nact) {
-                        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                        for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a, b[qq][n][s].x, b[qq][n][s].y);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
+                        mm_acc(acc[i][n], a, b[qq][n]);
                     }
             }
     }
@@ -546,11 +558,7 @@ __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, in
             for (int qq = 0; qq < 2; qq++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int s = GPU_MM_PARTS - 1; s >= 0; s--) mm_mma(c, a[i][qq], b[qq][s].x, b[qq][s].y);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[i][n][e] += c[e];
+                    mm_acc(acc[i][n], a[i][qq], b[qq]);
                 }
         }
     }

@@ -52,7 +52,7 @@ static int bp_run(ck_model *m, const char *backend, const char *planes, pf_serve
     static engine_any E;
     static serve_ctx S;
     moet_err e = {{0}};
-    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, MOET_HOST_MARGIN_GB, 0, 0};
+    engine_opts eo = {seqs, max_len, batch, threads, kv_dtype, planes, popt, MOET_HOST_MARGIN_GB, 0, 0, 0};
     if (engine_open_prefix(&E, backend, m, &eo, block, gb, "bench_prefix", &e)) {
         fprintf(stderr, "bench_prefix: %s\n", e.msg);
         return -1;

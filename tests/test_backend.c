@@ -155,7 +155,7 @@ static const char *suite_name;
 static int gpu_make(engine_backend *be, const suite_env *env, moet_err *e) {
     gpu_backend *b = calloc(1, sizeof *b);
     MOET_ASSERT(b, "calloc");
-    gpu_opts o = {env->max_seqs, env->max_len, env->max_tokens, GPU_KV_F32, 0, 0, 0};
+    gpu_opts o = {env->max_seqs, env->max_len, env->max_tokens, GPU_KV_F32, 0, 0, 0, 0};
     pf_serve_opts po = {0};
     uint64_t dev0 = arena_stats.device_bytes;
     if (gpu_be_init(b, env->m, &o, env->planes, &po, e)) {

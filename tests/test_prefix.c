@@ -49,7 +49,7 @@ static int pbe_make(pbe *p, int gpu, const ck_model *m, const char *planes, int 
     memset(p, 0, sizeof *p);
     p->is_gpu = gpu;
     if (gpu) {
-        gpu_opts o = {max_seqs, max_len, max_tokens, GPU_KV_F32, 0, 0, 0};
+        gpu_opts o = {max_seqs, max_len, max_tokens, GPU_KV_F32, 0, 0, 0, 0};
         pf_serve_opts po = {0};
         if (gpu_be_init_prefix(&p->g, m, &o, block, blocks, planes, &po, e)) return -1;
         p->be = gpu_backend_of(&p->g);
