@@ -695,6 +695,14 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     arena pw = arena_measure("weights"), ps = arena_measure("state"), pa = arena_measure("activations"),
           pp = arena_measure("staging"), ph = arena_measure("engine host");
     gpu_carve_weights(g, &pw, planes == NULL);
+    // --act-dtype bf16 rounds the inputs of the products the tensor cores take, as the reference
+    // does for every such matrix (ref_tensor_core); routed experts whose shape keeps them on the
+    // f32 kernels (moe_mm) would make the two differ: refused
+    const ck_layer *Lx = &m->layers[0];
+    if (o->act_bf16 && !g->moe_mm && (gpu_mm_ok_ck(&Lx->gate[0]) || gpu_mm_ok_ck(&Lx->up[0]) || gpu_mm_ok_ck(&Lx->down[0])))
+        return err_set(e, "--act-dtype bf16: the routed experts [%d, %d] do not take the tensor-core products here (needs "
+                          "moe_intermediate_size a multiple of 32 and hidden_size of 64, one kind for gate and up); use --act-dtype f32",
+                       c->inter, c->hidden), gpu_free(g), -1;
     gpu_carve_state(g, &ps);
     gpu_carve_act(g, &pa);
     gpu_carve_pinned(g, &pp);
@@ -925,6 +933,12 @@ static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdevice
     if (mm && (size_t)K <= g->mm_width) {   // tensor cores: the input's parts, then one k_mm launch
         if (!parts) gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
         gpu_k_mm(&g->k, g->compute, &set, parts ? parts : g->xs, T);
+        return;
+    }
+    if (g->k.parts == 1 && n > 1 && (size_t)K <= g->mm_width) {
+        // --act-dtype bf16 and a set that mixes kinds: each matrix where the reference puts it
+        // (ref_tensor_core: the tensor cores for those gpu_mm_ok takes, rounding their input)
+        for (int i = 0; i < n; i++) gpu_linear_n(g, 1, &outs[i], x, ldx, T, parts);
         return;
     }
     gpu_k_linear(&g->k, g->compute, &set, x, ldx, T);
