@@ -196,6 +196,51 @@ static void test_determinism(void) {
     CHECK(s && !strncmp(s, first, strlen(first)) && s[strlen(first)] == ']', "same seeded tokens alone and in a busy batch");
 }
 
+// `--act-dtype bf16` through the server (on the GPU: the one-part product images): the products'
+// inputs are rounded (the first token's log-probability is not the f32 run's), and a seeded answer
+// is the same tokens alone and in a busy, differently chunked batch.
+static void test_act_bf16(void) {
+    const char *req = "{\"id\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"What does os.path.join do?\"}],"
+                      "\"temperature\":0.9,\"top_p\":0.95,\"top_k\":40,\"seed\":77,\"max_tokens\":30,\"return_token_ids\":true,"
+                      "\"logprobs\":true}\n";
+    double lp[2] = {NAN, NAN};
+    static char alone[8192];
+    for (int bf = 0; bf < 2; bf++) {
+        const char *args[] = {"--max-num-seqs", "1", "--act-dtype", bf ? "bf16" : "f32", NULL};
+        run_moet(req, args);
+        parse_answers();
+        int a = find_answer("x", "chat.completion");
+        CHECK(a >= 0, "--act-dtype %s: answered", bf ? "bf16" : "f32");
+        if (a < 0) return;
+        const js_node *c = path(a, "choices", "0", "logprobs", "content");
+        CHECK(c && js_num(js_get(&ans_doc[a], js_at(&ans_doc[a], c, 0), "logprob"), &lp[bf]) == 0, "--act-dtype: a first logprob");
+        if (bf) {
+            const char *ids = strstr(ans_line[a], "\"token_ids\"");
+            CHECK(ids != NULL, "--act-dtype bf16: token ids");
+            if (!ids) return;
+            snprintf(alone, sizeof alone, "%s", ids);
+            *strchr(alone, ']') = 0;
+        }
+    }
+    CHECK(lp[0] != lp[1], "--act-dtype bf16: the first token's logprob %.9g is the f32 run's", lp[1]);
+    size_t at = 0;
+    for (int k = 0; k < 3; k++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"id\":\"o%d\",\"messages\":[{\"role\":\"user\",\"content\":\"What does re.sub do? %d\"}],"
+                               "\"max_tokens\":%d,\"seed\":%d}\n", k, k, 12 + 5 * k, k);
+    snprintf(input + at, sizeof input - at, "%s", req);
+    const char *busy[] = {"--max-num-seqs", "4", "--max-batch-tokens", small_budget("9", "67"), "--act-dtype", "bf16", NULL};
+    run_moet(input, busy);
+    parse_answers();
+    int b = find_answer("x", "chat.completion");
+    CHECK(b >= 0, "--act-dtype bf16, busy: answered");
+    if (b < 0) return;
+    const char *s = strstr(ans_line[b], "\"token_ids\"");
+    CHECK(s && !strncmp(s, alone, strlen(alone)) && s[strlen(alone)] == ']', "--act-dtype bf16: the same seeded tokens alone and in a busy batch");
+    printf("--act-dtype bf16 through moet serve (%s): first logprob %.6f (f32 %.6f), the same tokens alone and in a busy batch\n",
+           e2e_backend(), lp[1], lp[0]);
+}
+
 // Good and bad lines mixed through the real binary: one answer per line, ids matched.
 static void test_protocol(void) {
     const char *lines[] = {
@@ -688,6 +733,7 @@ int main(void) {
 #define TIMED(f) do { f(); fprintf(stderr, "test_serve_e2e: %s %.1f s\n", #f, moet_now() - t); t = moet_now(); } while (0)
     TIMED(test_golden);
     TIMED(test_determinism);
+    TIMED(test_act_bf16);
     TIMED(test_protocol);
     TIMED(test_stream_reassembly);
     TIMED(test_tools);
