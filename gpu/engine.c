@@ -177,14 +177,37 @@ static int gpu_mm_ok_ck(const ck_mat *m) {
     return gpu_mm_ok(&d);
 }
 
-// Carves room for one matrix in the weight arena and, on the real pass, copies it there.
+// FP8 weights go up with each 4-byte group's codes in the device's order c0 c2 c1 c3
+// (sass/gpu_abi.h: GPU_FP8_SLOT), through this staging buffer a piece at a time (boot only).
+#define GPU_FP8_STAGE (4u << 20)
+static uint32_t gpu_fp8_stage[GPU_FP8_STAGE / 4];
+
+// A group's four codes c0 c1 c2 c3 (low byte first) in the device's order: code i at byte GPU_FP8_SLOT(i).
+static uint32_t gpu_fp8_order(uint32_t v) { return (v & 0xff0000ffu) | ((v & 0x0000ff00u) << 8) | ((v & 0x00ff0000u) >> 8); }
+
+static void gpu_put_fp8(CUdeviceptr dst, const uint8_t *src, size_t n) {
+    MOET_ASSERT((n & 3) == 0, "an FP8 matrix of %zu bytes (rows of a multiple of 16 codes)", n);
+    for (size_t at = 0; at < n; at += GPU_FP8_STAGE) {
+        const size_t k = n - at < GPU_FP8_STAGE ? n - at : GPU_FP8_STAGE;
+        for (size_t i = 0; i < k / 4; i++) {
+            uint32_t v;
+            memcpy(&v, src + at + 4 * i, 4);   // c0 c1 c2 c3, low byte first
+            gpu_fp8_stage[i] = gpu_fp8_order(v);
+        }
+        CU_CHECK(cu.cuMemcpyHtoD(dst + at, gpu_fp8_stage, k));
+    }
+}
+
+// Carves room for one matrix in the weight arena and, on the real pass, copies it there (FP8 in
+// the device's order: gpu_put_fp8).
 static gpu_mat gpu_put(arena *a, const ck_mat *m, const char *what) {
     gpu_mat d;
     memset(&d, 0, sizeof d);
     uint8_t *w = arena_take(a, gpu_mat_bytes(m), 256, what);
     uint8_t *s = gpu_scale_bytes(m) ? arena_take(a, gpu_scale_bytes(m), 256, what) : NULL;
     if (!a->base) return d;
-    CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)w, m->w, gpu_mat_bytes(m)));
+    if (m->kind == CK_W_FP8) gpu_put_fp8((CUdeviceptr)(uintptr_t)w, m->w, gpu_mat_bytes(m));
+    else CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)w, m->w, gpu_mat_bytes(m)));
     if (s) CU_CHECK(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)s, m->scale, gpu_scale_bytes(m)));
     return gpu_mat_desc(m, (uintptr_t)w, (uintptr_t)s);
 }
@@ -197,7 +220,7 @@ static int gpu_mat_check(const ck_mat *m, const char *what, moet_err *e) {
         return err_set(e, "%s [%d, %d] (%s): the GPU kernels need in_features divisible by %d", what, m->rows, m->cols,
                        m->kind == CK_W_PLANES ? "planes" : ck_algo_name(m->kind == CK_W_FP8 ? CK_Q_FP8 : m->kind == CK_W_NVFP4 ? CK_Q_NVFP4 : CK_Q_NONE),
                        need);
-    // the tensor-core products widen e4m3 by its bits (sass/mm.cuh: mm_fp8x2), which reads the NaN
+    // the tensor-core products widen e4m3 by its bits (sass/mm.cuh: mm_fp8x4), which reads the NaN
     // codes 0x7f / 0xff as ±480 where the reference has NaN: no quantizer writes them, refused here
     if (m->kind == CK_W_FP8) {
         size_t n = gpu_mat_bytes(m), bad = n;

@@ -166,7 +166,7 @@ __device__ __forceinline__ void row_dot(const gpu_mat &W, int row, const float *
             uint32_t qq[4] = {q.x, q.y, q.z, q.w};
             float w[16];
 #pragma unroll
-            for (int j = 0; j < 16; j++) w[j] = dec_e4m3((qq[j / 4] >> (8 * (j % 4))) & 0xffu);
+            for (int j = 0; j < 16; j++) w[j] = dec_e4m3((qq[j / 4] >> (8 * GPU_FP8_SLOT(j % 4))) & 0xffu);   // (the stored order)
 #pragma unroll
             for (int t = 0; t < TT; t++)
                 if (t < nt) {

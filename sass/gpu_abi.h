@@ -84,6 +84,12 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 
 #define GPU_ARGMAX_INTS(rows) ((size_t)(rows) * (2 + 2 * GPU_ARGMAX_SLICES))
 GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k_argmax: a merging thread per slice");
 
+// FP8 weights on the device: each 4-byte group of a row holds its codes in the order c0 c2 c1 c3
+// (gpu/engine.c gpu_put permutes them on the way up), so the tensor-core products widen a word
+// into the pairs (c0, c1) and (c2, c3) with masks and shifts alone (sass/mm.cuh: mm_fp8x4). Code i
+// of a group is at byte GPU_FP8_SLOT(i) (its own inverse).
+#define GPU_FP8_SLOT(i) ((i) == 1 ? 2 : (i) == 2 ? 1 : (i))
+
 // k_mm*, k_moe_up*, k_moe_dn* (sass/mm.cuh): a block of GPU_MM_WARPS warps, each one slice of
 // k (the 64-blocks kb ≡ warp mod GPU_MM_WARPS), over a tile of 16·RT rows and GPU_MM_TOK tokens
 // (four n-tiles of 8); activations as GPU_MM_SPLITS bf16 parts (k_mm_split: hi, mid, lo), of

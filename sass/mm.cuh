@@ -54,6 +54,19 @@ __device__ __forceinline__ uint32_t mm_fp8x2(uint32_t v) {
     return *(const uint32_t *)&r;
 }
 
+// A word of four e4m3 weight codes as the device stores them (gpu_put: c0 c2 c1 c3, low byte
+// first, gpu_abi.h GPU_FP8_SLOT) → the bf16 pairs (c0, c1) and (c2, c3), exact as mm_fp8x2: the
+// magnitude bits of bytes 1 and 3 masked and shifted into place, their signs kept where they are
+// (each byte's sign is already at bit 15 of its half), then the same of the word shifted up by a
+// byte (bytes 0 and 2), each pair × 2^120 — no byte permute, two shifts fewer a pair.
+__device__ __forceinline__ void mm_fp8x4(uint32_t v, uint32_t &p01, uint32_t &p23) {
+    const uint32_t v8 = v << 8;
+    const uint32_t h23 = ((v & 0x7f007f00u) >> 4) | (v & 0x80008000u), h01 = ((v8 & 0x7f007f00u) >> 4) | (v8 & 0x80008000u);
+    const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+    __nv_bfloat162 r01 = __hmul2(*(const __nv_bfloat162 *)&h01, two120), r23 = __hmul2(*(const __nv_bfloat162 *)&h23, two120);
+    p01 = *(const uint32_t *)&r01, p23 = *(const uint32_t *)&r23;
+}
+
 // Four e2m1 codes (the low 16 bits of c, code 0 lowest) times the block scale sc → two bf16
 // pairs (codes 0, 1 in p01; 2, 3 in p23), exact: each magnitude looked up as a bf16 by byte
 // permutes of two 8-entry tables (its low and its high byte), the sign bits moved in, then × sc
@@ -292,8 +305,8 @@ __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t 
     if (KIND == GPU_W_FP8) {
         uint32_t wa = q == 0 ? r.r0.x : q == 1 ? r.r0.y : q == 2 ? r.r0.z : r.r0.w;
         uint32_t wb = q == 0 ? r.r1.x : q == 1 ? r.r1.y : q == 2 ? r.r1.z : r.r1.w;
-        a[0] = mm_fp8x2(wa), a[2] = mm_fp8x2(wa >> 16);
-        a[1] = mm_fp8x2(wb), a[3] = mm_fp8x2(wb >> 16);
+        mm_fp8x4(wa, a[0], a[2]);   // (the stored order c0 c2 c1 c3: slots 2t, 2t+1 ↔ k 4q·…+0, +1; 2t+8, 2t+9 ↔ +2, +3)
+        mm_fp8x4(wb, a[1], a[3]);
     } else if (KIND == GPU_W_NVFP4) {
         // elements 4q..4q+3 are bytes 2q, 2q+1 of the row's 8
         uint32_t wa = q < 2 ? r.r0.x : r.r0.y, wb = q < 2 ? r.r0.z : r.r0.w;

@@ -1735,6 +1735,13 @@ static void moe_shapes(void) {
               gpu_mm_pick(&k, &pl, 64) == 2,
           "gpu_mm_pick: k_mm_g32 up to mm_g32_max tokens where k_mm_g would be taken, and only there");
     k.mm_g32_max = 0;
+    // FP8 weights on the device: each group's code i at byte GPU_FP8_SLOT(i) (mm_fp8x4 and row_dot read them there)
+    {
+        const uint32_t v = 0xd3c2b1a0u, o = gpu_fp8_order(v);
+        int ok = o == 0xd3b1c2a0u;
+        for (int i = 0; i < 4; i++) ok &= ((o >> (8 * GPU_FP8_SLOT(i))) & 0xffu) == ((v >> (8 * i)) & 0xffu);
+        CHECK(ok, "gpu_fp8_order(0x%08x) = 0x%08x: code i not at byte GPU_FP8_SLOT(i)", v, o);
+    }
     // k_gdn_chunk's shared memory: its arrays (107 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
     // only where the registered limit allows it
