@@ -48,13 +48,13 @@ static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G};
 
 // Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
-// γ [C] (f64); k̂ and q̂ [C, dk + 1], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
-// 107 KiB at dk = 128, two blocks a multiprocessor), U [C, VC + 1], β, decay weights, e^γ [C],
+// γ [C] (f64); k̂ and q̂ [C, dk + 2], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
+// 108 KiB at dk = 128, two blocks a multiprocessor), U [C, VC + 1], β, decay weights, e^γ [C],
 // single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk) {
     const size_t nam = dk >= GPU_GDN_C ? 1 : 2;   // A, and M where it cannot take Q̂'s place
     return sizeof(double) * GPU_GDN_C +
-           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 1) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
                             (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
 }
 

@@ -462,8 +462,8 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
                             gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
                             CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
                             int n_rows) {
-    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_chunk: %d key heads, %d value heads of %d, %d, conv dim %d",
-                nk, nv, dk, dv, cd);
+    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && (dk & 1) == 0,
+                "k_gdn_chunk: %d key heads (of an even size), %d value heads of %d, %d, conv dim %d", nk, nv, dk, dv, cd);
     const long long blocks = (long long)nv * n_rows * gpu_cdiv(dv, GPU_GDN_VC);
     gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
                gpu_gdn_chunk_grid_smem(k, dk, blocks), s,

@@ -33,7 +33,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      const int *__restrict__ rows) {
     GPU_DEP();
     extern __shared__ double smd[];
-    const int KP = dk + 1, AP = GPU_GDN_C + 1, UP = GPU_GDN_VC + 1;   // padded row strides (no bank conflicts)
+    // padded row strides, no bank conflicts: k̂ and q̂ rows 2 banks apart (dk even: steps 2 and 3
+    // read two consecutive d at once, 8-byte aligned), A, M and U rows 1 apart
+    const int KP = dk + 2, AP = GPU_GDN_C + 1, UP = GPU_GDN_VC + 1;
     double *gam = smd;                    // [GPU_GDN_C] γ
     float *sm = (float *)(smd + GPU_GDN_C);
     float *Ks = sm;                       // [GPU_GDN_C, KP] k̂ of the piece
@@ -125,16 +127,20 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         for (int a = 0; a < 4; a++)
 #pragma unroll
             for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
-        for (int d = 0; d < dk; d++) {
-            float kr[4], qr[4], kc[4];
+        for (int d = 0; d < dk; d += 2) {   // d, then d + 1: each sum in ascending d
+            float2 kr[4], qr[4], kc[4];
 #pragma unroll
-            for (int a = 0; a < 4; a++) kr[a] = Ks[(ri * 4 + a) * KP + d], qr[a] = Qs[(ri * 4 + a) * KP + d];
+            for (int a = 0; a < 4; a++) kr[a] = *(const float2 *)&Ks[(ri * 4 + a) * KP + d], qr[a] = *(const float2 *)&Qs[(ri * 4 + a) * KP + d];
 #pragma unroll
-            for (int b = 0; b < 4; b++) kc[b] = Ks[(ci + 16 * b) * KP + d];
+            for (int b = 0; b < 4; b++) kc[b] = *(const float2 *)&Ks[(ci + 16 * b) * KP + d];
 #pragma unroll
             for (int a = 0; a < 4; a++)
 #pragma unroll
-                for (int b = 0; b < 4; b++) kk[a][b] += kr[a] * kc[b], qk[a][b] += qr[a] * kc[b];
+                for (int b = 0; b < 4; b++) kk[a][b] += kr[a].x * kc[b].x, qk[a][b] += qr[a].x * kc[b].x;
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) kk[a][b] += kr[a].y * kc[b].y, qk[a][b] += qr[a].y * kc[b].y;
         }
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
@@ -197,13 +203,27 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             for (int jj = 0; jj <= rr; jj++) acc += M[rr * AP + jj] * U[jj * UP + lane];
             if (live) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + v] = acc;
         }
-        // 6. S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ (lane = column, warp w rows d ≡ w mod 8)
+        // 6. S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ (lane = column, warp w rows d ≡ w mod 8,
+        //    eight of them at a time: each token's weight and u loaded once for the eight)
         {
-            float el = eg[n - 1];
-            for (int d = warp; d < dk; d += 8) {
-                float acc = 0.f;
-                for (int rr = 0; rr < n; rr++) acc += wl[rr] * Ks[rr * KP + d] * U[rr * UP + lane];
-                S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc;
+            const float el = eg[n - 1];
+            for (int i0 = 0; warp + 8 * i0 < dk; i0 += 8) {
+                float acc[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[i] = 0.f;
+                for (int rr = 0; rr < n; rr++) {
+                    const float w = wl[rr], u = U[rr * UP + lane];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int d = warp + 8 * (i0 + i);
+                        if (d < dk) acc[i] += w * Ks[rr * KP + d] * u;
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int d = warp + 8 * (i0 + i);
+                    if (d < dk) S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc[i];
+                }
             }
         }
         __syncthreads();
