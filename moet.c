@@ -3926,7 +3926,8 @@ static const char serve_usage[] =
     "                          CPU reference), gpu (an error without one) or cpu\n"
     "  --kv-dtype T            GPU KV cache: bf16 (default), fp8 (e4m3 with a scale per position\n"
     "                          and head) or f32\n"
-    "  --act-dtype T           the matrix products' inputs: f32 (default; on the GPU three bf16\n"
+    "  --act-dtype T           the matrix products' inputs: auto (default: bf16 on the GPU, f32\n"
+    "                          with --kv-dtype f32 and on the CPU), f32 (on the GPU three bf16\n"
     "                          parts, exact) or bf16 (rounded to bf16: one tensor-core product\n"
     "                          where f32 takes three; the CPU reference rounds the same way)\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
@@ -3983,7 +3984,7 @@ static const moet_flag serve_flag_table[] = {
     FLAG_INT("--max-logprobs", serve_flags, max_lp, 0, MOET_MAX_LOGPROBS),
     FLAG_CHOICE("--backend", serve_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", serve_flags, kv_dtype, "bf16|fp8|f32"),
-    FLAG_CHOICE("--act-dtype", serve_flags, act_dtype, "f32|bf16"),
+    FLAG_CHOICE("--act-dtype", serve_flags, act_dtype, "auto|f32|bf16"),
     FLAG_INT("--threads", serve_flags, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", serve_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--prefix-block", serve_flags, prefix_block, 1, 1 << 20),
@@ -4001,7 +4002,7 @@ static const moet_flag serve_flag_table[] = {
 _Static_assert(MOET_MAX_SPEC == 8, "--speculative-tokens lists 0..MOET_MAX_SPEC");
 
 static int cmd_serve(int argc, char **argv) {
-    serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "f32", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
+    serve_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "auto", .seqs = 8, .batch = 256, .queue = 64, .max_lp = MOET_MAX_LOGPROBS,
                       .threads = 1, .prefix_gb = -1, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("serve", serve_usage, serve_flag_table, (int)(sizeof serve_flag_table / sizeof serve_flag_table[0]), argc,
                         argv, &fl);
@@ -4107,7 +4108,7 @@ static int cmd_serve(int argc, char **argv) {
                 cfg.spec);
     } else if (spec) fprintf(stderr, "moet serve: speculative decoding: %d draft tokens per step\n", spec);
     if (E.be.prefix_blocks) {
-        cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, act_bf16, E.be.prefix_block, &e);
+        cfg.prefix_identity = prefix_identity(&m, planes, E.is_gpu, kv_dtype, engine_act_bf16(&E), E.be.prefix_block, &e);
         size_t per = E.is_gpu ? gpu_prefix_bytes(&m.cfg, kv_dtype, E.be.prefix_block, E.g.g.o.mtp) : ref_prefix_bytes(&m.cfg, E.be.prefix_block);
         fprintf(stderr, "moet serve: prefix cache: %d blocks of %d tokens, %.2f MiB each, %.2f GiB\n", E.be.prefix_blocks,
                 E.be.prefix_block, per / 1048576.0, (double)per * E.be.prefix_blocks / 1073741824.0);
@@ -4216,8 +4217,9 @@ static const char run_usage[] =
     "  --strict-revision    with --planes: refuse a file built from another checkpoint revision\n"
     "  --backend B          auto (default: the GPU when there is one), gpu or cpu (the float32 reference)\n"
     "  --kv-dtype T         GPU KV cache: bf16 (default), fp8 or f32 (f32: the reference's own precision)\n"
-    "  --act-dtype T        the matrix products' inputs: f32 (default) or bf16 (rounded to bf16, on\n"
-    "                       both backends: one tensor-core product where f32 takes three)\n"
+    "  --act-dtype T        the matrix products' inputs: auto (default: bf16 on the GPU, f32 with\n"
+    "                       --kv-dtype f32 and on the CPU), f32 or bf16 (rounded to bf16, on both\n"
+    "                       backends: one tensor-core product where f32 takes three)\n"
     "  --threads N          CPU: worker threads for the matrix products (default 1)\n"
     "  --host-margin-gb G   on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                       memory plan leaves the host (default 4)\n"
@@ -4248,7 +4250,7 @@ static const moet_flag run_flag_table[] = {
     FLAG_SWITCH("--dump-hidden", run_flags, dump_hidden),
     FLAG_CHOICE("--backend", run_flags, backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", run_flags, kv_dtype, "bf16|fp8|f32"),
-    FLAG_CHOICE("--act-dtype", run_flags, act_dtype, "f32|bf16"),
+    FLAG_CHOICE("--act-dtype", run_flags, act_dtype, "auto|f32|bf16"),
     FLAG_INT("--threads", run_flags, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", run_flags, host_margin_gb, 0, 1 << 20),
     FLAG_INT("--chunk", run_flags, chunk, 1, INT32_MAX),
@@ -4261,7 +4263,7 @@ static const moet_flag run_flag_table[] = {
 };
 
 static int cmd_run(int argc, char **argv) {
-    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "f32", .threads = 1, .chunk = 512, .host_margin_gb = MOET_HOST_MARGIN_GB};
+    run_flags fl = {.backend = "auto", .kv_dtype = "bf16", .act_dtype = "auto", .threads = 1, .chunk = 512, .host_margin_gb = MOET_HOST_MARGIN_GB};
     int arc = moet_args("run", run_usage, run_flag_table, (int)(sizeof run_flag_table / sizeof run_flag_table[0]), argc, argv, &fl);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
     if (!fl.model || (!fl.ids == !fl.ids_file))

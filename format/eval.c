@@ -1081,7 +1081,8 @@ static const char eval_usage[] =
     "  --backend B             auto (default: the GPU when there is one, else the CPU reference),\n"
     "                          gpu or cpu\n"
     "  --kv-dtype T            GPU KV cache: bf16 (default, as the server), fp8 or f32\n"
-    "  --act-dtype T           the matrix products' inputs: f32 (default, as the server) or bf16\n"
+    "  --act-dtype T           the matrix products' inputs: auto (default, as the server: bf16 on\n"
+    "                          the GPU, f32 with --kv-dtype f32 and on the CPU), f32 or bf16\n"
     "                          (rounded to bf16, on either backend)\n"
     "  --threads N             worker threads of the CPU reference matrix products (default 1)\n"
     "  --host-margin-gb G      on a GPU that shares the host's memory (GB10): GiB of MemAvailable\n"
@@ -1114,14 +1115,14 @@ static const moet_flag eval_flag_table[] = {
     FLAG_INT("--max-batch-tokens", eval_flags, o.max_batch_tokens, 1, 1 << 20),
     FLAG_CHOICE("--backend", eval_flags, o.backend, "auto|gpu|cpu"),
     FLAG_CHOICE("--kv-dtype", eval_flags, kv_dtype, "bf16|fp8|f32"),
-    FLAG_CHOICE("--act-dtype", eval_flags, act_dtype, "f32|bf16"),
+    FLAG_CHOICE("--act-dtype", eval_flags, act_dtype, "auto|f32|bf16"),
     FLAG_INT("--threads", eval_flags, o.threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", eval_flags, o.host_margin_gb, 0, 1 << 20),
     {.name = "--quiet", .alias = "-q", .kind = ARG_SWITCH, .at = offsetof(eval_flags, quiet)},
 };
 
 static int cmd_eval(int argc, char **argv) {
-    eval_flags fl = {.kv_dtype = "bf16", .act_dtype = "f32", .o.host_margin_gb = MOET_HOST_MARGIN_GB};
+    eval_flags fl = {.kv_dtype = "bf16", .act_dtype = "auto", .o.host_margin_gb = MOET_HOST_MARGIN_GB};
     eval_opts *op = &fl.o;
     op->max_seqs = 8;
     op->max_batch_tokens = 512;

@@ -386,7 +386,8 @@ typedef struct {
     double host_margin_gb;               // GPU sharing the host's memory: GiB of MemAvailable left to the host
     int no_graphs;                       // GPU: no decode graphs, every kernel launched by the host (gpu_opts)
     int no_drafts;                       // GPU: the command never drafts: the model's MTP head stays off the device
-    int act_bf16;                        // --act-dtype bf16: the tensor-core products read their inputs' bf16 rounding (both backends)
+    int act_bf16;                        // --act-dtype bf16: the tensor-core products read their inputs' bf16 rounding (both backends);
+                                         // −1 (auto): the GPU decides (gpu_opts), the CPU reference takes f32
 } engine_opts;
 
 typedef struct {
@@ -404,12 +405,17 @@ static int engine_kv_dtype(const char *s, int *out) {
     return -1;
 }
 
-// --act-dtype: f32 (the products' inputs as they are: three bf16 parts on the GPU) or bf16 (their
-// bf16 rounding: one part) → *bf16.
+// --act-dtype: f32 (the products' inputs as they are: three bf16 parts on the GPU), bf16 (their
+// bf16 rounding: one part) or auto (−1: bf16 on the GPU unless the KV cache is f32, f32 on the
+// CPU reference) → *bf16.
 static int engine_act_dtype(const char *s, int *bf16) {
+    if (!strcmp(s, "auto")) { *bf16 = -1; return 0; }
     if (!strcmp(s, "f32") || !strcmp(s, "bf16")) { *bf16 = !strcmp(s, "bf16"); return 0; }
     return -1;
 }
+
+// Whether the open engine's products read their inputs' bf16 rounding (what auto became).
+static int engine_act_bf16(const engine_any *E) { return E->is_gpu ? E->g.g.k.parts == 1 : E->r.act_bf16; }
 
 // How many prefix blocks of `bytes` each --prefix-cache-gb (gb) holds: MOET_PREFIX_BLOCKS when
 // it was not given (gb < 0), none without a block size. A size that holds no block is an error.
@@ -487,7 +493,7 @@ static int engine_open_prefix(engine_any *E, const char *which, ck_model *m, con
         pf_detach(&E->pa);
         return -1;
     }
-    E->r.act_bf16 = o->act_bf16;
+    E->r.act_bf16 = o->act_bf16 > 0;   // (auto: f32 on the CPU reference)
     E->be = ref_backend(&E->r);
     return 0;
 }

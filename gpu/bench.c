@@ -43,7 +43,8 @@ static const char bench_usage[] =
     "                        sequence past it: the result says the depth the timed steps start at)\n"
     "  --max-batch-tokens N  tokens per prefill step (default 8192)\n"
     "  --kv-dtype T          KV cache: bf16 (default), fp8 or f32\n"
-    "  --act-dtype T         the matrix products' inputs: f32 (default) or bf16 (rounded to bf16)\n"
+    "  --act-dtype T         the matrix products' inputs: auto (default: bf16 on the GPU, f32 with\n"
+    "                        --kv-dtype f32 and on the CPU), f32 or bf16 (rounded to bf16)\n"
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
     "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
     "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
@@ -80,7 +81,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_INT("--depth", bench_opts, depth, 1, 1 << 22),
     FLAG_INT("--max-batch-tokens", bench_opts, max_batch_tokens, 1, 1 << 20),
     FLAG_CHOICE("--kv-dtype", bench_opts, kv_dtype_name, "bf16|fp8|f32"),
-    FLAG_CHOICE("--act-dtype", bench_opts, act_dtype_name, "f32|bf16"),
+    FLAG_CHOICE("--act-dtype", bench_opts, act_dtype_name, "auto|f32|bf16"),
     FLAG_CHOICE("--backend", bench_opts, backend, "auto|gpu|cpu"),
     FLAG_SWITCH("--profile", bench_opts, profile),
     FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
@@ -221,7 +222,7 @@ static int bench_cmp_double(const void *a, const void *b) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .act_dtype_name = "f32", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
+    bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .act_dtype_name = "auto", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
                     .batch = {2, {1, 16}}};
     int arc = moet_args("bench", bench_usage, bench_flag_table, (int)(sizeof bench_flag_table / sizeof bench_flag_table[0]), argc,
                         argv, &o);
@@ -298,7 +299,7 @@ static int cmd_bench(int argc, char **argv) {
     js_w_key(&w, "model"), js_w_str(&w, model_name);
     js_w_key(&w, "experts"), js_w_str(&w, o.planes ? "planes" : m.expert_format);
     js_w_key(&w, "kv_dtype"), js_w_str(&w, gpu_kv_names[o.kv_dtype]);
-    js_w_key(&w, "act_dtype"), js_w_str(&w, o.act_bf16 ? "bf16" : "f32");
+    js_w_key(&w, "act_dtype"), js_w_str(&w, engine_act_bf16(&E) ? "bf16" : "f32");
     if (use_gpu) js_w_key(&w, "copy_gbs"), js_w_num(&w, round(copy_gbs * 10) / 10);   // the byte model is the GPU's
     js_w_key(&w, "results"), js_w_arr(&w);
     for (int bi = 0; bi < o.batch.n; bi++) {

@@ -25,7 +25,8 @@ typedef struct {
     size_t host_margin;                  // bytes of the host's MemAvailable a GPU sharing it leaves alone
     int no_graphs;                       // 1: every step's kernels launched one by one (moet bench --cuda-graphs off)
     int mtp;                             // 1: the checkpoint's MTP head on the device too (gpu_mtp_rows)
-    int act_bf16;                        // 1: the products read one bf16 part of their inputs (gpu_kernels.parts 1: sass/all_bf.cu)
+    int act_bf16;                        // 1: the products read one bf16 part of their inputs (gpu_kernels.parts 1: sass/all_bf.cu);
+                                         // −1 (auto): 1 unless kv_dtype is f32 or the routed experts stay on the f32 kernels
 } gpu_opts;
 
 // Room for one graph's nodes: the kernels of a layer (13 on the fast paths; the fallbacks of
@@ -507,7 +508,7 @@ static void gpu_print_plan(const gpu_engine *g, FILE *f) {
     fprintf(f, "moet:   KV cache: %zu pages of %d tokens = %zu tokens (%s), %d sequences of up to %d tokens\n", g->n_pages,
             GPU_KV_PAGE, g->n_pages * GPU_KV_PAGE, gpu_kv_names[g->o.kv_dtype], g->o.max_seqs, g->o.max_len);
     fprintf(f, "moet:   matrix products: inputs as %s\n",
-            g->k.parts == 1 ? "their bf16 rounding (--act-dtype bf16: one tensor-core product a weight fragment)"
+            g->k.parts == 1 ? "their bf16 rounding (--act-dtype bf16, auto's choice on the GPU: one tensor-core product a weight fragment)"
                             : "three bf16 parts (f32, exact up to the order of the additions)");
     if (g->graph_rows)
         fprintf(f, "moet:   decode graphs: steps of 1 to %d rows of one token, %zu kernels each at most, captured in %.2f s\n",
@@ -671,7 +672,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (gpu_fa_refuse(c, o->kv_dtype, g->dev.smem_optin, e)) return gpu_close(&g->dev), -1;
     if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
-    g->k.parts = o->act_bf16 ? 1 : GPU_MM_SPLITS;
+    g->k.parts = GPU_MM_SPLITS;   // (--act-dtype decided below, once the experts' kernels are known)
     gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB) and
     // the key heads are of an even size (it reads k̂ and q̂ two at a time): prompts are then cut at
@@ -721,12 +722,16 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     gpu_carve_weights(g, &pw, planes == NULL);
     // --act-dtype bf16 rounds the inputs of the products the tensor cores take, as the reference
     // does for every such matrix (ref_tensor_core); routed experts whose shape keeps them on the
-    // f32 kernels (moe_mm) would make the two differ: refused
+    // f32 kernels (moe_mm) would make the two differ: refused, and auto (act_bf16 < 0) takes f32
+    // there; else auto is bf16 unless the KV cache is f32 (the exact mode)
     const ck_layer *Lx = &m->layers[0];
-    if (o->act_bf16 && !g->moe_mm && (gpu_mm_ok_ck(&Lx->gate[0]) || gpu_mm_ok_ck(&Lx->up[0]) || gpu_mm_ok_ck(&Lx->down[0])))
+    const int experts_f32 = !g->moe_mm && (gpu_mm_ok_ck(&Lx->gate[0]) || gpu_mm_ok_ck(&Lx->up[0]) || gpu_mm_ok_ck(&Lx->down[0]));
+    if (o->act_bf16 > 0 && experts_f32)
         return err_set(e, "--act-dtype bf16: the routed experts [%d, %d] do not take the tensor-core products here (needs "
                           "moe_intermediate_size a multiple of 32 and hidden_size of 64, one kind for gate and up); use --act-dtype f32",
                        c->inter, c->hidden), gpu_free(g), -1;
+    const int act = o->act_bf16 < 0 ? o->kv_dtype != GPU_KV_F32 && !experts_f32 : o->act_bf16;
+    g->k.parts = act ? 1 : GPU_MM_SPLITS;
     gpu_carve_state(g, &ps);
     gpu_carve_act(g, &pa);
     gpu_carve_pinned(g, &pp);

@@ -288,8 +288,18 @@ static void test_act_bf16(void) {
     o.planes = PLANES;
     o.save_ref = "build/evaltest.planes.ref";
     o.top_k = V;
+    o.act_bf16 = -1;   // auto (the default): f32 on the CPU reference, as the explicit f32 run below
     CHECK(run(&o, &a, &e) == 0, "%s", e.msg);
     CHECK(a.tokens == 2927, "the held-out text's first 20 lines: %" PRId64 " tokens", a.tokens);
+    {
+        eval_result f;
+        eval_opts of = opts(HELDOUT);
+        of.limit = 20;
+        of.planes = PLANES;
+        of.act_bf16 = 0;
+        CHECK(run(&of, &f, &e) == 0, "%s", e.msg);
+        CHECK(f.ppl == a.ppl && f.tokens == a.tokens, "--act-dtype auto on the CPU: perplexity %.9g, f32's %.9g", a.ppl, f.ppl);
+    }
     o = opts(HELDOUT);
     o.limit = 20;
     o.planes = PLANES;

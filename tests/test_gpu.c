@@ -54,13 +54,33 @@ static double gpu_gold_tol(const char *fix) { return strstr(fix, "/check") ? GPU
 #define GPU_TOL_REF_FP8 6e-3
 // With the products' inputs rounded to bf16 on both sides (`--act-dtype bf16`), the mechanism of a
 // bf16 cache at every product's input: an element the two sides compute within an f32 ulp of a
-// bf16 rounding boundary lands one bf16 step (2^-8 relative) apart, and that step is then a term
-// of the next product; the bound of the bf16 cache, 3e-4, covers one such step in a sum of
-// hundreds of terms. (Provisional: not yet measured on a GPU.)
-#define GPU_TOL_REF_ACT 3e-4
+// bf16 rounding boundary lands one bf16 step (2^-8 relative) apart, a term of the next product.
+// After one layer that is small: the first layer's output (GDN, router, shared expert and experts:
+// every product kind of the layer) vs the reference rounding the same way, rms / std, measured
+// 1.4e-5 .. 1.0e-4 over tiny and check, bf16 / nvfp4 / planes, f32 and bf16 KV → 3e-4; and
+// 0.5 .. 1.9 % of what the rounding itself moves it (the same reference with f32 inputs:
+// 2.8e-3 .. 1.9e-2) → at most 10 %: a product the GPU rounds and the reference does not (or the
+// reverse) would be a share near 1. Past the first layer the random-weight fixtures amplify those
+// steps (a flipped near-tie of the router: one row's experts change) until the GPU is as far from
+// the rounding reference as that is from f32 (measured to 0.08 rms, 1.4 in one row, at the
+// last layer of check): printed, not bounded; on the trained model moet eval's KL against the
+// rounding reference bounds the whole (eval_kl's (b)), and the products alone are checked
+// against ref_linear on rounded inputs (kernels_act) within GPU_TOL_LINEAR.
+#define GPU_TOL_ACT_L1 3e-4
+#define GPU_ACT_L1_SHARE 0.1
 
 static const char *kv_name(int kv) { return gpu_kv_names[kv]; }
 static double kv_ref_tol(int kv) { return kv == GPU_KV_F32 ? GPU_TOL_REF_F32 : kv == GPU_KV_BF16 ? GPU_TOL_REF_BF16 : GPU_TOL_REF_FP8; }
+
+// sqrt(Σ (a − b)²) / sqrt(Σ (b − mean b)²) over n: the rms error as a share of b's spread.
+static double nrms(const float *a, const float *b, size_t n) {
+    double mean = 0, var = 0, d2 = 0;
+    for (size_t i = 0; i < n; i++) mean += b[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean), d2 += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    double r = sqrt(d2 / (var > 0 ? var : 1));
+    return isnan(r) ? INFINITY : r;
+}
 
 // The worst and the second-worst row of a [rows, width] comparison, each as max |a − b| / std(b)
 // with the std of the whole of b (as check_nerr): a lone outlier row (a routing near-tie flips
@@ -108,8 +128,10 @@ static void variant_act(const char *fix, const char *sub, const char *tag, const
 static void variant(const char *fix, const char *sub, const char *tag, const char *planes, int kv) { variant_act(fix, sub, tag, planes, kv, 0); }
 
 // act: `--act-dtype bf16` on both sides (the GPU's products read one bf16 part, the reference
-// rounds its products' inputs to bf16): against the reference within GPU_TOL_REF_ACT, against
-// transformers' f32 printed, the greedy tokens and the batch invariance as with f32.
+// rounds its products' inputs to bf16): the first layer's output against the reference within
+// GPU_TOL_ACT_L1 and a share of the rounding's own move, the rest and transformers' f32 printed
+// (greedy tokens too: the random-weight fixtures turn one bf16 step into another argmax at a
+// near-tie), the batch invariance as with f32.
 static void variant_act(const char *fix, const char *sub, const char *tag, const char *planes, int kv, int act) {
     char dir[512], gpath[512], name[128];
     moet_err e = {{0}};
@@ -156,6 +178,8 @@ static void variant_act(const char *fix, const char *sub, const char *tag, const
 
     // the CPU reference, its KV cache rounded as this one's, over the same prompt and tokens
     double rh = INFINITY, rh2 = INFINITY, rp = INFINITY, rp2 = INFINITY, rd = INFINITY, rd2 = INFINITY;
+    double a_rms[MOET_MAX_LAYERS + 1], a_cost[MOET_MAX_LAYERS + 1];   // act: per layer's output, GPU vs the rounding reference, that vs f32
+    for (int i = 0; i <= L; i++) a_rms[i] = a_cost[i] = INFINITY;
     {
         ck_model m2;
         pf_attached pa = {0};
@@ -175,6 +199,23 @@ static void variant_act(const char *fix, const char *sub, const char *tag, const
                     }
                     ref_free(&r);
                 }
+                if (act && ran) {   // the prompt again with f32 inputs: what the rounding itself moves
+                    int s0b = 0;
+                    float *fh[MOET_MAX_LAYERS + 1], *fl = malloc(sizeof(float) * (size_t)V);   // (the last token's logits, unused)
+                    for (int i = 0; i <= L; i++) fh[i] = malloc(sizeof(float) * (size_t)T * H);
+                    ran = ref_init(&r, &m2, 1, T + N, T, 8, &e) == 0;
+                    if (ran) {
+                        r.kv_round = kv;
+                        ran = ref_forward(&r, 1, &s0b, ids, off, NULL, fl, 0, fh, &e) == 0;
+                        ref_free(&r);
+                    }
+                    for (int i = 1; i <= L && ran; i++) {
+                        a_rms[i] = nrms(hid[i], rhid[i], (size_t)T * H);
+                        a_cost[i] = nrms(rhid[i], fh[i], (size_t)T * H);
+                    }
+                    for (int i = 0; i <= L; i++) free(fh[i]);
+                    free(fl);
+                }
                 pf_detach(&pa);
             }
             ck_close(&m2);
@@ -189,10 +230,19 @@ static void variant_act(const char *fix, const char *sub, const char *tag, const
             rp = nerr_rows(logits, rlog, T, V, &rp2);
             rd = nerr_rows(dlog, rdlog, N, V, &rd2);
         }
-        double tr = act ? fmax(kv_ref_tol(kv), GPU_TOL_REF_ACT) : kv_ref_tol(kv);
-        CHECK(rh < tr && rp < tr && rd < tr,
-              "%s%s kv %s%s: GPU vs the reference (same KV rounding): hidden %.3g, prefill %.3g, decode %.3g (bound %.2g)", dir,
-              planes ? " + planes" : "", kv_name(kv), act ? ", act bf16" : "", rh, rp, rd, tr);
+        if (!act) {
+            double tr = kv_ref_tol(kv);
+            CHECK(rh < tr && rp < tr && rd < tr, "%s%s kv %s: GPU vs the reference (same KV rounding): hidden %.3g, prefill %.3g, decode %.3g (bound %.2g)",
+                  dir, planes ? " + planes" : "", kv_name(kv), rh, rp, rd, tr);
+        } else {
+            CHECK(a_rms[1] < GPU_TOL_ACT_L1 && a_rms[1] < GPU_ACT_L1_SHARE * a_cost[1],
+                  "%s%s kv %s, act bf16: the first layer's output vs the reference rounding the same way %.3g (bound %.2g), the rounding's own "
+                  "move %.3g (bound %.2g of it)", dir, planes ? " + planes" : "", kv_name(kv), a_rms[1], GPU_TOL_ACT_L1, a_cost[1], GPU_ACT_L1_SHARE);
+            printf("%s/%s%s kv %s, act bf16: rms error per layer's output vs the reference rounding the same way (the rounding's own move):", fix,
+                   sub, planes ? " + planes" : "", kv_name(kv));
+            for (int i = 1; i <= L; i++) printf(" %.2g (%.2g)", a_rms[i], a_cost[i]);
+            printf("; bound on the first %.2g and %.2g of its move\n", GPU_TOL_ACT_L1, GPU_ACT_L1_SHARE);
+        }
     }
     // against transformers: every hidden state, the prefill and decode logits with an f32 cache
     // (with a rounded one they are printed); the greedy tokens with every cache
@@ -223,11 +273,11 @@ static void variant_act(const char *fix, const char *sub, const char *tag, const
         }
         CHECK(have == L && bad == 0, "%s: %d router choices differ from transformers' (%d of %d layers)", dir, bad, have, L);
     }
-    CHECK(same, "%s %s kv %s%s: greedy tokens differ from transformers'", dir, tag, kv_name(kv), act ? ", act bf16" : "");
+    if (!act) CHECK(same, "%s %s kv %s: greedy tokens differ from transformers'", dir, tag, kv_name(kv));
     printf("%s/%s%s kv %s%s: vs reference (same rounding): hidden %.2g (next row %.2g), prefill %.2g (%.2g), decode %.2g (%.2g), "
            "bound %.2g; vs transformers: hidden %.2g, prefill %.2g, decode %.2g (%s); greedy %s\n",
            fix, sub, planes ? " + planes" : "", kv_name(kv), act ? ", act bf16" : "", rh, rh2, rp, rp2, rd, rd2,
-           act ? fmax(kv_ref_tol(kv), GPU_TOL_REF_ACT) : kv_ref_tol(kv), worst_h, perr, derr,
+           act ? NAN : kv_ref_tol(kv), worst_h, perr, derr,
            kv == GPU_KV_F32 && !act ? (gtol > GPU_TOL_F32_TINY ? "bound 4e-5" : "bound 2e-5") : "not bounded", same ? "equal" : "DIFFERENT");
     free(dlog), free(rlog), free(rdlog);
     for (int i = 0; i <= L; i++) free(rhid[i]);
@@ -410,6 +460,17 @@ static void graph_replay(void) {
 // ulps of its largest partial sums: measured ≤ 2.1e-6 of the outputs' spread (every matrix and
 // T) → GPU_TOL_LINEAR 6e-6.
 #define GPU_TOL_LINEAR 6e-6
+// The reference's input to a product of engine g: x itself, or with `--act-dtype bf16` (g's
+// products read one bf16 part) and a matrix the GPU takes on its tensor cores, x rounded to bf16
+// as ref_linear rounds it (the GPU's part 0 is that rounding of the same f32 values, so the
+// two sides then differ only in summation order: the same GPU_TOL_LINEAR). n floats, malloc'd.
+static float *kt_ref_input(const gpu_engine *g, const ck_mat *W, const float *x, size_t n) {
+    float *xr = malloc(sizeof(float) * n);
+    const int round = g->k.parts == 1 && ref_tensor_core(W);
+    for (size_t i = 0; i < n; i++) xr[i] = round ? ref_bf16_round(x[i]) : x[i];
+    return xr;
+}
+
 static void kernel_linear(gpu_engine *g) {
     struct { const char *what; int kind, rows, cols; } mats[] = {
         {"GDN in_proj_qkv", CK_W_FP8, 8192, 2048},   {"attention o_proj", CK_W_FP8, 2048, 4096},
@@ -425,8 +486,10 @@ static void kernel_linear(gpu_engine *g) {
             float *x = malloc(sizeof(float) * (size_t)T * K), *ya = malloc(sizeof(float) * (size_t)T * N),
                   *yb = malloc(sizeof(float) * (size_t)T * N), *row = malloc(sizeof(float) * K);
             for (size_t i = 0; i < (size_t)T * K; i++) x[i] = kt_normal();
-            ref_linear_job j = {&W, x, ya, T, K, N, 0, N, row};
+            float *xr = kt_ref_input(g, &W, x, (size_t)T * K);
+            ref_linear_job j = {&W, xr, ya, T, K, N, 0, N, row};
             ref_linear_rows(&j);
+            free(xr);
             arena a = arena_measure("kernel test"), d;
             gpu_put(&a, &W, "matrix");
             arena_take(&a, sizeof(float) * (size_t)T * K, 256, "x");
@@ -444,8 +507,9 @@ static void kernel_linear(gpu_engine *g) {
             CU_CHECK(cu.cuMemcpyDtoH(yb, yd, sizeof(float) * (size_t)T * N));
             double err = check_nerr(yb, ya, (size_t)T * N);
             CHECK(err < GPU_TOL_LINEAR, "k_linear %s [%d, %d] T %d: normalised error %.3g", mats[mi].what, N, K, T, err);
-            printf("k_linear %-20s %-6s [%5d, %4d] T %2d: normalised error vs ref_linear %.2g\n", mats[mi].what,
-                   kind == CK_W_PLANES ? "planes" : kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_FP8 ? "fp8" : "bf16", N, K, T, err);
+            printf("k_linear %-20s %-6s [%5d, %4d] T %2d: normalised error vs ref_linear %.2g%s\n", mats[mi].what,
+                   kind == CK_W_PLANES ? "planes" : kind == CK_W_NVFP4 ? "nvfp4" : kind == CK_W_FP8 ? "fp8" : "bf16", N, K, T, err,
+                   g->k.parts == 1 ? " (act bf16: inputs rounded)" : "");
             arena_release(&d);
             free(x), free(ya), free(yb), free(row);
         }
@@ -561,8 +625,10 @@ static void kernel_mm_stream(gpu_engine *g) {
             }
             size_t tot = 0;
             for (int i = 0; i < n; i++) {
-                ref_linear_job j = {&W[i], x, ref + tot, T, K, W[i].rows, 0, W[i].rows, row};
+                float *xr = kt_ref_input(g, &W[i], x, (size_t)T * K);
+                ref_linear_job j = {&W[i], xr, ref + tot, T, K, W[i].rows, 0, W[i].rows, row};
                 ref_linear_rows(&j);
+                free(xr);
                 tot += (size_t)T * W[i].rows;
             }
             same &= !memcmp(h[1], h[2], sizeof(float) * tot) && (!bulk || !memcmp(h[0], h[2], sizeof(float) * tot));
@@ -571,8 +637,8 @@ static void kernel_mm_stream(gpu_engine *g) {
         }
         CHECK(same, "k_mm_t / k_mm_v / k_mm_d: different bits (set %zu)", si);
         CHECK(err < GPU_TOL_LINEAR, "k_mm set %zu: normalised error %.3g vs ref_linear", si, err);
-        printf("k_mm_%s set %zu (%d matrices, %zu rows, K %d, T 1..%d): %s k_mm_d, error vs ref_linear %.2g\n", bulk ? "t, k_mm_v" : "v", si, n,
-               outs, K, TM, same ? "bitwise equal to" : "DIFFERENT from", err);
+        printf("k_mm_%s set %zu (%d matrices, %zu rows, K %d, T 1..%d): %s k_mm_d, error vs ref_linear %.2g%s\n", bulk ? "t, k_mm_v" : "v", si, n,
+               outs, K, TM, same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
         arena_release(&d);
         free(x), free(ref), free(row);
         for (int v = 0; v < 3; v++) free(h[v]);
@@ -1880,7 +1946,7 @@ static void eval_kl(void) {
     js_free_doc(&d);
     for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) {
         snprintf(cmd, sizeof cmd, "./moet eval --model tests/fixtures/demo --planes build/demo.planes --data %s --backend gpu "
-                 "--kv-dtype %s --ref %s -q 2>&1", data, kv_name(kv), ref);
+                 "--kv-dtype %s --act-dtype f32 --ref %s -q 2>&1", data, kv_name(kv), ref);
         if (kl_eval_line(cmd, &d, buf, sizeof buf)) continue;
         double kl = kl_eval_num(&d, "ref", "kl_mean"), p99 = kl_eval_num(&d, "ref", "kl_p99"), top1 = kl_eval_num(&d, "ref", "top1_agreement");
         double ppl = kl_eval_num(&d, "ppl", NULL);
@@ -1897,10 +1963,12 @@ static void eval_kl(void) {
     // `--act-dtype bf16` (the products' inputs rounded to bf16). (a) What it costs, as the server
     // would run it (bf16 KV), on the first 20 lines of the held-out text (2,927 tokens) against the
     // f32 CPU reference: the cost bf16 activations may have, KL mean ≤ 1e-3 and perplexity within
-    // 0.2 % (the CPU reference rounding the same way: 4.8e-4, −0.009 %; on the held-out text's 200
-    // lines the GPU measured 6.0e-4, +0.044 %); top-1 at least 98 % (99.4 % there). (b) The kernels
-    // against the reference rounding the same way, f32 KV, on the eval text: as a bf16 cache's
-    // rounding boundaries (eval_kl_max[bf16], 6e-5 — provisional: not yet measured on a GPU).
+    // 0.2 % (the CPU reference rounding the same way: 4.8e-4, −0.009 %; the GPU measured 5.6e-4,
+    // −0.017 %, top-1 99.35 %; on the held-out text's 200 lines 6.0e-4, +0.040 %); top-1 at least
+    // 98 %. (b) The kernels against the reference rounding the same way, f32 KV, on the eval text:
+    // only the rounding boundaries the two sides' summation orders straddle (GPU_TOL_ACT_L1's
+    // mechanism); measured KL 4.1e-5, perplexity +0.040 %, top-1 100 % → 1.2e-4 and 0.15 %, both
+    // 3×; a product rounded on one side only would be a share of the whole rounding's cost (5e-4).
     const char *held = "tests/fixtures/eval/heldout.jsonl", *ref2 = "build/gpu_eval_held.ref", *ref3 = "build/gpu_eval_cpu_act.ref";
     snprintf(cmd, sizeof cmd, "./moet eval --model tests/fixtures/demo --planes build/demo.planes --data %s --limit 20 --backend cpu "
              "--threads 8 --top-k 4096 --save-ref %s -q 2>/dev/null", held, ref2);
@@ -1929,11 +1997,11 @@ static void eval_kl(void) {
     if (kl_eval_line(cmd, &d, buf, sizeof buf) == 0) {
         double kl = kl_eval_num(&d, "ref", "kl_mean"), top1 = kl_eval_num(&d, "ref", "top1_agreement"), ppl = kl_eval_num(&d, "ppl", NULL);
         js_free_doc(&d);
-        CHECK(kl < eval_kl_max[GPU_KV_BF16] && fabs(ppl / ppl_ref - 1) < eval_ppl_rel[GPU_KV_BF16] && top1 >= 0.99,
+        CHECK(kl < 1.2e-4 && fabs(ppl / ppl_ref - 1) < 1.5e-3 && top1 >= 0.99,
               "moet eval --act-dtype bf16 against the CPU reference rounding the same way: KL %.3g, perplexity %.8g vs %.8g, top-1 %.4f", kl, ppl,
               ppl_ref, top1);
-        printf("moet eval on the GPU, act bf16, kv f32, against the CPU reference rounding the same way (%s): KL mean %.3g, perplexity %.6f "
-               "vs %.6f, top-1 %.4f\n", data, kl, ppl, ppl_ref, top1);
+        printf("moet eval on the GPU, act bf16, kv f32, against the CPU reference rounding the same way (%s): KL mean %.3g (bound 1.2e-4), "
+               "perplexity %.6f vs %.6f (bound 0.15 %%), top-1 %.4f\n", data, kl, ppl, ppl_ref, top1);
     }
     unlink(ref3);
 }
@@ -2040,6 +2108,38 @@ static void cache_victim(void) {
            "slots a step through 9 places: %d hits of %d, through 14: %d\n", hits[0], looks, hits[1]);
 }
 
+// The products of `--act-dtype bf16` (the one-part images, sass/all_bf.cu) on an engine that
+// runs them: the streaming shapes of every kind against ref_linear on the inputs rounded as the
+// reference rounds them (kt_ref_input) within the f32 products' bound, and every stored code
+// widened exactly at 1, 8, 100 and 200 tokens. (kernel_linear's K of 2048 is past the tiny
+// model's widths, where gpu_linear takes k_linear: f32, never rounded, as the reference there.)
+static void kernels_act(void) {
+    ck_model m;
+    gpu_engine g;
+    moet_err e = {{0}};
+    gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32, .act_bf16 = 1};
+    if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    CHECK(g.k.parts == 1, "act bf16: the products read %d parts", g.k.parts);
+    kernel_mm_stream(&g);
+    kernel_widen_codes(&g);
+    gpu_free(&g);
+    ck_close(&m);
+}
+
+// --act-dtype bf16 on the fixtures (variant_act), f32 and bf16 KV, with their plane files tpl, cpl.
+static void variants_act(const char *tpl, const char *cpl) {
+    for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {
+        variant_act("tests/fixtures/tiny", "bf16", "bf16", NULL, kv, 1);
+        variant_act("tests/fixtures/tiny", "nvfp4", "planes", tpl, kv, 1);
+        variant_act("tests/fixtures/check", "bf16_split", "bf16", NULL, kv, 1);
+        variant_act("tests/fixtures/check", "nvfp4", "nvfp4", NULL, kv, 1);
+        variant_act("tests/fixtures/check", "nvfp4", "planes", cpl, kv, 1);
+    }
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
@@ -2075,6 +2175,7 @@ int main(void) {
             ck_close(&m);
         }
     }
+    kernels_act();
     // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
     // a kernel is being changed), then the tiny fixture end to end once
     const char *only = getenv("MOET_GPU_TESTS");
@@ -2087,6 +2188,14 @@ int main(void) {
     if (only && !strcmp(only, "full")) {
         if (full) expert_cache(full, full_pl, 48, 0, 0, 0), full_speculation(full, full_pl);
         else CHECK(0, "MOET_GPU_TESTS=full: the full-size model's directory in MOET_GPU_FULL");
+        return check_report("test_gpu");
+    }
+    // MOET_GPU_TESTS=act: the products of --act-dtype bf16 and the fixtures with them, alone
+    if (only && !strcmp(only, "act")) {
+        char tp0[512], cp0[512];
+        kernels_act();
+        const char *tpl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp0, sizeof tp0), *cpl = planes_of("tests/fixtures/check/nvfp4", "check", cp0, sizeof cp0);
+        variants_act(tpl, cpl);
         return check_report("test_gpu");
     }
     if (only && !strcmp(only, "kernels")) {
@@ -2109,13 +2218,7 @@ int main(void) {
         variant("tests/fixtures/check", "nvfp4", "nvfp4", NULL, kv);
         variant("tests/fixtures/check", "nvfp4", "planes", check_pl, kv);
     }
-    for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {   // --act-dtype bf16: the products' one-part images
-        variant_act("tests/fixtures/tiny", "bf16", "bf16", NULL, kv, 1);
-        variant_act("tests/fixtures/tiny", "nvfp4", "planes", tiny_pl, kv, 1);
-        variant_act("tests/fixtures/check", "bf16_split", "bf16", NULL, kv, 1);
-        variant_act("tests/fixtures/check", "nvfp4", "nvfp4", NULL, kv, 1);
-        variant_act("tests/fixtures/check", "nvfp4", "planes", check_pl, kv, 1);
-    }
+    variants_act(tiny_pl, check_pl);
     // MOET_GPU_FIXTURE=DIR: one more fixture of the same layout (DIR/bf16, DIR/nvfp4, DIR/golden.safetensors,
     // made by transformers), e.g. a model of other dimensions the tests have never seen
     const char *extra = getenv("MOET_GPU_FIXTURE");
