@@ -125,11 +125,14 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || GPU_MM_PARTS == 1), "sass/mm.cu: four n-tiles of 8 tokens, mm_split3");
 // k_mm_g (sass/mm.cuh: mmg_run): prompt steps in tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens per block
 // (warp w copies row tile w of 16; warps as 4 × 2 of 32 rows × GPU_MMG_BN / 2 tokens), GPU_MMG_STAGES
-// 64-blocks of both operands in flight through shared memory, GPU_MMG_BLOCKS blocks per multiprocessor.
+// 64-blocks of both operands in flight through shared memory, GPU_MMG_BLOCKS blocks per multiprocessor;
+// the experts' k_moe_up_g / k_moe_dn_g GPU_MOEG_BLOCKS (reading one part, sass/all_bf.cu: two — 128
+// registers without spilling, a third of the staged activations; k_mm_g would spill there).
 #define GPU_MMG_BM 128
 #define GPU_MMG_BN 64
 #define GPU_MMG_STAGES 4
 #define GPU_MMG_BLOCKS 1
+#define GPU_MOEG_BLOCKS (GPU_MM_PARTS == 1 ? 2 : 1)
 // k_mm_g32: k_mm_g's tiles of GPU_MMG_BN32 tokens (half the stages' bytes), GPU_MMG32_BLOCKS blocks
 // per multiprocessor.
 #define GPU_MMG_BN32 32

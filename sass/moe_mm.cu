@@ -272,7 +272,7 @@ __device__ __forceinline__ void moe_up_g(const gpu_mat (&M)[2], int base, const 
         }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_moe_up_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_up_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
                                                                               int items_bound, int K, const __nv_bfloat16 *__restrict__ xs,
                                                                               int T, __nv_bfloat16 *__restrict__ hs, int I) {
     __shared__ uint32_t lut[16];
@@ -313,7 +313,7 @@ __device__ __forceinline__ void moe_dn_g(const gpu_mat &D, int base, const __nv_
             }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_moe_dn_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_dn_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
                                                                               int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,
                                                                               float *__restrict__ ye, int H) {
     __shared__ uint32_t lut[16];
