@@ -308,7 +308,10 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
                 "k_route: top-%d of %d experts", K, E);
     int P = T * K, bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(k, P, E);
-    gpu_launch(k, K_ROUTE, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, smem, s,
+    // threads: a warp per token's router and one per expert for the grouping's scans, no more
+    // (a block's barriers and its start cost with its size; no result depends on it)
+    const int nt = 32 * (T > gpu_cdiv(E, 32) ? T : gpu_cdiv(E, 32));
+    gpu_launch(k, K_ROUTE, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, nt, smem, s,
                GPU_ARGS(&logits, &E, &K, &T, &sel, &selw, &g, &u, &h, &n, &hs, &map, &bound, &cap));
     return 1;
 }

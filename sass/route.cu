@@ -5,7 +5,8 @@
 //   the pairs grouped by expert (moe_sort_block, sass/moe_mm.cu: k_moe_sort's work).
 // The same functions as the three kernels, so the same bits; one launch instead of three.
 // CPU twins: ref_route, ref_silu_mul (moet.c); the grouping is checked as k_moe_sort's.
-// Launch (gpu_k_route): one block of GPU_MOE_SORT_NT threads; dynamic shared memory T·(E + K)
+// Launch (gpu_k_route): one block of 32·max(T, ⌈E / 32⌉) threads (≤ GPU_MOE_SORT_NT: a warp per
+// token, a thread per expert for the grouping's scans); dynamic shared memory T·(E + K)
 // floats (each routing warp's probabilities and chosen weights). In: logits [T, E], g, u [T·SI]. Out: sel, selw [T, K],
 // h [T·SI] and its parts hs [3][T·SI], map (k_moe_sort's).
 #include "mm.cuh"
