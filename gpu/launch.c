@@ -186,7 +186,9 @@ static size_t gpu_mm_g_smem(const gpu_kernels *k, const gpu_lin_set *set, int bn
 // k_mm_g — tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens, both operands staged, where its shared
 // memory fits (not on a GB10) — for steps of k->mm_g_min tokens or more, and from a whole token
 // tile where its blocks (row blocks × token tiles) number k->mm_g_blocks or more (4: k_mm_g32, its
-// tiles of GPU_MMG_BN32 tokens, for such steps of up to k->mm_g32_max tokens); else gpu_mm_shape's,
+// tiles of GPU_MMG_BN32 tokens, for such steps of up to k->mm_g32_max tokens; 5: k_mm_g128, tiles of
+// GPU_MMG_BN128 tokens, for such steps of k->mm_g128_min tokens or more where the products read one
+// part); else gpu_mm_shape's,
 // _p for a step of up to GPU_MM_TOK_B tokens whose T · rows reach k->mm_p_work. The kernel harness
 // on the H200 (`k_mm shapes`, the same bits in each): at 64 tokens the GDN in-projections (98 blocks)
 // `_b` 154.0, `_p` 118.6, `_g` 79.9 µs, attention o (16 blocks) 51.1, 38.2, 145.2; at 16 tokens
@@ -196,8 +198,10 @@ static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
     for (int i = 0; i < set->n; i++) rows += set->W[i].rows, blocks += gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
     blocks *= gpu_cdiv(T, GPU_MMG_BN);
     const size_t gsmem = gpu_mm_g_smem(k, set, GPU_MMG_BN), gsmem32 = gpu_mm_g_smem(k, set, GPU_MMG_BN32);
-    if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem))
+    if ((T >= k->mm_g_min || (T >= GPU_MMG_BN && blocks >= k->mm_g_blocks)) && gsmem && gpu_smem_room(k, K_MM_G, gsmem)) {
+        if (k->parts == 1 && k->mm_g128_min && T >= k->mm_g128_min && gpu_smem_room(k, K_MM_G128, gpu_mm_g_smem(k, set, GPU_MMG_BN128))) return 5;
         return T <= k->mm_g32_max && gpu_smem_room(k, K_MM_G32, gsmem32) ? 4 : 3;
+    }
     const int sh = gpu_mm_shape(T);
     return sh == 1 && (long long)T * rows >= k->mm_p_work ? 2 : sh;
 }
@@ -232,10 +236,10 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         return;
     }
     sh = gpu_mm_pick(k, set, T);
-    if (sh >= 3) {   // k_mm_g, k_mm_g32: tiles of GPU_MMG_BN or GPU_MMG_BN32 tokens
-        const int bn = sh == 4 ? GPU_MMG_BN32 : GPU_MMG_BN;
+    if (sh >= 3) {   // k_mm_g, k_mm_g32, k_mm_g128: tiles of GPU_MMG_BN, GPU_MMG_BN32 or GPU_MMG_BN128 tokens
+        const int bn = sh == 5 ? GPU_MMG_BN128 : sh == 4 ? GPU_MMG_BN32 : GPU_MMG_BN;
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);
-        gpu_launch(k, sh == 4 ? K_MM_G32 : K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, bn), 1, "(row blocks of every matrix, token tiles, 1)"},
+        gpu_launch(k, sh == 5 ? K_MM_G128 : sh == 4 ? K_MM_G32 : K_MM_G, (gpu_dim){set->first[set->n], gpu_cdiv(T, bn), 1, "(row blocks of every matrix, token tiles, 1)"},
                    GPU_MM_NT, gpu_mm_g_smem(k, set, bn), s, GPU_ARGS((void *)set, &xs, &T));
         return;
     }

@@ -136,8 +136,11 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 // k_mm_g32: k_mm_g's tiles of GPU_MMG_BN32 tokens (half the stages' bytes), GPU_MMG32_BLOCKS blocks
 // per multiprocessor.
 #define GPU_MMG_BN32 32
+// k_mm_g128: tiles of GPU_MMG_BN128 tokens (one bf16 part only: gpu_mm_pick), one block a multiprocessor.
+#define GPU_MMG_BN128 128
 #define GPU_MMG32_BLOCKS 2
-GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MMG_BN32 % 16 == 0 && GPU_MM_WARPS == 8, "mmg_run: a row tile per warp, warps 4 × 2");
+GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MMG_BN32 % 16 == 0 && GPU_MMG_BN128 % 16 == 0 && GPU_MM_WARPS == 8,
+               "mmg_run: a row tile per warp, warps 4 × 2");
 // k_moe_sort: one block, a thread per expert for its scans.
 #define GPU_MOE_SORT_NT 1024
 // k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared

@@ -318,7 +318,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MT_BLOCKS) k_mm_t(gp
 //
 // k_mm_g: BN = GPU_MMG_BN; k_mm_g32: BN = GPU_MMG_BN32, half the stages' bytes and half a block's
 // products, GPU_MMG32_BLOCKS blocks per multiprocessor — for steps of a few dozen tokens, where
-// k_mm_g's row blocks are fewer than the multiprocessors. The same steps per token: the same bits.
+// k_mm_g's row blocks are fewer than the multiprocessors; k_mm_g128 (below): BN = GPU_MMG_BN128.
+// The same steps per token: the same bits.
 template <int KIND, int NW>
 __device__ __forceinline__ void mm_dense_g(const gpu_mat &W, int base, int t0, const __nv_bfloat16 *__restrict__ xs, int T, const int *tok,
                                            const uint32_t *lut, float *__restrict__ y, int ldy) {
@@ -363,4 +364,10 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG_BLOCKS) k_mm_g(g
 }
 extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MMG32_BLOCKS) k_mm_g32(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
     mm_g<GPU_MMG_BN32>(set, xs, T);
+}
+// k_mm_g128: tiles of GPU_MMG_BN128 tokens — each weight fragment widened once for twice k_mm_g's
+// products — for long prompts of the one-part images (gpu_mm_pick: k->parts 1; three parts'
+// stages would not fit, and its registers spill there).
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, 1) k_mm_g128(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    mm_g<GPU_MMG_BN128>(set, xs, T);
 }

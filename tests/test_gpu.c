@@ -1865,6 +1865,13 @@ static void moe_shapes(void) {
               gpu_mm_pick(&k, &pl, 64) == 2,
           "gpu_mm_pick: k_mm_g32 up to mm_g32_max tokens where k_mm_g would be taken, and only there");
     k.mm_g32_max = 0;
+    k.mm_g128_min = 512, k.parts = GPU_MM_SPLITS;
+    CHECK(gpu_mm_pick(&k, &gdn, 512) == 3 && gpu_mm_pick(&k, &ao, 8192) == 3, "gpu_mm_pick: k_mm_g128 (5) never on three parts");
+    k.parts = 1;
+    CHECK(gpu_mm_pick(&k, &gdn, 512) == 5 && gpu_mm_pick(&k, &ao, 8192) == 5 && gpu_mm_pick(&k, &gdn, 511) == 3 && gpu_mm_pick(&k, &pl, 8192) == 2,
+          "gpu_mm_pick: k_mm_g128 from mm_g128_min tokens on one part where k_mm_g would be taken, and only there");
+    k.mm_g128_min = 0;
+    CHECK(gpu_mm_pick(&k, &gdn, 8192) == 3, "gpu_mm_pick: k_mm_g128 never with mm_g128_min 0");
     // FP8 weights on the device: each group's code i at byte GPU_FP8_SLOT(i) (mm_fp8x4 and row_dot read them there)
     {
         const uint32_t v = 0xd3c2b1a0u, o = gpu_fp8_order(v);
@@ -2172,10 +2179,73 @@ static void cache_victim(void) {
            "slots a step through 9 places: %d hits of %d, through 14: %d\n", hits[0], looks, hits[1]);
 }
 
+// k_mm_g128 (the one-part images' prompt tiles of 128 tokens) against k_mm_g on the same step, bit
+// for bit, and against ref_linear on the rounded inputs: sets of every kind it carries, rows not a
+// multiple of the tile, 600 tokens (a partial last tile). Run on an engine of the one-part images.
+static void kernel_mm_g128(gpu_engine *g) {
+    static const struct { int n, K, kind[3], rows[3]; } sets[] = {
+        {3, 2048, {CK_W_FP8, CK_W_BF16, CK_W_NVFP4}, {1000, 33, 256}},
+        {1, 768, {CK_W_FP8, 0, 0}, {130, 0, 0}},
+    };
+    enum { T = 600 };
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const int n = sets[si].n, K = sets[si].K;
+        ck_mat W[3];
+        uint8_t *w[3], *sc[3];
+        size_t outs = 0;
+        for (int i = 0; i < n; i++) W[i] = kt_random_mat(sets[si].kind[i], sets[si].rows[i], K, &w[i], &sc[i]), outs += sets[si].rows[i];
+        arena a = arena_measure("kernel test"), d;
+        for (int i = 0; i < n; i++) gpu_put(&a, &W[i], "matrix");
+        arena_take(&a, sizeof(float) * T * K, 256, "x");
+        arena_take(&a, 2 * GPU_MM_SPLITS * T * (size_t)K, 256, "parts");
+        for (int i = 0; i < n; i++) arena_take(&a, sizeof(float) * T * (size_t)sets[si].rows[i], 256, "y");
+        moet_err e = {{0}};
+        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
+        gpu_lin_set set;
+        memset(&set, 0, sizeof set);
+        set.n = n;
+        for (int i = 0; i < n; i++) set.W[i] = gpu_put(&d, &W[i], "matrix"), set.ldy[i] = sets[si].rows[i];
+        float *x = malloc(sizeof(float) * T * K), *h[2], *ref = malloc(sizeof(float) * T * outs), *row = malloc(sizeof(float) * K);
+        for (int v = 0; v < 2; v++) h[v] = malloc(sizeof(float) * T * outs);
+        for (int i = 0; i < T * K; i++) x[i] = kt_normal();
+        CUdeviceptr xd = kt_dev(&d, x, T * K), xs = (uintptr_t)arena_take(&d, 2 * GPU_MM_SPLITS * T * (size_t)K, 256, "parts");
+        for (int i = 0; i < n; i++) set.y[i] = kt_dev(&d, NULL, (size_t)T * sets[si].rows[i]);
+        gpu_k_mm_split(&g->k, g->compute, xd, K, K, T, xs);
+        const int keep = g->k.mm_g128_min;
+        for (int v = 0; v < 2; v++) {   // v 0: k_mm_g (k_mm_g128 off), 1: k_mm_g128
+            g->k.mm_g128_min = v ? 1 : 0;
+            for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * sets[si].rows[i], g->compute));
+            gpu_lin_set ms = set;
+            gpu_k_mm(&g->k, g->compute, &ms, xs, T);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            for (size_t i = 0, o = 0; i < (size_t)n; o += (size_t)T * sets[si].rows[i], i++)
+                CU_CHECK(cu.cuMemcpyDtoH(h[v] + o, set.y[i], sizeof(float) * (size_t)T * sets[si].rows[i]));
+        }
+        g->k.mm_g128_min = keep;
+        size_t tot = 0;
+        for (int i = 0; i < n; i++) {
+            float *xr = kt_ref_input(g, &W[i], x, (size_t)T * K);
+            ref_linear_job j = {&W[i], xr, ref + tot, T, K, W[i].rows, 0, W[i].rows, row};
+            ref_linear_rows(&j);
+            free(xr);
+            tot += (size_t)T * W[i].rows;
+        }
+        const int same = !memcmp(h[0], h[1], sizeof(float) * tot);
+        const double err = check_nerr(h[1], ref, tot);
+        CHECK(same && err < GPU_TOL_LINEAR, "k_mm_g128 set %zu (K %d, %d tokens): %s k_mm_g's bits, error %.3g vs ref_linear", si, K, T,
+              same ? "" : "NOT", err);
+        printf("k_mm_g128 set %zu (%d matrices, %zu rows, K %d, %d tokens): %s k_mm_g, error vs ref_linear %.2g%s\n", si, n, outs, K, T,
+               same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
+        arena_release(&d);
+        free(x), free(ref), free(row), free(h[0]), free(h[1]);
+        for (int i = 0; i < n; i++) free(w[i]), free(sc[i]);
+    }
+}
+
 // The products of `--act-dtype bf16` (the one-part images, sass/all_bf.cu) on an engine that
 // runs them: the streaming shapes of every kind against ref_linear on the inputs rounded as the
-// reference rounds them (kt_ref_input) within the f32 products' bound, and every stored code
-// widened exactly at 1, 8, 100 and 200 tokens. (kernel_linear's K of 2048 is past the tiny
+// reference rounds them (kt_ref_input) within the f32 products' bound, every stored code widened
+// exactly at 1, 8, 100 and 200 tokens, and k_mm_g128 against k_mm_g (kernel_mm_g128). (kernel_linear's K of 2048 is past the tiny
 // model's widths, where gpu_linear takes k_linear: f32, never rounded, as the reference there.)
 static void kernels_act(void) {
     ck_model m;
@@ -2189,6 +2259,7 @@ static void kernels_act(void) {
     CHECK(g.k.parts == 1, "act bf16: the products read %d parts", g.k.parts);
     kernel_mm_stream(&g);
     kernel_widen_codes(&g);
+    kernel_mm_g128(&g);
     gpu_free(&g);
     ck_close(&m);
 }
