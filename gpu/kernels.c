@@ -36,7 +36,8 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_FA, "k_fa") X(K_ARGMAX, "k_argmax")                                                                                       \
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
-    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g")
+    X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
+    X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -45,7 +46,8 @@ static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
 // reading hi alone (gpu_kernels.parts 1), by the same name.
 static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MOE_UP_D,
-                                        K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G};
+                                        K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
+                                        K_MOE_UP_G128, K_MOE_DN_G128};
 
 // Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
 // γ [C] (f64); k̂ and q̂ [C, dk + 2], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
@@ -100,6 +102,7 @@ typedef struct {
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
     int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
+    int moe_g128_min;      // ... and the _g128 shape (items of up to GPU_MMG_BN128 pairs) where the products read one part (0: never)
     int moe_d_ppe;         // pairs per expert (on average) up to which they take the _d shape (≤ GPU_MOE_D_PPE)
     int mm_g_min;          // tokens from which a step's dense products take k_mm_g (where it carries their kinds)
     int mm_g_blocks;       // ... and from a whole token tile where its blocks number this many (gpu_mm_pick)
@@ -141,6 +144,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
+    k->moe_g128_min = GPU_MMG_BN128;   // (not yet measured: the harness's experts section times _g128 beside _g)
     k->mm_g_min = GPU_MM_TOK_B + 1, k->mm_g_blocks = 64, k->mm_p_work = 65536;   // (gpu_mm_pick: the harness's measures)
     // k_mm_g32 up to 128 tokens: the kernel harness on the H200 (`k_mm shapes`, the same bits),
     // _g against _g32 at 128 tokens: attention q|k|v 146.8 / 123.4 µs, GDN in-projections 147.5 /

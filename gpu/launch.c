@@ -261,7 +261,9 @@ static void gpu_k_mm_fixed(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdevic
 // shared memory), 1 _p (items of GPU_MM_TOK), 2 _g (items
 // of GPU_MMG_BN through k_mm_g's stages: planes and NVFP4 experts where its shared memory fits, and
 // a step of k->moe_g_min pairs per expert or more (GPU_MMG_BN / 2: measured on the H200 at 16 pairs
-// per expert, k_moe_up_g's emptier tiles took 1.31 ms where _p took 0.78); the pairs an item holds, and the
+// per expert, k_moe_up_g's emptier tiles took 1.31 ms where _p took 0.78), 3 _g128 (items of
+// GPU_MMG_BN128 pairs, k_moe_up_g128 / k_moe_dn_g128, from k->moe_g128_min pairs per expert where
+// the products read one bf16 part); the pairs an item holds, and the
 // row tiles of 16 per block of k_moe_up and k_moe_dn (_d, _p). Every shape gives the same bits. The
 // grouping (k_moe_sort, k_route) and the products take the same shape: k->moe_kind is set once
 // (the MTP head's BF16 experts run with it at -1: gpu_mtp_rows).
@@ -270,10 +272,14 @@ static int gpu_moe_shape(gpu_kernels *k, long long P, int E) {
     if (P <= GPU_MM_TOK_B || P <= (long long)k->moe_d_ppe * E) return 0;
     int g = P >= (long long)k->moe_g_min * E && (k->moe_kind == GPU_W_PLANES || k->moe_kind == GPU_W_NVFP4) &&
             gpu_smem_room(k, K_MOE_UP_G, gpu_mmg_smem(k, k->moe_kind)) && gpu_smem_room(k, K_MOE_DN_G, gpu_mmg_smem(k, k->moe_kind));
-    return g ? 2 : 1;
+    if (!g) return 1;
+    const size_t s128 = gpu_mmg_smem_bn(k, k->moe_kind, GPU_MMG_BN128);
+    const int g128 = k->parts == 1 && k->moe_g128_min && P >= (long long)k->moe_g128_min * E && gpu_smem_room(k, K_MOE_UP_G128, s128) &&
+                     gpu_smem_room(k, K_MOE_DN_G128, s128);
+    return g128 ? 3 : 2;
 }
 static int gpu_moe_cap(gpu_kernels *k, long long P, int E) {
-    static const int cap[3] = {GPU_MOE_CAP_D, GPU_MM_TOK, GPU_MMG_BN};
+    static const int cap[4] = {GPU_MOE_CAP_D, GPU_MM_TOK, GPU_MMG_BN, GPU_MMG_BN128};
     return cap[gpu_moe_shape(k, P, E)];
 }
 static const int gpu_moe_rt_up[2] = {1, 2}, gpu_moe_rt_dn[2] = {4, 2};
@@ -338,9 +344,10 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
                          CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
-    if (sh == 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu)
-        gpu_launch(k, K_MOE_UP_G, (gpu_dim){bound, gpu_cdiv(I, GPU_MMG_BM / 2), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
-                   gpu_mmg_smem(k, k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+    if (sh >= 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu); _g128: items of up to 128 pairs
+        gpu_launch(k, sh == 3 ? K_MOE_UP_G128 : K_MOE_UP_G, (gpu_dim){bound, gpu_cdiv(I, GPU_MMG_BM / 2), 1, "(items bound, row blocks, 1)"},
+                   GPU_MM_NT, gpu_mmg_smem_bn(k, k->moe_kind, sh == 3 ? GPU_MMG_BN128 : GPU_MMG_BN), s,
+                   GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
     int rt = gpu_moe_rt_up[sh];
@@ -358,9 +365,9 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
-    if (sh == 2) {
-        gpu_launch(k, K_MOE_DN_G, (gpu_dim){bound, gpu_cdiv(H, GPU_MMG_BM), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
-                   gpu_mmg_smem(k, k->moe_kind), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+    if (sh >= 2) {
+        gpu_launch(k, sh == 3 ? K_MOE_DN_G128 : K_MOE_DN_G, (gpu_dim){bound, gpu_cdiv(H, GPU_MMG_BM), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
+                   gpu_mmg_smem_bn(k, k->moe_kind, sh == 3 ? GPU_MMG_BN128 : GPU_MMG_BN), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
     int rt = gpu_moe_rt_dn[sh];

@@ -254,35 +254,36 @@ MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1)
 // k_moe_up_g: row tile w of a block is rows [base + 16(w / 2), +16) of gate (w even) or up (w odd),
 // so a warp's two row tiles are gate and up of the same rows and of the same pairs: h as moe_up
 // writes it. k_moe_dn_g: row tiles of down, as k_mm_g's.
-template <int KIND>
+template <int KIND, int NW>
 __device__ __forceinline__ void moe_up_g(const gpu_mat (&M)[2], int base, const __nv_bfloat16 *__restrict__ xs, size_t ss, const int *tok,
                                          const int *pair, const uint32_t *lut, __nv_bfloat16 *__restrict__ hs, int I, size_t PI) {
-    float tot[2][MMG_NW][4];
+    float tot[2][NW][4];
     mmg_run<KIND, false>([&](int w, const gpu_mat *&W, int &row0) { W = &M[w & 1], row0 = base + 16 * (w >> 1); }, M[0].cols, xs, ss, tok,
                          mm_smem, lut, tot);
     const float pg = mm_post(M[0]), pu = mm_post(M[1]);
 #pragma unroll
-    for (int n = 0; n < MMG_NW; n++)
+    for (int n = 0; n < NW; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int ti, rr, r;
-            mmg_place(0, n, e, ti, rr, r);
+            mmg_place<NW>(0, n, e, ti, rr, r);
             const int row = base + 16 * (ti >> 1) + rr;
             if (row < I && pair[r] >= 0) mm_split3(silu(tot[0][n][e] * pg) * (tot[1][n][e] * pu), hs + (size_t)pair[r] * I + row, PI);
         }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_up_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
-                                                                              int items_bound, int K, const __nv_bfloat16 *__restrict__ xs,
-                                                                              int T, __nv_bfloat16 *__restrict__ hs, int I) {
+// An item of up to BN pairs (k_moe_up_g: GPU_MMG_BN; k_moe_up_g128: GPU_MMG_BN128, one bf16 part).
+template <int BN>
+__device__ __forceinline__ void moe_up_g_item(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
+                                              const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I) {
     __shared__ uint32_t lut[16];
-    __shared__ int tok[GPU_MMG_BN], pair[GPU_MMG_BN];
+    __shared__ int tok[BN], pair[BN];
     GPU_DEP();
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2];
     const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
-    for (int r = threadIdx.x; r < GPU_MMG_BN; r += blockDim.x) {
+    for (int r = threadIdx.x; r < BN; r += blockDim.x) {
         const int p = r < cnt ? perm[first + r] : -1;
         pair[r] = p, tok[r] = p >= 0 ? p / K : -1;
     }
@@ -290,44 +291,66 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_u
     __syncthreads();
     const int base = blockIdx.y * (GPU_MMG_BM / 2);
     const size_t ss = (size_t)T * M[0].cols, PI = (size_t)T * K * I;
-    if (M[0].kind == GPU_W_NVFP4) moe_up_g<GPU_W_NVFP4>(M, base, xs, ss, tok, pair, lut, hs, I, PI);
-    else moe_up_g<GPU_W_PLANES>(M, base, xs, ss, tok, pair, lut, hs, I, PI);   // (gpu_moe_shape: planes and NVFP4 only)
+    if (M[0].kind == GPU_W_NVFP4) moe_up_g<GPU_W_NVFP4, BN / 16>(M, base, xs, ss, tok, pair, lut, hs, I, PI);
+    else moe_up_g<GPU_W_PLANES, BN / 16>(M, base, xs, ss, tok, pair, lut, hs, I, PI);   // (gpu_moe_shape: planes and NVFP4 only)
 }
 
-template <int KIND>
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_up_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+                                                                              int items_bound, int K, const __nv_bfloat16 *__restrict__ xs,
+                                                                              int T, __nv_bfloat16 *__restrict__ hs, int I) {
+    moe_up_g_item<GPU_MMG_BN>(experts, map, items_bound, K, xs, T, hs, I);
+}
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, 1) k_moe_up_g128(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+                                                                       int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T,
+                                                                       __nv_bfloat16 *__restrict__ hs, int I) {
+    moe_up_g_item<GPU_MMG_BN128>(experts, map, items_bound, K, xs, T, hs, I);
+}
+
+template <int KIND, int NW>
 __device__ __forceinline__ void moe_dn_g(const gpu_mat &D, int base, const __nv_bfloat16 *__restrict__ hs, size_t ss, const int *tok,
                                          const uint32_t *lut, float *__restrict__ ye, int H) {
-    float tot[2][MMG_NW][4];
+    float tot[2][NW][4];
     mmg_run<KIND, false>([&](int w, const gpu_mat *&W, int &row0) { W = &D, row0 = base + 16 * w; }, D.cols, hs, ss, tok, mm_smem, lut, tot);
     const float post = mm_post(D);
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int n = 0; n < MMG_NW; n++)
+        for (int n = 0; n < NW; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int ti, rr, r;
-                mmg_place(i, n, e, ti, rr, r);
+                mmg_place<NW>(i, n, e, ti, rr, r);
                 const int row = base + 16 * ti + rr;
                 if (row < H && tok[r] >= 0) ye[(size_t)tok[r] * H + row] = tot[i][n][e] * post;
             }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_dn_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
-                                                                              int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,
-                                                                              float *__restrict__ ye, int H) {
+template <int BN>
+__device__ __forceinline__ void moe_dn_g_item(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
+                                              const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H) {
     __shared__ uint32_t lut[16];
-    __shared__ int tok[GPU_MMG_BN];
+    __shared__ int tok[BN];
     GPU_DEP();
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2];
     const gpu_mat D = experts[3 * x + 2];
-    for (int r = threadIdx.x; r < GPU_MMG_BN; r += blockDim.x) tok[r] = r < cnt ? perm[first + r] : -1;   // the pairs: rows of hs
+    for (int r = threadIdx.x; r < BN; r += blockDim.x) tok[r] = r < cnt ? perm[first + r] : -1;   // the pairs: rows of hs
     mm_plane_lut(lut);
     __syncthreads();
     const int base = blockIdx.y * GPU_MMG_BM;
     const size_t ss = (size_t)P * D.cols;
-    if (D.kind == GPU_W_NVFP4) moe_dn_g<GPU_W_NVFP4>(D, base, hs, ss, tok, lut, ye, H);
-    else moe_dn_g<GPU_W_PLANES>(D, base, hs, ss, tok, lut, ye, H);
+    if (D.kind == GPU_W_NVFP4) moe_dn_g<GPU_W_NVFP4, BN / 16>(D, base, hs, ss, tok, lut, ye, H);
+    else moe_dn_g<GPU_W_PLANES, BN / 16>(D, base, hs, ss, tok, lut, ye, H);
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MOEG_BLOCKS) k_moe_dn_g(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+                                                                              int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,
+                                                                              float *__restrict__ ye, int H) {
+    moe_dn_g_item<GPU_MMG_BN>(experts, map, items_bound, hs, P, ye, H);
+}
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, 1) k_moe_dn_g128(const gpu_mat *__restrict__ experts, const int *__restrict__ map,
+                                                                       int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,
+                                                                       float *__restrict__ ye, int H) {
+    moe_dn_g_item<GPU_MMG_BN128>(experts, map, items_bound, hs, P, ye, H);
 }

@@ -696,22 +696,22 @@ static void hk_experts(int kind) {
         snprintf(shape, sizeof shape, "T=%d x top-%d%s, [%d, %d]", T, K, skew ? " (same)" : "", H, I);
         HK_TIME(us, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H));
         hk_row("k_moe_dn", shape, hk_kind(kind), ed_, HK_TOL_SUM, us, ebytes_d + 2.0 * hk.k.parts * P * I + 4.0 * P * H);
-        // every other shape this step could take (_d up to GPU_MOE_D_PPE pairs per expert, _p, _g
-        // from any pairs per expert) against the one it takes: the same bits, and their times
-        static const char *const shname[3] = {"_d", "_p", "_g"};
-        static const int set_d[3] = {GPU_MOE_D_PPE, 0, 0}, set_g[3] = {1 << 20, 1 << 20, 0};
-        const int taken = gpu_moe_shape(&hk.k, P, E), d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min;
-        double t_up[3] = {0}, t_dn[3] = {0};
-        int ran[3] = {0}, same = 1;
-        for (int sh = 0; sh < 3; sh++) {
-            hk.k.moe_d_ppe = set_d[sh], hk.k.moe_g_min = set_g[sh];
+        // every other shape this step could take (_d up to GPU_MOE_D_PPE pairs per expert, _p, _g and,
+        // reading one part, _g128 from any pairs per expert) against the one it takes: the same bits, and their times
+        static const char *const shname[4] = {"_d", "_p", "_g", "_g128"};
+        static const int set_d[4] = {GPU_MOE_D_PPE, 0, 0, 0}, set_g[4] = {1 << 20, 1 << 20, 0, 0}, set_g128[4] = {0, 0, 0, 1};
+        const int taken = gpu_moe_shape(&hk.k, P, E), d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min, g1280 = hk.k.moe_g128_min;
+        double t_up[4] = {0}, t_dn[4] = {0};
+        int ran[4] = {0}, same = 1;
+        for (int sh = 0; sh < 4; sh++) {
+            hk.k.moe_d_ppe = set_d[sh], hk.k.moe_g_min = set_g[sh], hk.k.moe_g128_min = set_g128[sh];
             if (gpu_moe_shape(&hk.k, P, E) != sh) continue;   // (the shape taken too: its time beside the others)
             const int eq = hk_moe_same(ex, sd, 0, E, K, xs, T, H, I, hp, gy2, &t_up[sh], &t_dn[sh]);
             CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the %s shape", shname[sh], shname[sh], hk_kind(kind), T, shname[taken]);
             same &= eq;
             ran[sh] = 1;
         }
-        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0;
+        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280;
         if (taken == 0) {   // the _d shape's row blocks per block (gpu_moe_nrb): the same bits with any, their times
             int bound = gpu_moe_items_bound(P, E);
             printf("%-18s %-46s %-12s row blocks a block (up, down by gpu_moe_nrb: %d, %d):", "k_moe_*_d", shape, hk_kind(kind),
@@ -726,9 +726,9 @@ static void hk_experts(int kind) {
             hk.k.moe_nrb = 0;
             printf("\n");
         }
-        if (ran[0] + ran[1] + ran[2] > 1) {
+        if (ran[0] + ran[1] + ran[2] + ran[3] > 1) {
             printf("%-18s %-46s %-12s takes %s;", "k_moe_* shapes", shape, hk_kind(kind), shname[taken]);
-            for (int sh = 0; sh < 3; sh++)
+            for (int sh = 0; sh < 4; sh++)
                 if (ran[sh]) printf(" %s up %.1f µs, down %.1f µs;", shname[sh], t_up[sh], t_dn[sh]);
             printf(" bits %s\n", same ? "equal" : "DIFFERENT");
         }

@@ -1829,6 +1829,14 @@ static void moe_shapes(void) {
     CHECK(gpu_moe_shape(&k, 512, 256) == 1 && gpu_moe_shape(&k, 128, 256) == 0, "moe_d_ppe 0: _d up to GPU_MM_TOK_B pairs only");
     k.moe_d_ppe = GPU_MOE_D_PPE;
     CHECK(gpu_moe_shape(&k, 16 * 256, 256) == 0 && gpu_moe_shape(&k, 16 * 256 + 1, 256) == 1, "moe_d_ppe 16: _d up to 16 pairs per expert");
+    k.moe_g128_min = GPU_MMG_BN128, k.parts = GPU_MM_SPLITS;
+    CHECK(gpu_moe_shape(&k, 200 * 256, 256) == 2, "three parts: never _g128");
+    k.parts = 1;
+    CHECK(gpu_moe_shape(&k, 128 * 256, 256) == 3 && gpu_moe_cap(&k, 128 * 256, 256) == GPU_MMG_BN128 && gpu_moe_shape(&k, 128 * 256 - 1, 256) == 2,
+          "one part: _g128 (items of %d pairs) from moe_g128_min pairs per expert, _g below", GPU_MMG_BN128);
+    k.moe_g128_min = 0;
+    CHECK(gpu_moe_shape(&k, 200 * 256, 256) == 2, "moe_g128_min 0: never _g128");
+    k.parts = 0;
     k.moe_kind = GPU_W_BF16;
     CHECK(gpu_moe_shape(&k, 40 * 256, 256) == 1, "BF16 experts (the MTP head's): never _g");
     int nbad = 0;
