@@ -2250,10 +2250,77 @@ static void kernel_mm_g128(gpu_engine *g) {
     }
 }
 
+// The experts' prompt shapes _g (items of up to GPU_MMG_BN pairs) and _g128 (GPU_MMG_BN128, one
+// part) on the same step, bit for bit: random NVFP4 and plane experts (E 16, [I 128, H 256]), 256
+// tokens choosing 4 each (64 pairs an expert on average), grouped (k_moe_sort) and multiplied
+// (k_moe_up, k_moe_dn) in each shape. Run on an engine of the one-part images.
+static void kernel_moe_g128(gpu_engine *g) {
+    enum { E = 16, I = 128, H = 256, T = 256, K = 4, P = T * K };
+    for (int kind = CK_W_NVFP4; kind <= CK_W_PLANES; kind += CK_W_PLANES - CK_W_NVFP4) {
+        uint8_t *buf[6 * E];
+        ck_mat m[3 * E];
+        for (int x = 0; x < E; x++)
+            m[3 * x] = kt_random_mat(kind, I, H, &buf[6 * x], &buf[6 * x + 1]), m[3 * x + 1] = kt_random_mat(kind, I, H, &buf[6 * x + 2], &buf[6 * x + 3]),
+                  m[3 * x + 2] = kt_random_mat(kind, H, I, &buf[6 * x + 4], &buf[6 * x + 5]);
+        arena a = arena_measure("kernel test"), d;
+        for (int i = 0; i < 3 * E; i++) gpu_put(&a, &m[i], "expert");
+        for (int i = 0; i < 12; i++) arena_take(&a, sizeof(float) * (size_t)P * (H > I ? H : I) * 2, 256, "buffer");
+        moet_err e = {{0}};
+        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
+        gpu_mat tab[3 * E];
+        for (int i = 0; i < 3 * E; i++) tab[i] = gpu_put(&d, &m[i], "expert");
+        int32_t sel[P];
+        for (int t = 0; t < T; t++)   // K distinct experts a token
+            for (int k = 0; k < K; k++) {
+                int x, dup;
+                do {
+                    x = (int)(kt_next() % E), dup = 0;
+                    for (int j = 0; j < k; j++) dup |= sel[t * K + j] == x;
+                } while (dup);
+                sel[t * K + k] = x;
+            }
+        float *x = malloc(sizeof(float) * T * H);
+        for (int i = 0; i < T * H; i++) x[i] = kt_normal();
+        CUdeviceptr ex = (uintptr_t)arena_take(&d, sizeof tab, 256, "table"), sd = (uintptr_t)arena_take(&d, sizeof sel, 256, "sel");
+        CU_CHECK(cu.cuMemcpyHtoD(ex, tab, sizeof tab));
+        CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof sel));
+        CUdeviceptr xd = kt_dev(&d, x, (size_t)T * H), xs = kt_dev(&d, NULL, (size_t)T * H * 2), map = kt_dev(&d, NULL, gpu_moe_map_ints(P, E));
+        CUdeviceptr hs = kt_dev(&d, NULL, (size_t)P * I * 2), ye = kt_dev(&d, NULL, (size_t)P * H);
+        gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
+        const int kind0 = g->k.moe_kind, g0 = g->k.moe_g_min, g1280 = g->k.moe_g128_min;
+        g->k.moe_kind = kind == CK_W_NVFP4 ? GPU_W_NVFP4 : GPU_W_PLANES, g->k.moe_g_min = 1;
+        uint16_t *hh[2];
+        float *yy[2];
+        int shape[2];
+        for (int v = 0; v < 2; v++) {   // v 0: _g, 1: _g128
+            g->k.moe_g128_min = v;
+            shape[v] = gpu_moe_shape(&g->k, P, E);
+            gpu_k_moe_sort(&g->k, g->compute, sd, P, E, map);
+            gpu_k_moe_up(&g->k, g->compute, ex, map, E, K, xs, T, H, hs, I);
+            gpu_k_moe_dn(&g->k, g->compute, ex, map, E, hs, P, I, ye, H);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            hh[v] = malloc(6 * (size_t)P * I), yy[v] = malloc(sizeof(float) * (size_t)P * H);
+            CU_CHECK(cu.cuMemcpyDtoH(hh[v], hs, 6 * (size_t)P * I));
+            CU_CHECK(cu.cuMemcpyDtoH(yy[v], ye, sizeof(float) * (size_t)P * H));
+        }
+        g->k.moe_kind = kind0, g->k.moe_g_min = g0, g->k.moe_g128_min = g1280;
+        const int same = !memcmp(hh[0], hh[1], 6 * (size_t)P * I) && !memcmp(yy[0], yy[1], sizeof(float) * (size_t)P * H);
+        CHECK(shape[0] == 2 && shape[1] == 3 && same, "k_moe_up_g128 / k_moe_dn_g128 (%s): shapes %d, %d; %s the _g shape's bits",
+              kind == CK_W_NVFP4 ? "nvfp4" : "planes", shape[0], shape[1], same ? "" : "NOT");
+        printf("k_moe_up_g128 / k_moe_dn_g128 (%s, %d pairs over %d experts): h and the down products %s _g's\n", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
+               P, E, same ? "bit for bit" : "DIFFERENT from");
+        for (int v = 0; v < 2; v++) free(hh[v]), free(yy[v]);
+        free(x);
+        for (int i = 0; i < 6 * E; i++) free(buf[i]);
+        arena_release(&d);
+    }
+}
+
 // The products of `--act-dtype bf16` (the one-part images, sass/all_bf.cu) on an engine that
 // runs them: the streaming shapes of every kind against ref_linear on the inputs rounded as the
 // reference rounds them (kt_ref_input) within the f32 products' bound, every stored code widened
-// exactly at 1, 8, 100 and 200 tokens, and k_mm_g128 against k_mm_g (kernel_mm_g128). (kernel_linear's K of 2048 is past the tiny
+// exactly at 1, 8, 100 and 200 tokens, k_mm_g128 against k_mm_g (kernel_mm_g128) and the
+// experts' _g128 against _g (kernel_moe_g128). (kernel_linear's K of 2048 is past the tiny
 // model's widths, where gpu_linear takes k_linear: f32, never rounded, as the reference there.)
 static void kernels_act(void) {
     ck_model m;
@@ -2268,6 +2335,7 @@ static void kernels_act(void) {
     kernel_mm_stream(&g);
     kernel_widen_codes(&g);
     kernel_mm_g128(&g);
+    kernel_moe_g128(&g);
     gpu_free(&g);
     ck_close(&m);
 }
