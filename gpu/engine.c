@@ -673,7 +673,6 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (gpu_fa_refuse(c, o->kv_dtype, g->dev.smem_optin, e)) return gpu_close(&g->dev), -1;
     if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
-    g->k.parts = GPU_MM_SPLITS;   // (--act-dtype decided below, once the experts' kernels are known)
     gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB) and
     // the key heads are of an even size (it reads k̂ and q̂ two at a time): prompts are then cut at
