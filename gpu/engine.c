@@ -1022,7 +1022,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     // a verification (one row, keep_hist): the windows and states after each of its tokens too
     CUdeviceptr hw = g->keep_hist ? g->hist_win + gi * (size_t)(Kc - 1) * cd * 4 : 0, hs = g->keep_hist ? g->hist_ssm + gi * (size_t)nv * dk * dv * 4 : 0;
     CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
-    if (g->gdn_step && nm == 0 && T == n && n <= g->k.gdn_step_max && !hw) {   // a decode step (rows of one token): conv, rule and norm in one launch, the same bits
+    if (g->gdn_step && nm == 0 && T == n && !hw) {   // a decode step (rows of one token): conv, rule and norm in one launch, the same bits
         gpu_k_gdn_step(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core,
                        g->zz, G->gnorm, nk, nv, dk, dv, (float)c->eps, g->xs, T, rs, r0, one, n);
         gpu_linear(g, &G->out, g->core, vd, T, g->y, H, g->xs);

@@ -110,7 +110,6 @@ typedef struct {
     int mm_g32_max;        // tokens up to which a step that takes k_mm_g takes k_mm_g32 instead (0: never)
     int mm_g128_min;       // tokens from which such a step takes k_mm_g128 where the products read one part (0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
-    int gdn_step_max;      // rows (sequences) up to which a decode step's GDN layers take k_gdn_step (0: never)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
     int ev_kernel[GPU_PROF_MAX];
@@ -154,11 +153,6 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // k_mm_g128 from 512 tokens (one part only; not yet measured: the harness's gemm section
     // prints it against k_mm_g at 8,192 tokens with HK_ACT=bf16)
     k->mm_g128_min = 512;
-    // k_gdn_step for decode steps of up to 32 rows: the kernel harness on the H200 (HK_ONLY=gdn,
-    // the same bits), k_gdn_step against k_gdn_conv + k_gdn_rule + k_gated_norm at 1 row 19.8 /
-    // 27.9 µs, 16 rows 36.4 / 43.1, 64 rows 119.7 / 108.9 (a block a key head and row holds the
-    // state traffic the rule spreads over more blocks): even near 34 rows
-    k->gdn_step_max = 32;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
     // 1,688 at 16; the same bits)

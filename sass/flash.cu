@@ -107,35 +107,20 @@ __device__ __forceinline__ void fa_mma3(float (*acc)[4], const uint32_t a[3][4],
 }
 
 // One tile of keys (or values) [base, base + GPU_FA_KT) of KV head j into dst (bf16, fa_at's
-// layout) and its fp8 scales into sdst, by the whole block; positions past pmax are zeros. A
-// thread reads the block-table entries of FA_LOAD_U of its chunks before it issues their copies:
-// a copy's asm orders memory, so a table read placed after one would wait for the one before it
-// (a tile of HD 256 is 16 chunks a thread at 128 threads: two table latencies instead of 16).
-#define FA_LOAD_U 8
+// layout) and its fp8 scales into sdst, by the whole block; positions past pmax are zeros.
 template <int HD>
 __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst, const void *__restrict__ src, const float *__restrict__ ssrc,
                                         const int *__restrict__ btr, int base, int pmax, int kvd, int kvh, int j) {
-    constexpr int CPR = HD / 8, N = FA_KT * CPR;   // 16-byte chunks of a bf16 row, of the tile
-    for (int i0 = threadIdx.x; i0 < N; i0 += FA_LOAD_U * blockDim.x) {
-        int page[FA_LOAD_U];   // the block-table entry of each chunk's position (-1: none)
-#pragma unroll
-        for (int u = 0; u < FA_LOAD_U; u++) {
-            const int i = i0 + u * blockDim.x, pos = base + i / CPR;
-            page[u] = i < N && pos <= pmax ? btr[pos / GPU_KV_PAGE] : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < FA_LOAD_U; u++) {
-            const int i = i0 + u * blockDim.x, pos = base + i / CPR;
-            if (i >= N) break;
-            __nv_bfloat16 *d = dst + fa_at<HD>(i / CPR, i % CPR);
-            const bool ok = page[u] >= 0;
-            const size_t at = kv_index_at(page[u], pos, kvd, j * HD + (i % CPR) * 8);
-            if (f8) {   // fp8: 8 bytes widened to 8 bf16, exactly (the cache's rounding saturates: no NaN code unless the key was NaN)
-                uint2 raw = ok ? __ldg((const uint2 *)((const uint8_t *)src + at)) : make_uint2(0u, 0u);
-                *(uint4 *)d = make_uint4(mm_fp8x2(raw.x), mm_fp8x2(raw.x >> 16), mm_fp8x2(raw.y), mm_fp8x2(raw.y >> 16));
-            } else {
-                mm_cp<16>(d, ok ? (const void *)((const __nv_bfloat16 *)src + at) : src, ok);
-            }
+    constexpr int CPR = HD / 8;   // 16-byte chunks of a bf16 row
+    for (int i = threadIdx.x; i < FA_KT * CPR; i += blockDim.x) {
+        const int key = i / CPR, c = i % CPR, pos = base + key;
+        const bool ok = pos <= pmax;
+        __nv_bfloat16 *d = dst + fa_at<HD>(key, c);
+        if (f8) {   // fp8: 8 bytes widened to 8 bf16, exactly (the cache's rounding saturates: no NaN code unless the key was NaN)
+            uint2 raw = ok ? __ldg((const uint2 *)((const uint8_t *)src + kv_index(btr, pos, kvd, j * HD) + c * 8)) : make_uint2(0u, 0u);
+            *(uint4 *)d = make_uint4(mm_fp8x2(raw.x), mm_fp8x2(raw.x >> 16), mm_fp8x2(raw.y), mm_fp8x2(raw.y >> 16));
+        } else {
+            mm_cp<16>(d, ok ? (const void *)((const __nv_bfloat16 *)src + kv_index(btr, pos, kvd, j * HD) + c * 8) : src, ok);
         }
     }
     if (f8)

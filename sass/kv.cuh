@@ -25,12 +25,11 @@ struct kv_fp8 {
     static __device__ __forceinline__ float get(T v) { return float(v); }
 };
 
-// Element (layer's pool) of position p, dimension i, on page `page` (its block-table entry).
-// Pool layout per attention layer: [pages, GPU_KV_PAGE, kvd].
-__device__ __forceinline__ size_t kv_index_at(int page, int p, int kvd, int i) { return ((size_t)page * GPU_KV_PAGE + p % GPU_KV_PAGE) * kvd + i; }
-
 // Element (layer's pool) of position p, dimension i of a sequence through its block table row.
-__device__ __forceinline__ size_t kv_index(const int *__restrict__ bt, int p, int kvd, int i) { return kv_index_at(bt[p / GPU_KV_PAGE], p, kvd, i); }
+// Pool layout per attention layer: [pages, GPU_KV_PAGE, kvd].
+__device__ __forceinline__ size_t kv_index(const int *__restrict__ bt, int p, int kvd, int i) {
+    return ((size_t)bt[p / GPU_KV_PAGE] * GPU_KV_PAGE + p % GPU_KV_PAGE) * kvd + i;
+}
 
 // The scale entry of position p, KV head j: [pages, GPU_KV_PAGE, kvh].
 __device__ __forceinline__ size_t kv_scale_index(const int *__restrict__ bt, int p, int kvh, int j) {
