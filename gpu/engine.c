@@ -79,7 +79,6 @@ typedef struct {
     int *seq_pages;                  // [max_seqs] pages held
     int *pos;                        // [max_seqs] tokens in each sequence
     int chunk_align;                 // GPU_GDN_C where k_gdn_chunk runs (engine_backend.chunk_align), else 1
-    int gdn_step;                    // decode steps take k_gdn_step (gpu_gdn_step_ok; tests turn it off to compare)
     // GDN state per slot: conv windows [n_gdn, Kc − 1, cd] and S [n_gdn, nv, dk, dv], f32
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
@@ -677,7 +676,6 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB) and
     // the key heads are of an even size (it reads k̂ and q̂ two at a time): prompts are then cut at
     // multiples of GPU_GDN_C; otherwise every token takes the recurrence
-    g->gdn_step = gpu_gdn_step_ok(c);
     g->chunk_align = 1;
     if (c->n_gdn && (c->lk_dim & 1) == 0 && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
         g->chunk_align = GPU_GDN_C;
@@ -1021,14 +1019,8 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     CUdeviceptr rs = gpu_meta(g, GM_ROW_SLOT), r0 = gpu_meta(g, GM_ROW_START), rn = gpu_meta(g, GM_ROW_LEN);
     // a verification (one row, keep_hist): the windows and states after each of its tokens too
     CUdeviceptr hw = g->keep_hist ? g->hist_win + gi * (size_t)(Kc - 1) * cd * 4 : 0, hs = g->keep_hist ? g->hist_ssm + gi * (size_t)nv * dk * dv * 4 : 0;
-    CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
-    if (g->gdn_step && nm == 0 && T == n && !hw) {   // a decode step (rows of one token): conv, rule and norm in one launch, the same bits
-        gpu_k_gdn_step(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core,
-                       g->zz, G->gnorm, nk, nv, dk, dv, (float)c->eps, g->xs, T, rs, r0, one, n);
-        gpu_linear(g, &G->out, g->core, vd, T, g->y, H, g->xs);
-        return;
-    }
     gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n, T - n + 1, hw, (long long)g->win_slot);
+    CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
     if (n1)
         gpu_k_gdn_rule(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs, r0,
                        rn, one, n1, hs, (long long)g->ssm_slot);

@@ -470,40 +470,6 @@ static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                         &row_len, &rows, &hist, &hist_stride));
 }
 
-// Whether a model's GDN layers can take k_gdn_step (sass/gdn_step.cu): the state column in
-// registers (dk of GPU_GDN_RULE_REGS), a value head within k_gated_norm's block, at most
-// GPU_GDN_STEP_NT / GPU_GNORM_NT value heads a key head, a conv k_gdn_conv takes.
-static int gpu_gdn_step_ok(const ck_config *c) {
-    return c->n_gdn && c->lk_heads >= 1 && c->lv_heads % c->lk_heads == 0 && GPU_GDN_RULE_REGS(c->lk_dim) && c->lv_dim <= GPU_GNORM_NT &&
-           (c->lv_heads / c->lk_heads) * GPU_GNORM_NT <= GPU_GDN_STEP_NT && c->conv_k >= 1 && c->conv_k <= GPU_CONV_MAX_K;
-}
-
-// k_gdn_step's dynamic shared memory (floats): the conv's q | k and v of a key head's value
-// heads, each warp's q̂ and k̂.
-static size_t gpu_gdn_step_smem(int nk, int nv, int dk, int dv) {
-    const int G = nv / nk;
-    return sizeof(float) * (2 * (size_t)dk + (size_t)G * dv + (size_t)G * (GPU_GNORM_NT / 32) * 2 * dk);
-}
-
-// A decode step's GDN core in one launch (gpu_gdn_step_ok): for the rows rows[0 .. n_rows) of one
-// token each, k_gdn_conv's conv of qkv [T, cd] (read, not written; windows at win_base +
-// slot·win_slot_stride), k_gdn_rule's step (states at S_base + slot·S_slot_stride) and
-// k_gated_norm's output into o [T, nv·dv] with its parts xs, from z [T, nv·dv] and the norm's
-// weight gw; the same bits as those three.
-static void gpu_k_gdn_step(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, gpu_mat cw, int Kc, CUdeviceptr win_base, long long win_slot_stride,
-                           CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log, gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride,
-                           CUdeviceptr o, CUdeviceptr z, gpu_mat gw, int nk, int nv, int dk, int dv, float eps, CUdeviceptr xs, int T,
-                           CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr rows, int n_rows) {
-    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && GPU_GDN_RULE_REGS(dk) && dv <= GPU_GNORM_NT &&
-                    (nv / nk) * GPU_GNORM_NT <= GPU_GDN_STEP_NT && Kc >= 1 && Kc <= GPU_CONV_MAX_K && cw.rows == cd && cw.cols == Kc &&
-                    gw.cols == dv && n_rows <= T,
-                "k_gdn_step: %d key heads of %d, %d value heads of %d, conv dim %d of %d taps, %d rows of %d tokens", nk, dk, nv, dv, cd, Kc,
-                n_rows, T);
-    gpu_launch(k, K_GDN_STEP, (gpu_dim){nk, n_rows, 1, "(key heads, rows, 1)"}, (nv / nk) * GPU_GNORM_NT, gpu_gdn_step_smem(nk, nv, dk, dv), s,
-               GPU_ARGS(&qkv, &cd, &cw, &Kc, &win_base, &win_slot_stride, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &z, &gw,
-                        &nk, &nv, &dk, &dv, &eps, &xs, &T, &row_slot, &row_start, &rows));
-}
-
 // The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute
 // position, where its pieces of GPU_GDN_C are cut).
 static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,

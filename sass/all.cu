@@ -12,7 +12,6 @@
 #include "gdn_conv.cu"
 #include "gdn_rule.cu"
 #include "gdn_chunk.cu"
-#include "gdn_step.cu"
 #include "gated_norm.cu"
 #include "attn_prep.cu"
 #include "attention.cu"

@@ -7,37 +7,6 @@
 #pragma once
 #include "common.cuh"
 
-// One token of one channel's causal conv + SiLU (k_gdn_conv, k_gdn_step): the taps wv [Kc] over
-// hist [Kc − 1] (the channel's previous inputs, oldest first) and the input, in that order, each
-// an explicit FMA (the same bits in both kernels), then SiLU. CPU twin: ref_gdn_conv.
-__device__ __forceinline__ float gdn_conv_out(const float (&wv)[GPU_CONV_MAX_K], const float (&hist)[GPU_CONV_MAX_K], int Kc, float in) {
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
-        if (j < Kc - 1) acc = __fmaf_rn(wv[j], hist[j], acc);
-#pragma unroll
-    for (int j = 0; j < GPU_CONV_MAX_K; j++)
-        if (j == Kc - 1) acc = __fmaf_rn(wv[j], in, acc);
-    return silu(acc);
-}
-
-// The history after the input: the oldest entry drops out, the input becomes the newest.
-__device__ __forceinline__ void gdn_conv_push(float (&hist)[GPU_CONV_MAX_K], int Kc, float in) {
-#pragma unroll
-    for (int j = 0; j < GPU_CONV_MAX_K - 2; j++)
-        if (j < Kc - 2) hist[j] = hist[j + 1];
-#pragma unroll
-    for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
-        if (j == Kc - 2) hist[j] = in;
-}
-
-// The gated norm of one value head (k_gated_norm, k_gdn_step): a thread's term of the sum of
-// squares (its value o, 0 past the head), the factor from the head's sum (block_sum's over
-// GPU_GNORM_NT threads), and a value's output. CPU twin: ref_gated_rmsnorm.
-__device__ __forceinline__ float gnorm_sq(float o, float ss) { return __fmaf_rn(o, o, ss); }
-__device__ __forceinline__ float gnorm_rn(float ss, int dv, float eps) { return 1.f / sqrtf(ss / (float)dv + eps); }
-__device__ __forceinline__ float gnorm_out(float w, float o, float rn, float z) { return w * (o * rn) * silu(z); }
-
 // β = σ(b), g = −exp(A_log) · softplus(a + dt_bias) (PyTorch softplus: threshold 20). g ≤ 0 is
 // the log of the token's decay. CPU twin: ref_gdn_gates.
 __device__ __forceinline__ void gdn_gates(float b, float a, float Aexp, float dtb, float *beta, float *g) {

@@ -17,7 +17,7 @@
 // window after each of the row's tokens but the last is also left at win_hist + t·hist_stride
 // (t: the token's index in the row; the layer's place as in a slot's windows), for a rejection
 // past token t (gpu/backend.c).
-#include "gdn.cuh"
+#include "common.cuh"
 
 #define CONV_U 8   // inputs a thread loads ahead (their loads in flight together)
 
@@ -47,8 +47,20 @@ extern "C" __global__ void __launch_bounds__(GPU_CONV_NT) k_gdn_conv(float *__re
 #pragma unroll
         for (int u = 0; u < CONV_U; u++) {
             if (t + u >= t0 + hi) break;
-            qkv[(size_t)(t + u) * cd + ch] = gdn_conv_out(wv, hist, Kc, in[u]);
-            gdn_conv_push(hist, Kc, in[u]);
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
+                if (j < Kc - 1) acc += wv[j] * hist[j];
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K; j++)
+                if (j == Kc - 1) acc += wv[j] * in[u];
+            qkv[(size_t)(t + u) * cd + ch] = silu(acc);
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 2; j++)
+                if (j < Kc - 2) hist[j] = hist[j + 1];
+#pragma unroll
+            for (int j = 0; j < GPU_CONV_MAX_K - 1; j++)
+                if (j == Kc - 2) hist[j] = in[u];
             const int tp = t + u - t0;   // the token's index in the row
             if (win_hist && tp + 1 < n)
 #pragma unroll

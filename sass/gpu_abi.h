@@ -74,7 +74,6 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 
 #define GPU_EMBED_NT 256     // k_embed: a block per token
 #define GPU_NORM_NT 256      // k_add_rmsnorm: a block per row
 #define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
-#define GPU_GDN_STEP_NT 256  // k_gdn_step: a block per (key head, row), GPU_GNORM_NT threads a value head (at most two)
 #define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
 #define GPU_SILU_NT 256      // k_silu_mul: a thread per element
 #define GPU_ARGMAX_NT 256    // k_argmax: a block per slice of a row of logits

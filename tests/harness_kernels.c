@@ -869,7 +869,7 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
     uint16_t lb[64], db[64];
     ck_mat alog = kt_bf16_vec(lb, nv, 0.5f, 1.0f), dtb = kt_bf16_vec(db, nv, 0.0f, 0.5f);
     gpu_mat ga = gpu_put(&hk.d, &alog, "A_log"), gd = gpu_put(&hk.d, &dtb, "dt_bias");
-    kt_row *rw = calloc((size_t)nrows, sizeof(kt_row));
+    kt_row *rw = malloc(sizeof(kt_row) * nrows);
     for (int i = 0; i < nrows; i++) rw[i] = (kt_row){i, 0, T / nrows};
     CUdeviceptr m = kt_rows_dev(&hk.d, rw, nrows, 0);
     CUdeviceptr qd = hk_up(qkv, sizeof(float) * (size_t)T * cd), bd = hk_up(bb, sizeof(float) * (size_t)T * nv);
@@ -886,53 +886,6 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
     hk_row(kernel == K_GDN_RULE ? "k_gdn_rule" : "k_gdn_chunk", shape, "f32", err, GPU_TOL_GDN, us,
            8.0 * nS + 4.0 * T * cd + 8.0 * T * nv + 4.0 * nO);
     free(qkv), free(bb), free(aa), free(S), free(o), free(rw), free(go), free(gS);
-    hk_reset();
-}
-
-// k_gdn_step (a decode step's conv, rule and gated norm in one launch) for R one-token rows, each
-// its own sequence, against k_gdn_conv + k_gdn_rule + k_gated_norm on the same inputs: the error
-// is that of the outputs and their parts against the three's (0: the same bits, as test_gpu
-// requires); the times of both.
-static void hk_gdn_step(int R) {
-    const ck_config *c = &hk.m.cfg;
-    const int nk = c->lk_heads, nv = c->lv_heads, dk = c->lk_dim, dv = c->lv_dim, cd = c->conv_dim, Kc = c->conv_k;
-    const size_t slot = (size_t)nv * dk * dv, nS = slot * R, nO = (size_t)R * nv * dv, nW = (size_t)(Kc - 1) * cd * R;
-    float *qkv = hk_normal((size_t)R * cd, 1.0f), *bb = hk_normal((size_t)R * nv, 2.0f), *aa = hk_normal((size_t)R * nv, 2.0f);
-    float *z = hk_normal(nO, 1.0f), *S = hk_normal(nS, 0.1f), *W = hk_normal(nW, 1.0f);
-    uint16_t lb[64], db[64], *gb = malloc(sizeof(uint16_t) * dv), *cb = malloc(sizeof(uint16_t) * (size_t)cd * Kc);
-    ck_mat alog = kt_bf16_vec(lb, nv, 0.5f, 1.0f), dtb = kt_bf16_vec(db, nv, 0.0f, 0.5f), gw = kt_bf16_vec(gb, dv, 1.0f, 0.2f);
-    ck_mat cw = kt_bf16_vec(cb, cd * Kc, 0.0f, 0.5f);
-    cw.rows = cd, cw.cols = Kc, cw.row_bytes = 2 * (size_t)Kc;
-    gpu_mat ga = gpu_put(&hk.d, &alog, "A_log"), gd = gpu_put(&hk.d, &dtb, "dt_bias"), gg = gpu_put(&hk.d, &gw, "norm"), gc = gpu_put(&hk.d, &cw, "conv");
-    kt_row *rw = calloc((size_t)R, sizeof(kt_row));
-    for (int i = 0; i < R; i++) rw[i] = (kt_row){i, 100, 1};
-    CUdeviceptr m = kt_rows_dev(&hk.d, rw, R, 0), st = (CUdeviceptr)R * 4;
-    CUdeviceptr qa = hk_up(qkv, sizeof(float) * (size_t)R * cd), qb = hk_up(qkv, sizeof(float) * (size_t)R * cd);
-    CUdeviceptr bd = hk_up(bb, sizeof(float) * (size_t)R * nv), ad = hk_up(aa, sizeof(float) * (size_t)R * nv), zd = hk_up(z, sizeof(float) * nO);
-    CUdeviceptr Sa = hk_up(S, sizeof(float) * nS), Sb = hk_up(S, sizeof(float) * nS), Wa = hk_up(W, sizeof(float) * nW), Wb = hk_up(W, sizeof(float) * nW);
-    CUdeviceptr oa = hk_up(NULL, sizeof(float) * nO), ob = hk_up(NULL, sizeof(float) * nO), xa = hk_up(NULL, 6 * nO), xb = hk_up(NULL, 6 * nO);
-    const long long ws = (long long)(Kc - 1) * cd, ss = (long long)slot;
-#define HK_THREE()                                                                                                                        \
-    gpu_k_gdn_conv(&hk.k, hk.s, qa, cd, gc, Kc, Wa, ws, m, m + st, m + 2 * st, R, 1, 0, 0),                                                 \
-        gpu_k_gdn_rule(&hk.k, hk.s, qa, cd, bd, ad, ga, gd, Sa, ss, oa, nk, nv, dk, dv, m, m + st, m + 2 * st, m + 4 * st, R, 0, 0),           \
-        gpu_k_gated_norm(&hk.k, hk.s, oa, zd, gg, nv, dv, (float)c->eps, xa, R)
-#define HK_STEP()                                                                                                                         \
-    gpu_k_gdn_step(&hk.k, hk.s, qb, cd, gc, Kc, Wb, ws, bd, ad, ga, gd, Sb, ss, ob, zd, gg, nk, nv, dk, dv, (float)c->eps, xb, R, m, m + st,   \
-                   m + 4 * st, R)
-    HK_THREE();
-    HK_STEP();
-    float *ga_o = hk_down(oa, sizeof(float) * nO), *gb_o = hk_down(ob, sizeof(float) * nO);
-    uint16_t *pa = hk_down(xa, 6 * nO), *pb = hk_down(xb, 6 * nO);
-    const double err = memcmp(pa, pb, 6 * nO) ? fmax(1.0, check_nerr(gb_o, ga_o, nO)) : check_nerr(gb_o, ga_o, nO);
-    double us3, us1;
-    HK_TIME(us3, (HK_THREE()));
-    HK_TIME(us1, HK_STEP());
-    char shape[80];
-    snprintf(shape, sizeof shape, "%d rows of 1, %d/%d heads of %d (the three: %.1f µs)", R, nk, nv, dk, us3);
-    hk_row("k_gdn_step", shape, "f32", err, 0.0, us1, 8.0 * nS + 8.0 * nW + 4.0 * R * cd + 8.0 * R * nv + 12.0 * nO);
-#undef HK_THREE
-#undef HK_STEP
-    free(qkv), free(bb), free(aa), free(z), free(S), free(W), free(gb), free(cb), free(rw), free(ga_o), free(gb_o), free(pa), free(pb);
     hk_reset();
 }
 
@@ -1177,7 +1130,6 @@ int main(void) {
         hk_gdn_rule(K_GDN_CHUNK, 4096, 16);   // 16 prompts of 256: 2,048 blocks, the occupancy
 
         hk_gated_norm();
-        hk_gdn_step(1), hk_gdn_step(16), hk_gdn_step(64);
     }
     if (hk_want("attention"))
         for (int kv = GPU_KV_F32; kv <= GPU_KV_FP8; kv++) hk_attention(kv);

@@ -1024,70 +1024,6 @@ static void kernel_gdn(gpu_engine *g) {
     }
 }
 
-// k_gdn_step against k_gdn_conv + k_gdn_rule + k_gated_norm on the same inputs, bit for bit: the
-// gated norm's output and its three parts, the conv windows and the states the rows leave (and
-// qkv left as it was). Qwen3.6's shape and the fixtures' (dv not a multiple of 32, dk 32 / 64),
-// rows of one token on slots out of order.
-static void kernel_gdn_step(gpu_engine *g) {
-    static const struct { int nk, nv, dk, dv; } shapes[] = {{16, 32, 128, 128}, {2, 4, 32, 48}, {2, 4, 64, 64}, {2, 2, 32, 32}};
-    static const kt_row rows[] = {{3, 7, 1}, {0, 0, 1}, {5, 300, 1}, {1, 64, 1}, {2, 63, 1}};
-    enum { NR = 5, NS = 6, KC = 4 };
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int nk = shapes[si].nk, nv = shapes[si].nv, dk = shapes[si].dk, dv = shapes[si].dv, cd = 2 * nk * dk + nv * dv, T = NR;
-        const size_t nS = (size_t)NS * nv * dk * dv, nW = (size_t)NS * (KC - 1) * cd, nO = (size_t)T * nv * dv;
-        float *qkv = malloc(sizeof(float) * (size_t)T * cd), *bb = malloc(sizeof(float) * T * nv), *aa = malloc(sizeof(float) * T * nv);
-        float *z = malloc(sizeof(float) * nO), *S0 = malloc(sizeof(float) * nS), *W0 = malloc(sizeof(float) * nW);
-        uint16_t *cwb = malloc(2 * (size_t)cd * KC), lb[64], db[64], gb[128];
-        for (size_t i = 0; i < (size_t)T * cd; i++) qkv[i] = kt_normal();
-        for (int i = 0; i < T * nv; i++) bb[i] = 2.0f * kt_normal(), aa[i] = 2.0f * kt_normal() - 1.0f;
-        for (size_t i = 0; i < nO; i++) z[i] = kt_normal();
-        for (size_t i = 0; i < nS; i++) S0[i] = 0.1f * kt_normal();
-        for (size_t i = 0; i < nW; i++) W0[i] = kt_normal();
-        ck_mat cw = kt_bf16_vec(cwb, cd * KC, 0.0f, 0.5f);
-        cw.rows = cd, cw.cols = KC, cw.row_bytes = 2 * KC;   // [cd, Kc]
-        ck_mat alog = kt_bf16_vec(lb, nv, 0.5f, 1.0f), dtb = kt_bf16_vec(db, nv, 0.0f, 0.5f), gw = kt_bf16_vec(gb, dv, 1.0f, 0.2f);
-        moet_err e = {{0}};
-        arena plan = arena_measure("gdn step test"), d;
-        for (int i = 0; i < 16; i++) arena_take(&plan, sizeof(float) * (nS + nW + nO * 4 + (size_t)T * cd) + 4096, 256, "buffer");
-        if (arena_init_kind(&d, "gdn step test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
-        gpu_mat gcw = gpu_put(&d, &cw, "conv"), ga = gpu_put(&d, &alog, "A_log"), gd = gpu_put(&d, &dtb, "dt_bias"), gg = gpu_put(&d, &gw, "norm");
-        CUdeviceptr qa = kt_dev(&d, qkv, (size_t)T * cd), qb = kt_dev(&d, qkv, (size_t)T * cd), bd = kt_dev(&d, bb, (size_t)T * nv),
-                    ad = kt_dev(&d, aa, (size_t)T * nv), zd = kt_dev(&d, z, nO);
-        CUdeviceptr Sa = kt_dev(&d, S0, nS), Sb = kt_dev(&d, S0, nS), Wa = kt_dev(&d, W0, nW), Wb = kt_dev(&d, W0, nW);
-        CUdeviceptr oa = kt_dev(&d, NULL, nO), ob = kt_dev(&d, NULL, nO), xa = kt_dev(&d, NULL, 2 * nO), xb = kt_dev(&d, NULL, 2 * nO);
-        CUdeviceptr m = kt_rows_dev(&d, rows, NR, 0), st = (CUdeviceptr)NR * 4;   // slot, start, len, pos, index: NR int32 each
-        const long long ws = (long long)(KC - 1) * cd, ss = (long long)nv * dk * dv;
-        gpu_k_gdn_conv(&g->k, g->compute, qa, cd, gcw, KC, Wa, ws, m, m + st, m + 2 * st, NR, 1, 0, 0);
-        gpu_k_gdn_rule(&g->k, g->compute, qa, cd, bd, ad, ga, gd, Sa, ss, oa, nk, nv, dk, dv, m, m + st, m + 2 * st, m + 4 * st, NR, 0, 0);
-        gpu_k_gated_norm(&g->k, g->compute, oa, zd, gg, nv, dv, 1e-6f, xa, T);
-        gpu_k_gdn_step(&g->k, g->compute, qb, cd, gcw, KC, Wb, ws, bd, ad, ga, gd, Sb, ss, ob, zd, gg, nk, nv, dk, dv, 1e-6f, xb, T, m, m + st,
-                       m + 4 * st, NR);
-        CU_CHECK(cu.cuStreamSynchronize(g->compute));
-        float *h[2][4];
-        const size_t n4[4] = {nO, nS, nW, (size_t)T * cd};
-        const CUdeviceptr src[2][4] = {{oa, Sa, Wa, qa}, {ob, Sb, Wb, qb}};   // (qa: the conv wrote it in place)
-        for (int p = 0; p < 2; p++)
-            for (int i = 0; i < 4; i++) h[p][i] = malloc(sizeof(float) * n4[i]), CU_CHECK(cu.cuMemcpyDtoH(h[p][i], src[p][i], sizeof(float) * n4[i]));
-        uint16_t *pa = malloc(6 * nO), *pb = malloc(6 * nO);
-        CU_CHECK(cu.cuMemcpyDtoH(pa, xa, 6 * nO));
-        CU_CHECK(cu.cuMemcpyDtoH(pb, xb, 6 * nO));
-        const int same_o = !memcmp(h[0][0], h[1][0], sizeof(float) * nO) && !memcmp(pa, pb, 6 * nO);
-        const int same_s = !memcmp(h[0][1], h[1][1], sizeof(float) * nS), same_w = !memcmp(h[0][2], h[1][2], sizeof(float) * nW);
-        const int kept = !memcmp(h[1][3], qkv, sizeof(float) * (size_t)T * cd);
-        double moved = 0;   // the windows and states did change (a kernel that wrote nothing would fail above against the three)
-        for (size_t i = 0; i < nS; i++) moved = fmax(moved, fabs(h[1][1][i] - S0[i]));
-        CHECK(same_o && same_s && same_w && kept && moved > 0,
-              "k_gdn_step [nk %d nv %d dk %d dv %d]: outputs %s, states %s, windows %s, qkv %s the three kernels'", nk, nv, dk, dv,
-              same_o ? "equal" : "DIFFER", same_s ? "equal" : "DIFFER", same_w ? "equal" : "DIFFER", kept ? "kept" : "WRITTEN");
-        printf("k_gdn_step [nk %d, nv %d, dk %d, dv %d; %d rows of one token]: the gated norm's outputs and parts, states and windows %s "
-               "k_gdn_conv + k_gdn_rule + k_gated_norm's\n", nk, nv, dk, dv, NR, same_o && same_s && same_w ? "bit for bit" : "NOT");
-        for (int p = 0; p < 2; p++)
-            for (int i = 0; i < 4; i++) free(h[p][i]);
-        free(pa), free(pb), free(qkv), free(bb), free(aa), free(z), free(S0), free(W0), free(cwb);
-        arena_release(&d);
-    }
-}
-
 // A checkpoint made by `moet synth` from a flat text config (and a quantization map), under build/.
 static int synth(const char *dir, const char *config, const char *quant) {
     char cpath[512], cmd[2048];
@@ -2381,7 +2317,6 @@ int main(void) {
             kernel_misc(&g);
             kernel_argmax(&g);
             kernel_gdn(&g);
-            kernel_gdn_step(&g);
             gpu_free(&g);
             ck_close(&m);
         }
@@ -2403,7 +2338,8 @@ int main(void) {
     }
     // MOET_GPU_TESTS=act: the products of --act-dtype bf16 and the fixtures with them, alone
     if (only && !strcmp(only, "act")) {
-        char tp0[512], cp0[512];   // (kernels_act ran above with every kernel)
+        char tp0[512], cp0[512];
+        kernels_act();
         const char *tpl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp0, sizeof tp0), *cpl = planes_of("tests/fixtures/check/nvfp4", "check", cp0, sizeof cp0);
         variants_act(tpl, cpl);
         return check_report("test_gpu");
