@@ -144,14 +144,20 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
-    k->moe_g128_min = GPU_MMG_BN128;   // (not yet measured: the harness's experts section times _g128 beside _g)
+    // _g128 from 128 pairs per expert (its items fill): the H200, one 8,192-token prompt (256 pairs
+    // per expert) 9,631 → 11,311 tok/s with k_mm_g128 and _g at two blocks a multiprocessor (the
+    // three together; the harness's experts section, at up to 16 pairs per expert, shows _g128 slower
+    // there: 1,054 / 670 µs up at 512 tokens, which is why it starts at full items)
+    k->moe_g128_min = GPU_MMG_BN128;
     k->mm_g_min = GPU_MM_TOK_B + 1, k->mm_g_blocks = 64, k->mm_p_work = 65536;   // (gpu_mm_pick: the harness's measures)
     // k_mm_g32 up to 128 tokens: the kernel harness on the H200 (`k_mm shapes`, the same bits),
     // _g against _g32 at 128 tokens: attention q|k|v 146.8 / 123.4 µs, GDN in-projections 147.5 /
     // 125.2; at 64 tokens even (79.7 / 79.3, 80.2 / 79.1)
     k->mm_g32_max = 128;
-    // k_mm_g128 from 512 tokens (one part only; not yet measured: the harness's gemm section
-    // prints it against k_mm_g at 8,192 tokens with HK_ACT=bf16)
+    // k_mm_g128 from 512 tokens (one part only): the kernel harness on the H200 at 8,192 tokens
+    // (HK_ACT=bf16, the same bits), k_mm_g128 against k_mm_g: GDN in-projections 2,335 / 3,199 µs
+    // (177.5 / 129.6 TFLOP/s), GDN out 735 / 1,022, router + shared expert 354 / 515, shared down
+    // 153 / 214
     k->mm_g128_min = 512;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
