@@ -43,7 +43,7 @@
 #define HK_REPS 15
 #define HK_FLUSH_ROWS 65536                // the flush matrix: FP8 [65,536, 4,096], 256 MiB read before each
 #define HK_FLUSH_K 4096                    // timed launch (H200 L2: 60 MiB)
-#define HK_SCRATCH ((size_t)2304 << 20)   // device bytes of one section's buffers
+#define HK_SCRATCH ((size_t)3072 << 20)   // device bytes of one section's buffers (the experts at 8,192 tokens: ~2 GiB)
 #define HK_CONFIG "tests/fixtures/reference/qwen36-35b-a3b-nvfp4.config.json"
 
 // Bounds (normalised max error against the twin), each with its reason.
@@ -736,6 +736,48 @@ static void hk_experts(int kind) {
         free(rows), free(sel), free(w), free(xn), free(href), free(yref), free(gx), free(hh), free(uu), free(ed), free(gh), free(gy);
         CU_CHECK(cu.cuCtxSynchronize());
         hk.d.used = used;   // keep the experts, drop this shape's buffers
+    }
+    // prompt steps of 2,048 and 8,192 tokens (64 and 256 pairs per expert: a long prompt's chunks):
+    // no CPU twin at this size (the twins above hold the kernels' function); the _g shape's
+    // outputs are the reference of the others' bits (_g128 where the products read one part), and
+    // each shape's time and rate (2 · pairs · 3 · I · H multiply-adds' flops)
+    static const int Tp[] = {2048, 8192};
+    for (int ti = 0; ti < (int)(sizeof Tp / sizeof Tp[0]); ti++) {
+        const int T = Tp[ti], P = T * K;
+        int32_t *sel = malloc(sizeof(int32_t) * P);
+        float *w = malloc(sizeof(float) * P), *xn = hk_normal((size_t)T * H, 1.0f);
+        hk_route(T, sel, w, 0);
+        CUdeviceptr sd = hk_up(sel, 4 * (size_t)P), xd = hk_up(xn, sizeof(float) * (size_t)T * H);
+        CUdeviceptr xs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)T * H), hs = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I);
+        CUdeviceptr yd = hk_up(NULL, sizeof(float) * (size_t)P * H), map = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
+        gpu_k_mm_split(&hk.k, hk.s, xd, H, H, T, xs);
+        const int d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min, g1280 = hk.k.moe_g128_min, taken = gpu_moe_shape(&hk.k, P, E);
+        hk.k.moe_d_ppe = 0, hk.k.moe_g_min = 0, hk.k.moe_g128_min = 0;   // _g
+        MOET_ASSERT(gpu_moe_shape(&hk.k, P, E) == 2, "harness: the _g shape at %d tokens", T);
+        gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
+        gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hs, I);
+        gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hs, P, I, yd, H);
+        uint16_t *hp = hk_down(hs, 2 * GPU_MM_SPLITS * (size_t)P * I);
+        float *gy = hk_down(yd, sizeof(float) * (size_t)P * H);
+        const double fl_up = 2.0 * P * 2.0 * I * H, fl_dn = 2.0 * P * (double)H * I;
+        char shape[64];
+        snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] (prompt)", T, K, H, I);
+        printf("%-18s %-46s %-12s takes %s;", "k_moe_* shapes", shape, hk_kind(kind), taken == 3 ? "_g128" : taken == 2 ? "_g" : "another");
+        for (int sh = 2; sh <= 3; sh++) {
+            hk.k.moe_g128_min = sh == 3;
+            if (gpu_moe_shape(&hk.k, P, E) != sh) continue;   // (_g128: one part only)
+            double tu, td;
+            const int eq = hk_moe_same(ex, sd, sh == 2 ? map : 0, E, K, xs, T, H, I, hp, gy, &tu, &td);
+            CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the _g shape", sh == 3 ? "_g128" : "_g", sh == 3 ? "_g128" : "_g",
+                  hk_kind(kind), T);
+            printf(" %s up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s)%s;", sh == 3 ? "_g128" : "_g", tu, fl_up / tu * 1e-6, td,
+                   fl_dn / td * 1e-6, eq ? "" : " DIFFERENT bits");
+        }
+        printf("\n");
+        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280;
+        free(hp), free(gy), free(sel), free(w), free(xn);
+        CU_CHECK(cu.cuCtxSynchronize());
+        hk.d.used = used;
     }
     for (size_t i = 0; i < 6 * (size_t)E; i++) free(bufs[i]);
     free(bufs), free(gate), free(up), free(down), free(tab);
