@@ -46,7 +46,8 @@ static const char bench_usage[] =
     "  --act-dtype T         the matrix products' inputs: auto (default: bf16 on the GPU, f32 with\n"
     "                        --kv-dtype f32 and on the CPU), f32 or bf16 (rounded to bf16)\n"
     "  --backend B           auto (default: the GPU when there is one), gpu or cpu\n"
-    "  --profile             GPU: time every kernel of the decode steps and print where the time goes\n"
+    "  --profile             GPU: time every kernel of the decode steps and print where the time goes, one by one and\n"
+    "                        inside the decode graph (each kernel's nodes disabled in turn)\n"
     "  --cuda-graphs on|off  GPU: decode steps replay a graph captured at boot (default on); off: the\n"
     "                        host launches every kernel of every step\n"
     "  --speculative-tokens auto|0..8  drafts the MTP head proposes per decode step (default 0): each\n"
@@ -400,6 +401,20 @@ static int cmd_bench(int argc, char **argv) {
             char what[64];
             snprintf(what, sizeof what, "batch-%d decode", B);
             gpu_prof_print(&gp->k, stderr, what, steps);
+            // the same step as a graph replay, then without each kernel's nodes in turn: what each
+            // costs inside the graph, where launches overlap
+            double g_ms[K_COUNT];
+            int g_nodes[K_COUNT];
+            const double whole = gpu_graph_costs(gp, B, 20, g_ms, g_nodes);
+            if (whole > 0) {
+                fprintf(stderr, "moet bench: the batch-%d decode graph: %.3f ms a replay; without each kernel's nodes (disabled in turn, 20 replays each):\n",
+                        B, whole);
+                for (int i = 0; i < K_COUNT; i++)
+                    if (g_nodes[i])
+                        fprintf(stderr, "moet bench:   %-18s %6d nodes  without them %7.3f ms  (they cost %7.3f ms, %5.1f%%)\n", gpu_kernel_names[i],
+                                g_nodes[i], g_ms[i], whole - g_ms[i], 100 * (whole - g_ms[i]) / whole);
+            } else
+                fprintf(stderr, "moet bench: batch %d decodes without a graph (the expert cache, or more rows than the graphs hold): no in-graph costs\n", B);
         }
         // bytes one decode step reads: dense weights + the experts B tokens touch (uniform routing:
         // E·(1 − (1 − K/E)^B) distinct experts per layer) + GDN state read and written + KV read

@@ -118,6 +118,8 @@ _Static_assert(sizeof(gpu_kernel_node) == 72, "cuda.h's CUDA_KERNEL_NODE_PARAMS_
     X(cuGraphNodeGetType, "cuGraphNodeGetType", CUresult, (CUgraphNode, int *))                       \
     X(cuGraphKernelNodeGetParams, "cuGraphKernelNodeGetParams_v2", CUresult, (CUgraphNode, gpu_kernel_node *)) \
     X(cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2", CUresult, (CUgraphExec, CUgraphNode, const gpu_kernel_node *)) \
+    X(cuGraphNodeSetEnabled, "cuGraphNodeSetEnabled", CUresult, (CUgraphExec, CUgraphNode, unsigned)) \
+    X(cuGraphNodeGetEnabled, "cuGraphNodeGetEnabled", CUresult, (CUgraphExec, CUgraphNode, unsigned *)) \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", CUresult, (CUgraphExec))                              \
     X(cuGraphDestroy, "cuGraphDestroy", CUresult, (CUgraph))
 

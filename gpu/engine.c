@@ -1230,6 +1230,61 @@ static void gpu_graph_launch(gpu_engine *g, gpu_graph *G) {
     CU_CHECK(cu.cuGraphLaunch(G->exec, g->compute));
 }
 
+// The kernel of a decode graph's node (-1: not a kernel node, or none of ours).
+static int gpu_graph_node_kernel(const gpu_engine *g, CUgraphNode node) {
+    int type;
+    CU_CHECK(cu.cuGraphNodeGetType(node, &type));
+    if (type != GPU_NODE_KERNEL) return -1;
+    gpu_kernel_node p;
+    CU_CHECK(cu.cuGraphKernelNodeGetParams(node, &p));
+    for (int i = 0; i < K_COUNT; i++)
+        if (p.func == g->k.fn[i] || (g->k.fn_bf[i] && p.func == g->k.fn_bf[i])) return i;
+    return -1;
+}
+
+// What each kernel costs inside the decode graph of n rows (bench --profile): the graph replayed
+// `reps` times as the last step left its metadata, then again with every node of one kernel
+// disabled (cuGraphNodeSetEnabled: the node does nothing), kernel by kernel. ms[i]: a replay
+// without kernel i's nodes (0 where it has none), nodes[i] their count; returns a whole replay's
+// ms (0: no graph of n rows). The replays compute on stale inputs and leave the sequences'
+// states and caches written (a measurement's end, not a step); launches overlap in the graph
+// (each kernel starts while the one before it ends), so a kernel's cost here is what the step
+// saves without it, not its time alone.
+static double gpu_graph_costs(gpu_engine *g, int n, int reps, double ms[K_COUNT], int nodes[K_COUNT]) {
+    memset(ms, 0, sizeof(double) * K_COUNT);
+    memset(nodes, 0, sizeof(int) * K_COUNT);
+    if (n < 1 || n > g->graph_rows || !g->graphs[n].exec) return 0;
+    gpu_graph *G = &g->graphs[n];
+    size_t cnt = 0;
+    CU_CHECK(cu.cuGraphGetNodes(G->graph, NULL, &cnt));
+    MOET_ASSERT(cnt <= g->graph_cap, "a decode graph of %zu nodes; room for %zu", cnt, g->graph_cap);
+    CU_CHECK(cu.cuGraphGetNodes(G->graph, g->graph_nodes, &cnt));
+    for (size_t i = 0; i < cnt; i++) {
+        int k = gpu_graph_node_kernel(g, g->graph_nodes[i]);
+        if (k >= 0) nodes[k]++;
+    }
+    CUevent *ev = g->k.ev[0];   // the profiler's first pair (gpu_prof_start created them)
+    MOET_ASSERT(ev[0] && ev[1], "gpu_graph_costs before gpu_prof_start");
+    double base = 0;
+    for (int kind = -1; kind < K_COUNT; kind++) {   // -1: the whole graph
+        if (kind >= 0 && !nodes[kind]) continue;
+        for (size_t i = 0; kind >= 0 && i < cnt; i++)
+            if (gpu_graph_node_kernel(g, g->graph_nodes[i]) == kind) CU_CHECK(cu.cuGraphNodeSetEnabled(G->exec, g->graph_nodes[i], 0));
+        CU_CHECK(cu.cuGraphLaunch(G->exec, g->compute));   // one untimed (the enabled set's first replay)
+        CU_CHECK(cu.cuEventRecord(ev[0], g->compute));
+        for (int r = 0; r < reps; r++) CU_CHECK(cu.cuGraphLaunch(G->exec, g->compute));
+        CU_CHECK(cu.cuEventRecord(ev[1], g->compute));
+        CU_CHECK(cu.cuEventSynchronize(ev[1]));
+        float t;
+        CU_CHECK(cu.cuEventElapsedTime(&t, ev[0], ev[1]));
+        if (kind < 0) base = t / reps;
+        else ms[kind] = t / reps;
+        for (size_t i = 0; kind >= 0 && i < cnt; i++)
+            if (gpu_graph_node_kernel(g, g->graph_nodes[i]) == kind) CU_CHECK(cu.cuGraphNodeSetEnabled(G->exec, g->graph_nodes[i], 1));
+    }
+    return base;
+}
+
 // Launches one batched step on the compute stream (as ref_forward: row i appends ids[off[i] ..
 // off[i+1]) to slot slots[i]). out: GPU_OUT_LAST (the last token of each row with want, every
 // row when want is NULL, in row order), GPU_OUT_ALL (off[n] rows). A step of n ≤ graph_rows rows

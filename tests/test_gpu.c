@@ -403,6 +403,61 @@ out:
 }
 
 
+// bench --profile's in-graph costs (gpu_graph_costs) on the tiny model's graphs of 1 and 2 rows:
+// every kernel node of the graph counted under one of our kernels, every node enabled again
+// afterwards, each replay timed (> 0), and the next decode step still a graph replay with finite
+// logits.
+static void graph_costs(void) {
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e)) { CHECK(0, "%s", e.msg); return; }
+    int V = m.cfg.vocab, P = 40;
+    int32_t ids[40];
+    for (int t = 0; t < P; t++) ids[t] = (int32_t)((t * 31 + 7) % V);
+    gpu_engine g;
+    gpu_opts o = {.max_seqs = 2, .max_len = P + 8, .max_tokens = P, .kv_dtype = GPU_KV_BF16};
+    if (gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    int nr, off0[2] = {0, P}, s0 = 0, s1 = 1;
+    CHECK(gpu_seq_start(&g, 0, P + 8) == 0 && gpu_seq_start(&g, 1, P + 8) == 0, "pages");
+    CHECK(gpu_step(&g, 1, &s0, ids, off0, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+    CHECK(gpu_step(&g, 1, &s1, ids, off0, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+    gpu_prof_start(&g.k);
+    g.k.prof = 0;
+    for (int n = 1; n <= 2; n++) {
+        int slots[2] = {0, 1}, off[3] = {0, 1, 2};
+        int32_t feed[2] = {5, 9};
+        CHECK(gpu_step(&g, n, slots, feed, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        double ms[K_COUNT];
+        int nodes[K_COUNT], counted = 0, kernels = 0, enabled = 1, timed = 1;
+        const double whole = gpu_graph_costs(&g, n, 3, ms, nodes);
+        size_t cnt = 0;
+        CU_CHECK(cu.cuGraphGetNodes(g.graphs[n].graph, NULL, &cnt));
+        CU_CHECK(cu.cuGraphGetNodes(g.graphs[n].graph, g.graph_nodes, &cnt));
+        for (size_t i = 0; i < cnt; i++) {
+            int type;
+            unsigned on = 0;
+            CU_CHECK(cu.cuGraphNodeGetType(g.graph_nodes[i], &type));
+            if (type != GPU_NODE_KERNEL) continue;
+            kernels++;
+            CU_CHECK(cu.cuGraphNodeGetEnabled(g.graphs[n].exec, g.graph_nodes[i], &on));
+            enabled &= on == 1;
+        }
+        for (int k = 0; k < K_COUNT; k++) counted += nodes[k], timed &= !nodes[k] || ms[k] > 0;
+        uint64_t before = g.graph_steps;
+        CHECK(gpu_step(&g, n, slots, feed, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
+        const float *lg = gpu_step_logits(&g, n);
+        int finite = 1;
+        for (size_t i = 0; i < (size_t)n * V; i++) finite &= isfinite(lg[i]) != 0;
+        CHECK(whole > 0 && timed && counted == kernels && kernels > 0 && enabled && g.graph_steps == before + 1 && finite,
+              "gpu_graph_costs, %d rows: replay %.3f ms, every kind timed %d, %d of %d kernel nodes ours, all enabled after %d, "
+              "the next step a replay %d, finite logits %d", n, whole, timed, counted, kernels, enabled, (int)(g.graph_steps - before), finite);
+        printf("in-graph costs, %d rows: %d kernel nodes of %zu, a replay %.3f ms, every node enabled again: %s\n", n, kernels, cnt, whole,
+               enabled ? "yes" : "NO");
+    }
+    gpu_free(&g);
+    ck_close(&m);
+}
+
 // Decode graphs (gpu_graphs_capture): steps that replay a graph give the bits of the same steps
 // launched kernel by kernel (gpu_opts.no_graphs), with one row and with two, across a chunk
 // boundary of split attention (the graphs' attention nodes then set to two chunks), for an f32
@@ -2350,6 +2405,7 @@ int main(void) {
         if (dir) blocks_real(dir, NULL), blocks_real(dir, pl);
         variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, GPU_KV_F32);
         graph_replay();
+        graph_costs();
         CHECK_SKIP("the other fixtures, KV types, real shapes, long context, demo, moet eval", "MOET_GPU_TESTS=kernels");
         return check_report("test_gpu");
     }
@@ -2386,6 +2442,7 @@ int main(void) {
     }
     long_context();
     graph_replay();
+    graph_costs();
     largest_steps();
     versus_reference("tests/fixtures/demo", NULL, 200);
     mtp_goldens();
