@@ -79,6 +79,8 @@ typedef struct {
     int *seq_pages;                  // [max_seqs] pages held
     int *pos;                        // [max_seqs] tokens in each sequence
     int chunk_align;                 // GPU_GDN_C where k_gdn_chunk runs (engine_backend.chunk_align), else 1
+    int pieces;                      // k_gdn_chunk's pieces of this step's rows_many (gpu_step_meta_at)
+    CUdeviceptr gdn_tm;              // k_gdn_prep's T and M of every piece: [gpu_gdn_pieces_max, nv, 2, C, C] f32 (0 without k_gdn_chunk)
     // GDN state per slot: conv windows [n_gdn, Kc − 1, cd] and S [n_gdn, nv, dk, dv], f32
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
@@ -145,7 +147,8 @@ typedef struct {
 
 // Step metadata, ints, in this order (offsets in units of Tm): ids, tok_slot, tok_pos, out_rows
 // ([Tm] each), then row_slot, row_start, row_len, row_pos (the row's first absolute position),
-// rows_one (the rows of one token), rows_many (the others) ([max_seqs] each).
+// rows_one (the rows of one token), rows_many (the others), piece0 (k_gdn_chunk's pieces before
+// each of rows_many: gpu_gdn_pieces) ([max_seqs] each).
 enum { GM_IDS, GM_TOK_SLOT, GM_TOK_POS, GM_OUT_ROWS, GM_ROWS };
 static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
     if (which < GM_ROWS) return g->meta + (CUdeviceptr)which * g->o.max_tokens * 4;
@@ -157,7 +160,8 @@ static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
 #define GM_ROW_POS (GM_ROWS + 3)
 #define GM_ROWS_ONE (GM_ROWS + 4)
 #define GM_ROWS_MANY (GM_ROWS + 5)
-#define GM_ROW_ARRAYS 6
+#define GM_ROW_PIECE0 (GM_ROWS + 6)
+#define GM_ROW_ARRAYS 7
 
 static size_t gpu_kv_elem(int kv_dtype) { return kv_dtype == GPU_KV_F32 ? 4 : kv_dtype == GPU_KV_BF16 ? 2 : 1; }
 static const char *const gpu_kv_names[] = {"f32", "bf16", "fp8"};
@@ -372,6 +376,9 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
     g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
     g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
+    g->gdn_tm = g->chunk_align == GPU_GDN_C ? gpu_take_f32(a, (size_t)gpu_gdn_pieces_max((int)Tm, g->o.max_seqs) * c->lv_heads * 2 *
+                                                               GPU_GDN_C * GPU_GDN_C, "GDN pieces' T and M")
+                                            : 0;
     // the widest input of a product: H, the attention output (qd), the GDN output (value_dim),
     // the shared expert's (shared_inter)
     size_t mw = H > corew ? H : corew;
@@ -680,6 +687,7 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (c->n_gdn && (c->lk_dim & 1) == 0 && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
         g->chunk_align = GPU_GDN_C;
         gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(g->dev.smem_optin, c->lk_dim));
+        gpu_kernel_smem(&g->k, K_GDN_PREP, gpu_gdn_prep_smem(c->lk_dim));
     }
     if (pfx_blocks) {   // a block ends where a prompt may be cut, and on a KV page boundary
         int unit = g->chunk_align > GPU_KV_PAGE ? g->chunk_align : GPU_KV_PAGE;
@@ -1026,7 +1034,7 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
                        rn, one, n1, hs, (long long)g->ssm_slot);
     if (nm)
         gpu_k_gdn_chunk(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
-                        r0, rn, rp, many, nm);
+                        r0, rn, rp, many, nm, g->gdn_tm, gpu_meta(g, GM_ROW_PIECE0), g->pieces);
     gpu_k_gated_norm(&g->k, g->compute, g->core, g->zz, G->gnorm, nv, dv, (float)c->eps, g->xs, T);   // with core's parts
     gpu_linear(g, &G->out, g->core, vd, T, g->y, H, g->xs);
 }
@@ -1108,6 +1116,7 @@ static void gpu_step_meta_at(gpu_engine *g, const int *pos, int n, const int *sl
                              int out, int *nr_out, int *n1_out, int *nm_out) {
     int Tm = g->o.max_tokens, ms = g->o.max_seqs, nr = 0, n1 = 0, nm = 0, reach = 0;
     int32_t *mh = g->meta_host;
+    int pieces = 0;   // k_gdn_chunk's pieces of rows_many so far
     for (int i = 0; i < n; i++) {
         int s = slots[i];
         for (int t = off[i]; t < off[i + 1]; t++) {
@@ -1122,9 +1131,15 @@ static void gpu_step_meta_at(gpu_engine *g, const int *pos, int n, const int *sl
         mh[GM_ROWS * Tm + 2 * ms + i] = off[i + 1] - off[i];
         mh[GM_ROWS * Tm + 3 * ms + i] = pos[s];
         if (off[i + 1] - off[i] == 1 || g->chunk_align == 1 || g->rule_rows) mh[GM_ROWS * Tm + 4 * ms + n1++] = i;
-        else mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
+        else {
+            mh[GM_ROWS * Tm + 6 * ms + nm] = pieces;
+            pieces += gpu_gdn_row_pieces(off[i + 1] - off[i], pos[s]);
+            mh[GM_ROWS * Tm + 5 * ms + nm++] = i;
+        }
         if (pos[s] + off[i + 1] - off[i] > reach) reach = pos[s] + off[i + 1] - off[i];
     }
+    MOET_ASSERT(pieces <= gpu_gdn_pieces_max(Tm, ms), "a step of %d GDN pieces; room for %d", pieces, gpu_gdn_pieces_max(Tm, ms));
+    g->pieces = pieces;
     *nr_out = nr, *n1_out = n1, *nm_out = nm;
     g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
 }

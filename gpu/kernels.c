@@ -29,7 +29,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
     X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
-    X(K_GDN_CHUNK, "k_gdn_chunk")                                                                            \
+    X(K_GDN_CHUNK, "k_gdn_chunk") X(K_GDN_PREP, "k_gdn_prep")                                                \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
@@ -49,8 +49,15 @@ static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128};
 
+// Dynamic shared memory of k_gdn_prep for key heads of dk (C = GPU_GDN_C): γ [C] (f64); k̂ and q̂
+// [C, dk + 2], A and T [C, C + 1], β [C] (f32): 98 KiB at dk = 128, two blocks a multiprocessor.
+static size_t gpu_gdn_prep_smem(int dk) {
+    return sizeof(double) * GPU_GDN_C +
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) + (size_t)GPU_GDN_C);
+}
+
 // Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
-// γ [C] (f64); k̂ and q̂ [C, dk + 2], S [dk, VC], A and M [C, C + 1] (M in q̂'s place where dk ≥ C:
+// γ [C] (f64); k̂ and q̂ [C, dk + 2], S [dk, VC], T (k_gdn_prep's) and M [C, C + 1] (M in q̂'s place where dk ≥ C:
 // 108 KiB at dk = 128, two blocks a multiprocessor), U [C, VC + 1], β, decay weights, e^γ [C],
 // single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk) {

@@ -470,19 +470,40 @@ static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                         &row_len, &rows, &hist, &hist_stride));
 }
 
+// The pieces k_gdn_chunk cuts a row of len tokens from absolute position pos into (at multiples of
+// GPU_GDN_C of the positions; sass/gdn_chunk.cu): at most ⌈len / GPU_GDN_C⌉ + 1.
+static int gpu_gdn_row_pieces(int len, int pos) {
+    const int n0 = GPU_GDN_C - pos % GPU_GDN_C < len ? GPU_GDN_C - pos % GPU_GDN_C : len;
+    return 1 + (int)gpu_cdiv(len - n0, GPU_GDN_C);
+}
+
+// piece0[i] = the pieces of rows 0 .. i − 1 (lengths len, first positions pos); returns them all.
+static int gpu_gdn_pieces(const int *len, const int *pos, int n, int *piece0) {
+    int all = 0;
+    for (int i = 0; i < n; i++) piece0[i] = all, all += gpu_gdn_row_pieces(len[i], pos[i]);
+    return all;
+}
+
+// The most pieces a step of T tokens in n rows holds: ⌈len / C⌉ + 1 a row.
+static int gpu_gdn_pieces_max(int T, int n) { return (int)gpu_cdiv(T, GPU_GDN_C) + 2 * n; }
+
 // The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute
-// position, where its pieces of GPU_GDN_C are cut).
+// position, where its pieces of GPU_GDN_C are cut), tm (k_gdn_prep's [pieces, nv, 2, C, C] f32) and
+// piece0 (int32, gpu_gdn_pieces' of the rows, in rows' order): k_gdn_prep, then k_gdn_chunk.
 static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,
                             gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
                             CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
-                            int n_rows) {
+                            int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && (dk & 1) == 0,
                 "k_gdn_chunk: %d key heads (of an even size), %d value heads of %d, %d, conv dim %d", nk, nv, dk, dv, cd);
+    MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_chunk: %d pieces of %d rows", pieces, n_rows);
+    gpu_launch(k, K_GDN_PREP, (gpu_dim){nv, pieces, 1, "(value heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
+               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &tm, &nk, &nv, &dk, &row_start, &row_len, &row_pos, &rows, &piece0, &n_rows));
     const long long blocks = (long long)nv * n_rows * gpu_cdiv(dv, GPU_GDN_VC);
     gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
                gpu_gdn_chunk_grid_smem(k, dk, blocks), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
-                        &row_len, &row_pos, &rows));
+                        &row_len, &row_pos, &rows, &tm, &piece0));
 }
 
 // o[t, h] ← w · (o / rms(o)) · SiLU(z[t, h]) for every (token, value head): o, z [T, nv·dv].

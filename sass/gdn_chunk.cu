@@ -10,19 +10,166 @@
 // head j, with q̂, k̂ L2-normalised (q̂ · 1/sqrt(dk)), β_r, and the log decays g_r (sass/gdn.cuh):
 //   γ_r = Σ_{i≤r} g_i;  D_rj = exp(γ_r − γ_j) (j ≤ r; never formed above the diagonal)
 //   A_rj = β_r (k̂_r·k̂_j) D_rj (j < r);   M_rj = (q̂_r·k̂_j) D_rj (j ≤ r)
-//   R = diag(β) (V − diag(e^γ) K̂ S₀);    solve (I + A) U = R  (forward substitution; U's rows
-//                                          are the recurrence's corrections u_r)
+//   R = diag(β) (V − diag(e^γ) K̂ S₀);    U = T R, T = (I + A)⁻¹ (forward substitution on the
+//                                          identity's columns; U's rows are the recurrence's
+//                                          corrections u_r)
 //   O = diag(e^γ) Q̂ S₀ + M U;            S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ
 // Only differences γ_r − γ_j ≤ 0 are exponentiated, so a strong decay underflows to 0, never
 // overflows; γ is summed in f64, so a difference of two large γ (after a strong decay) keeps
 // the precision of an f32 difference. Value columns evolve on their own: a block takes GPU_GDN_VC
 // columns of one head of one row, holds them in shared memory over the row's pieces, and repeats
 // the (cheap) q̂/k̂ work.
+// Two launches. What does not depend on S₀ — q̂, k̂, γ, β, A, M and T = (I + A)⁻¹ — depends on the
+// piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: value heads ×
+// pieces) into tm; the walk k_gdn_chunk, whose pieces follow one another along a row, keeps what
+// does: R, U = T R (a product instead of the forward substitution's chain of n − 1 dependent
+// rows), O and the state.
 // CPU twin: ref_gdn_chunk (moet.c).
-// In/out as k_gdn_rule, plus row_pos. Rows: rows[0 .. gridDim.y).
-// Launch (gpu_k_gdn_chunk): block GPU_GDN_NT threads, grid (nv, rows, ceil(dv / GPU_GDN_VC)),
-// dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the sum of the arrays below).
+// In/out as k_gdn_rule, plus row_pos, piece0 (the pieces of the rows before each: gpu_gdn_pieces)
+// and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten).
+// Rows: rows[0 .. gridDim.y).
+// Launch (gpu_k_gdn_chunk): k_gdn_prep, block GPU_GDN_NT threads, grid (nv, pieces), dynamic
+// shared memory gpu_gdn_prep_smem(dk); then k_gdn_chunk, block GPU_GDN_NT threads, grid (nv, rows,
+// ceil(dv / GPU_GDN_VC)), dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the
+// sum of the arrays below).
 #include "gdn.cuh"
+
+// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs,
+// Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β and γ
+// (f64, summed in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0, g = 0
+// change nothing). Every thread of the block; ends after a barrier.
+__device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
+                                             float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
+                                             float *Qs, float *Ks, float *bet, double *gam) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < GPU_GDN_C * dk; i += GPU_GDN_NT) {
+        int rr = i / dk, d = i % dk;
+        float qv = 0.f, kv = 0.f;
+        if (rr < n) {
+            const float *row = qkv + (size_t)(t + rr) * cd;
+            qv = row[hk * dk + d];
+            kv = row[key_dim + hk * dk + d];
+        }
+        Qs[rr * KP + d] = qv;
+        Ks[rr * KP + d] = kv;
+    }
+    if (tid < GPU_GDN_C) {
+        float beta = 0.f, g = 0.f;
+        if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
+        bet[tid] = beta;
+        gam[tid] = (double)g;
+    }
+    __syncthreads();
+    for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
+        float sq = 0.f, sk = 0.f;
+        for (int d = lane; d < dk; d += WARP) {
+            float qv = Qs[rr * KP + d], kv = Ks[rr * KP + d];
+            sq += qv * qv;
+            sk += kv * kv;
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        float rq = 1.f / sqrtf(sq + 1e-6f) * qscale, rk = 1.f / sqrtf(sk + 1e-6f);
+        for (int d = lane; d < dk; d += WARP) {
+            Qs[rr * KP + d] *= rq;
+            Ks[rr * KP + d] *= rk;
+        }
+    }
+    if (tid == 0)
+        for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
+    __syncthreads();
+}
+
+// The piece q (of the step's pieces, gpu_gdn_pieces' numbering) of the rows rows[0 .. n_rows):
+// its first token *t0 and its tokens *n (0: past the row).
+__device__ __forceinline__ void gdn_piece_at(int q, const int *__restrict__ piece0, int n_rows, const int *__restrict__ rows,
+                                             const int *__restrict__ row_start, const int *__restrict__ row_len,
+                                             const int *__restrict__ row_pos, int *t0, int *n) {
+    int k = 0;
+    while (k + 1 < n_rows && piece0[k + 1] <= q) k++;
+    const int r = rows[k], i = q - piece0[k], t = row_start[r], L = row_len[r], n0 = min(GPU_GDN_C - row_pos[r] % GPU_GDN_C, L);
+    *t0 = i ? t + n0 + (i - 1) * GPU_GDN_C : t;
+    *n = i ? max(0, min(GPU_GDN_C, t + L - *t0)) : n0;
+}
+
+// k_gdn_prep (see the top): piece blockIdx.y, value head blockIdx.x: T and M into tm. A piece of
+// one token writes nothing (the walk takes the recurrence there).
+extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
+                                                                    const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
+                                                                    float *__restrict__ tm, int nk, int nv, int dk,
+                                                                    const int *__restrict__ row_start, const int *__restrict__ row_len,
+                                                                    const int *__restrict__ row_pos, const int *__restrict__ rows,
+                                                                    const int *__restrict__ piece0, int n_rows) {
+    GPU_DEP();
+    extern __shared__ double smd[];
+    const int KP = dk + 2, AP = GPU_GDN_C + 1;
+    double *gam = smd;                    // [GPU_GDN_C] γ
+    float *Ks = (float *)(smd + GPU_GDN_C);   // [GPU_GDN_C, KP] k̂ of the piece
+    float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
+    float *A = Qs + GPU_GDN_C * KP;       // [GPU_GDN_C, AP]
+    float *Tt = A + GPU_GDN_C * AP;       // [GPU_GDN_C, AP] T
+    float *bet = Tt + GPU_GDN_C * AP;     // [GPU_GDN_C] β
+    const int tid = threadIdx.x, j = blockIdx.x, q = blockIdx.y, hk = j / (nv / nk), key_dim = nk * dk;
+    int t, n;
+    gdn_piece_at(q, piece0, n_rows, rows, row_start, row_len, row_pos, &t, &n);
+    if (n < 2) return;
+    gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, j)), vec_at(dt_bias, j), 1.f / sqrtf((float)dk), t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet,
+                 gam);
+    float *tp = tm + ((size_t)q * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C, *mp = tp + GPU_GDN_C * GPU_GDN_C;
+    // K̂K̂ᵀ and Q̂K̂ᵀ: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci, ci+16, ci+32, ci+48, each
+    // sum in ascending d (d, then d + 1: two at a time)
+    const int ri = tid >> 4, ci = tid & 15;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
+    for (int d = 0; d < dk; d += 2) {
+        float2 kr[4], qr[4], kc[4];
+#pragma unroll
+        for (int a = 0; a < 4; a++) kr[a] = *(const float2 *)&Ks[(ri * 4 + a) * KP + d], qr[a] = *(const float2 *)&Qs[(ri * 4 + a) * KP + d];
+#pragma unroll
+        for (int b = 0; b < 4; b++) kc[b] = *(const float2 *)&Ks[(ci + 16 * b) * KP + d];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) kk[a][b] += kr[a].x * kc[b].x, qk[a][b] += qr[a].x * kc[b].x;
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) kk[a][b] += kr[a].y * kc[b].y, qk[a][b] += qr[a].y * kc[b].y;
+    }
+    // A_rj = β_r (k̂_r·k̂_j) D_rj (j < r) into A; M_rj = (q̂_r·k̂_j) D_rj (j ≤ r) out
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int rr = ri * 4 + a, jj = ci + 16 * b;
+            float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
+            A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
+            mp[rr * GPU_GDN_C + jj] = qk[a][b] * dec;
+        }
+    __syncthreads();
+    // (I + A) T = I by forward substitution, row after row, 32 columns at a time: 8 lanes per
+    // column share the sum over earlier rows (j ≡ part mod 8), added in a fixed butterfly order;
+    // rows past n (A's rows zero there) stay the identity's
+    const int part = tid & 7;
+    for (int c = tid >> 3; c < GPU_GDN_C; c += GPU_GDN_NT / 8) {
+        for (int rr = part; rr < GPU_GDN_C; rr += 8) Tt[rr * AP + c] = rr == c ? 1.f : 0.f;
+        __syncwarp();
+        for (int rr = 1; rr < n; rr++) {
+            float acc = 0.f;
+            for (int jj = part; jj < rr; jj += 8) acc += A[rr * AP + jj] * Tt[jj * AP + c];
+            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+            if (part == 0) Tt[rr * AP + c] -= acc;
+            __syncwarp();   // a column's eight lanes are one warp's: no other warp reads its T here
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
+}
 
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                      const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
@@ -30,7 +177,8 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      float *__restrict__ o, int nk, int nv, int dk, int dv,
                                                                      const int *__restrict__ row_slot, const int *__restrict__ row_start,
                                                                      const int *__restrict__ row_len, const int *__restrict__ row_pos,
-                                                                     const int *__restrict__ rows) {
+                                                                     const int *__restrict__ rows, const float *__restrict__ tm,
+                                                                     const int *__restrict__ piece0) {
     GPU_DEP();
     extern __shared__ double smd[];
     // padded row strides, no bank conflicts: k̂ and q̂ rows 2 banks apart (dk even: steps 2 and 3
@@ -41,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
     float *Ks = sm;                       // [GPU_GDN_C, KP] k̂ of the piece
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
     float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns
-    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, AP]
+    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, AP] T (k_gdn_prep's)
     float *M = dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * AP;   // [GPU_GDN_C, AP]: in Q̂'s place once Q̂ is read where it fits (AP ≤ KP)
     float *U = A + GPU_GDN_C * AP + (dk >= GPU_GDN_C ? 0 : GPU_GDN_C * AP);   // [GPU_GDN_C, UP] V, then R, then U
     float *bet = U + GPU_GDN_C * UP;      // [GPU_GDN_C] β
@@ -59,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
     }
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
     const float qscale = 1.f / sqrtf((float)dk);
-    int t = row_start[r], end = t + row_len[r], p = row_pos[r];
+    int t = row_start[r], end = t + row_len[r], p = row_pos[r], pc = piece0[blockIdx.y];   // pc: the piece's number (tm)
     __syncthreads();
     while (t < end) {
         int n = GPU_GDN_C - p % GPU_GDN_C;
@@ -74,74 +222,17 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 if (live) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
             }
             __syncthreads();
-            t += 1, p += 1;
+            t += 1, p += 1, pc += 1;
             continue;
         }
-        // 0. the piece's q, k (zero rows past n), its values V into U, β and g
-        for (int i = tid; i < GPU_GDN_C * dk; i += GPU_GDN_NT) {
-            int rr = i / dk, d = i % dk;
-            float qv = 0.f, kv = 0.f;
-            if (rr < n) {
-                const float *row = qkv + (size_t)(t + rr) * cd;
-                qv = row[hk * dk + d];
-                kv = row[key_dim + hk * dk + d];
-            }
-            Qs[rr * KP + d] = qv;
-            Ks[rr * KP + d] = kv;
-        }
+        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A; q̂, k̂, β, γ (gdn_piece_qk)
+        const float *tp = tm + ((size_t)pc * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C;
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
             int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
             U[rr * UP + c] = rr < n && v0 + c < dv ? qkv[(size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c] : 0.f;
         }
-        if (tid < GPU_GDN_C) {
-            float beta = 0.f, g = 0.f;   // padding rows: β = 0, g = 0 change nothing
-            if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
-            bet[tid] = beta;
-            gam[tid] = (double)g;
-        }
-        __syncthreads();
-        // 1. L2 norms (a warp per token) while thread 0 sums the log decays in token order
-        for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
-            float sq = 0.f, sk = 0.f;
-            for (int d = lane; d < dk; d += WARP) {
-                float qv = Qs[rr * KP + d], kv = Ks[rr * KP + d];
-                sq += qv * qv;
-                sk += kv * kv;
-            }
-            sq = warp_sum(sq);
-            sk = warp_sum(sk);
-            float rq = 1.f / sqrtf(sq + 1e-6f) * qscale, rk = 1.f / sqrtf(sk + 1e-6f);
-            for (int d = lane; d < dk; d += WARP) {
-                Qs[rr * KP + d] *= rq;
-                Ks[rr * KP + d] *= rk;
-            }
-        }
-        if (tid == 0)
-            for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
-        __syncthreads();
-        // 2. K̂K̂ᵀ and Q̂K̂ᵀ into registers: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci,
-        //    ci+16, ci+32, ci+48 (A and M are written after step 3: M takes Q̂'s place)
-        const int ri = tid >> 4, ci = tid & 15;
-        float kk[4][4], qk[4][4];
-#pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
-        for (int d = 0; d < dk; d += 2) {   // d, then d + 1: each sum in ascending d
-            float2 kr[4], qr[4], kc[4];
-#pragma unroll
-            for (int a = 0; a < 4; a++) kr[a] = *(const float2 *)&Ks[(ri * 4 + a) * KP + d], qr[a] = *(const float2 *)&Qs[(ri * 4 + a) * KP + d];
-#pragma unroll
-            for (int b = 0; b < 4; b++) kc[b] = *(const float2 *)&Ks[(ci + 16 * b) * KP + d];
-#pragma unroll
-            for (int a = 0; a < 4; a++)
-#pragma unroll
-                for (int b = 0; b < 4; b++) kk[a][b] += kr[a].x * kc[b].x, qk[a][b] += qr[a].x * kc[b].x;
-#pragma unroll
-            for (int a = 0; a < 4; a++)
-#pragma unroll
-                for (int b = 0; b < 4; b++) kk[a][b] += kr[a].y * kc[b].y, qk[a][b] += qr[a].y * kc[b].y;
-        }
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) A[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = __ldg(tp + i);
+        gdn_piece_qk(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
         //    lane = column, warp w takes tokens w, w + 8, …
@@ -167,31 +258,24 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 oq[m] = e * qs[m];
             }
         }
-        __syncthreads();   // every read of Q̂ done: M may take its place
-        // 2'. A_rj = β_r (k̂_r·k̂_j) D_rj (j < r), M_rj = (q̂_r·k̂_j) D_rj (j ≤ r)
-#pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                int rr = ri * 4 + a, jj = ci + 16 * b;
-                float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
-                A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
-                M[rr * AP + jj] = qk[a][b] * dec;
-            }
-        __syncthreads();
-        // 4. (I + A) U = R by forward substitution, token after token: 8 lanes per column share
-        //    the sum over earlier tokens (j ≡ part mod 8), added in a fixed butterfly order
+        __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) M[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = __ldg(tp + GPU_GDN_C * GPU_GDN_C + i);
+        // 4. U = T R: thread (column c, part) takes rows part, part + 8, …, each sum over j ≤ r in
+        //    ascending j (T's diagonal is 1), all read before any is written
         {
             const int c = tid >> 3, part = tid & 7;
-            for (int rr = 1; rr < n; rr++) {
-                float acc = 0.f;
-                for (int jj = part; jj < rr; jj += 8) acc += A[rr * AP + jj] * U[jj * UP + c];
-                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-                acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-                if (part == 0) U[rr * UP + c] -= acc;
-                __syncwarp();   // a column's eight lanes are one warp's: no other warp reads its U here
+            float acc[GPU_GDN_C / 8];
+#pragma unroll
+            for (int m = 0; m < GPU_GDN_C / 8; m++) {
+                const int rr = part + 8 * m;
+                float a = 0.f;
+                for (int jj = 0; jj <= rr && jj < n; jj++) a += A[rr * AP + jj] * U[jj * UP + c];
+                acc[m] = a;
             }
+            __syncthreads();
+#pragma unroll
+            for (int m = 0; m < GPU_GDN_C / 8; m++)
+                if (part + 8 * m < n) U[(part + 8 * m) * UP + c] = acc[m];
         }
         __syncthreads();
         // 5. outputs O = e^γ Q̂ S₀ + M U
@@ -227,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             }
         }
         __syncthreads();
-        t += n, p += n;
+        t += n, p += n, pc += 1;
     }
     if (live)
         for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];

@@ -913,16 +913,17 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
     gpu_mat ga = gpu_put(&hk.d, &alog, "A_log"), gd = gpu_put(&hk.d, &dtb, "dt_bias");
     kt_row *rw = malloc(sizeof(kt_row) * nrows);
     for (int i = 0; i < nrows; i++) rw[i] = (kt_row){i, 0, T / nrows};
-    CUdeviceptr m = kt_rows_dev(&hk.d, rw, nrows, 0);
+    int pieces;
+    CUdeviceptr m = kt_rows_dev(&hk.d, rw, nrows, 0, &pieces), tm = kt_tm_dev(&hk.d, pieces, nv);
     CUdeviceptr qd = hk_up(qkv, sizeof(float) * (size_t)T * cd), bd = hk_up(bb, sizeof(float) * (size_t)T * nv);
     CUdeviceptr ad = hk_up(aa, sizeof(float) * (size_t)T * nv), Sd = hk_up(S, sizeof(float) * nS), od = hk_up(NULL, sizeof(float) * nO);
-    kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
+    kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
     float *go = hk_down(od, sizeof(float) * nO), *gS = hk_down(Sd, sizeof(float) * nS);
     for (int i = 0, t = 0; i < nrows; t += rw[i].len, i++)
         kt_gdn_row(qkv + (size_t)t * cd, cd, bb + (size_t)t * nv, aa + (size_t)t * nv, &alog, &dtb, S + (size_t)i * slot,
                    o + (size_t)t * nv * dv, nk, nv, dk, dv, rw[i].pos, rw[i].len, kernel == K_GDN_RULE);
     double err = fmax(check_nerr(go, o, nO), check_nerr(gS, S, nS)), us;
-    HK_TIME(us, kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv));
+    HK_TIME(us, kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv));
     char shape[64];
     snprintf(shape, sizeof shape, "T=%d in %d row%s, %d/%d heads of %d", T, nrows, nrows > 1 ? "s" : "", nk, nv, dk);
     hk_row(kernel == K_GDN_RULE ? "k_gdn_rule" : "k_gdn_chunk", shape, "f32", err, GPU_TOL_GDN, us,
@@ -1131,6 +1132,7 @@ int main(void) {
     const ck_config *c = &hk.m.cfg;
     gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
     gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(hk.k.smem_optin, c->lk_dim));
+    gpu_kernel_smem(&hk.k, K_GDN_PREP, gpu_gdn_prep_smem(c->lk_dim));
     CU_CHECK(cu.cuStreamCreate(&hk.s, GPU_STREAM_NON_BLOCKING));
     for (int i = 0; i < HK_REPS; i++)
         for (int j = 0; j < 2; j++) CU_CHECK(cu.cuEventCreate(&hk.ev[i][j], 0));

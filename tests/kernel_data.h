@@ -80,31 +80,39 @@ typedef struct {
 } kt_row;
 
 // The row metadata of the GDN kernels for rows laid out one after another from token t_first:
-// int32 row_slot, row_start, row_len, row_pos and rows (the identity) [nrows] each, at
-// m + i·nrows·4 for i = 0 .. 4 (the address returned).
-static CUdeviceptr kt_rows_dev(arena *d, const kt_row *rw, int nrows, int t_first) {
-    int32_t *h = malloc(sizeof(int32_t) * 5 * (size_t)nrows);
+// int32 row_slot, row_start, row_len, row_pos, rows (the identity) and piece0 (k_gdn_chunk's
+// pieces before each row: gpu_gdn_pieces) [nrows] each, at m + i·nrows·4 for i = 0 .. 5 (the
+// address returned); *pieces (if not NULL) the rows' pieces.
+static CUdeviceptr kt_rows_dev(arena *d, const kt_row *rw, int nrows, int t_first, int *pieces) {
+    int32_t *h = malloc(sizeof(int32_t) * 6 * (size_t)nrows);
     for (int i = 0, t = t_first; i < nrows; t += rw[i].len, i++)
         h[i] = rw[i].slot, h[nrows + i] = t, h[2 * nrows + i] = rw[i].len, h[3 * nrows + i] = rw[i].pos, h[4 * nrows + i] = i;
-    CUdeviceptr m = (uintptr_t)arena_take(d, sizeof(int32_t) * 5 * (size_t)nrows, 256, "test rows");
-    CU_CHECK(cu.cuMemcpyHtoD(m, h, sizeof(int32_t) * 5 * (size_t)nrows));
+    const int all = gpu_gdn_pieces(h + 2 * nrows, h + 3 * nrows, nrows, h + 5 * nrows);
+    if (pieces) *pieces = all;
+    CUdeviceptr m = (uintptr_t)arena_take(d, sizeof(int32_t) * 6 * (size_t)nrows, 256, "test rows");
+    CU_CHECK(cu.cuMemcpyHtoD(m, h, sizeof(int32_t) * 6 * (size_t)nrows));
     CU_CHECK(cu.cuCtxSynchronize());
     free(h);
     return m;
 }
 
-// Launches k_gdn_rule or k_gdn_chunk (kernel: K_GDN_RULE or K_GDN_CHUNK) over nrows rows whose
-// metadata kt_rows_dev wrote at m: qkv [T, cd], b / a [T, nv], o [T, nv·dv] (device), the states
-// of the slots at S (device, [slots, nv, dk, dv]).
-static void kt_gdn_run(gpu_kernels *k, CUstream s, int kernel, CUdeviceptr m, int nrows, CUdeviceptr qkv, int cd, CUdeviceptr bb,
-                       CUdeviceptr aa, gpu_mat alog, gpu_mat dtb, CUdeviceptr S, CUdeviceptr o, int nk, int nv, int dk, int dv) {
+// k_gdn_prep's scratch for `pieces` pieces of nv value heads (device; not initialised).
+static CUdeviceptr kt_tm_dev(arena *d, int pieces, int nv) {
+    return (uintptr_t)arena_take(d, sizeof(float) * (size_t)pieces * nv * 2 * GPU_GDN_C * GPU_GDN_C, 256, "test GDN pieces");
+}
+
+// Launches k_gdn_rule or k_gdn_chunk (kernel: K_GDN_RULE or K_GDN_CHUNK: k_gdn_prep into tm, then
+// the walk) over nrows rows whose metadata kt_rows_dev wrote at m (pieces: its count): qkv [T, cd],
+// b / a [T, nv], o [T, nv·dv] (device), the states of the slots at S (device, [slots, nv, dk, dv]).
+static void kt_gdn_run(gpu_kernels *k, CUstream s, int kernel, CUdeviceptr m, int nrows, CUdeviceptr tm, int pieces, CUdeviceptr qkv, int cd,
+                       CUdeviceptr bb, CUdeviceptr aa, gpu_mat alog, gpu_mat dtb, CUdeviceptr S, CUdeviceptr o, int nk, int nv, int dk, int dv) {
     CUdeviceptr stride = (CUdeviceptr)nrows * 4;
     long long sstride = (long long)nv * dk * dv;
     if (kernel == K_GDN_RULE)
         gpu_k_gdn_rule(k, s, qkv, cd, bb, aa, alog, dtb, S, sstride, o, nk, nv, dk, dv, m, m + stride, m + 2 * stride, m + 4 * stride, nrows, 0, 0);
     else
         gpu_k_gdn_chunk(k, s, qkv, cd, bb, aa, alog, dtb, S, sstride, o, nk, nv, dk, dv, m, m + stride, m + 2 * stride, m + 3 * stride,
-                        m + 4 * stride, nrows);
+                        m + 4 * stride, nrows, tm, m + 5 * stride, pieces);
 }
 
 // The CPU side of one row of either GDN kernel: with `recurrent`, the reference's one-token

@@ -1014,9 +1014,11 @@ static void kernel_gdn(gpu_engine *g) {
         CUdeviceptr qd = kt_dev(&d, qkv, (size_t)T * cd), bd = kt_dev(&d, bb, (size_t)T * nv), ad = kt_dev(&d, aa, (size_t)T * nv);
         CUdeviceptr Sd = kt_dev(&d, S0, nS), od = kt_dev(&d, NULL, nO), Sd2 = kt_dev(&d, S0, nS), od2 = kt_dev(&d, NULL, nO);
         gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk));
-        CUdeviceptr rm = kt_rows_dev(&d, rows, NR, 0);
-        kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
-        kt_gdn_run(&g->k, g->compute, K_GDN_RULE, rm, NR, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+        gpu_kernel_smem(&g->k, K_GDN_PREP, gpu_gdn_prep_smem(dk));
+        int pieces;
+        CUdeviceptr rm = kt_rows_dev(&d, rows, NR, 0, &pieces), tm = kt_tm_dev(&d, pieces, nv);
+        kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
+        kt_gdn_run(&g->k, g->compute, K_GDN_RULE, rm, NR, 0, 0, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(got, od, sizeof(float) * nO));
         CU_CHECK(cu.cuMemcpyDtoH(gS, Sd, sizeof(float) * nS));
@@ -1039,8 +1041,11 @@ static void kernel_gdn(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
         CU_CHECK(cu.cuCtxSynchronize());
         const kt_row parts[3] = {{0, 0, 64}, {0, 64, 64}, {0, 128, 22}};
-        for (int k = 0, t = 0; k < 3; t += parts[k].len, k++)
-            kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, kt_rows_dev(&d, &parts[k], 1, t), 1, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+        for (int k = 0, t = 0; k < 3; t += parts[k].len, k++) {
+            int pk;
+            CUdeviceptr mk = kt_rows_dev(&d, &parts[k], 1, t, &pk);
+            kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, mk, 1, kt_tm_dev(&d, pk, nv), pk, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+        }
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
@@ -1052,7 +1057,7 @@ static void kernel_gdn(gpu_engine *g) {
         CUdeviceptr hd = kt_dev(&d, NULL, 4 * nh), Sd3 = kt_dev(&d, S0, nh);
         float *hh = malloc(sizeof(float) * 4 * nh), *st = malloc(sizeof(float) * nh);
         const kt_row r5 = {0, 10, 5};
-        CUdeviceptr m5 = kt_rows_dev(&d, &r5, 1, 0);   // (one row: its five arrays 4 bytes apart)
+        CUdeviceptr m5 = kt_rows_dev(&d, &r5, 1, 0, NULL);   // (one row: its arrays 4 bytes apart)
         gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sd3, (long long)nh, od2, nk, nv, dk, dv, m5, m5 + 4, m5 + 8, m5 + 16, 1, hd,
                        (long long)nh);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
@@ -1062,7 +1067,7 @@ static void kernel_gdn(gpu_engine *g) {
             CU_CHECK(cu.cuMemcpyHtoD(Sd3, S0, sizeof(float) * nh));
             CU_CHECK(cu.cuCtxSynchronize());
             const kt_row rt = {0, 10, t + 1};
-            CUdeviceptr mt = kt_rows_dev(&d, &rt, 1, 0);
+            CUdeviceptr mt = kt_rows_dev(&d, &rt, 1, 0, NULL);
             gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sd3, (long long)nh, od2, nk, nv, dk, dv, mt, mt + 4, mt + 8, mt + 16, 1, 0, 0);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(st, Sd3, sizeof(float) * nh));
@@ -1697,7 +1702,7 @@ static void launch_limits(void) {
     k.smem_optin = GPU_SMEM_DEFAULT;
     const char *want[] = {"k_gdn_conv: grid.y = 70000 blocks (blocks of channels, rows, 1)",
                           "k_attention_f32: grid.y = 70000 blocks (tokens, query heads, 1)",
-                          "k_gdn_chunk: 110336 bytes of dynamic shared memory; the kernel may take 49152"};
+                          "k_gdn_prep: 100608 bytes of dynamic shared memory; the kernel may take 49152"};
     for (int c = 0; c < 3; c++) {
         int fd[2];
         MOET_ASSERT(pipe(fd) == 0, "pipe");
@@ -1712,7 +1717,7 @@ static void launch_limits(void) {
             if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000, 1, 0, 0);   // 70,000 rows in one step
             if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_F32, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
-                                        a, a, a, 1);
+                                        a, a, a, 1, a, a, 1);
             _exit(0);
         }
         close(fd[1]);
@@ -1785,6 +1790,31 @@ static void plan_fit(void) {
     CHECK(gpu_plan_pool(&in, "a discrete GPU", 16000, M, 10240, 256, &np, &e) == -1 && strstr(e.msg, "without an expert pool"), "%s", e.msg);
     in.device_free = 100 * G, in.integrated = 1, in.mem_available = 18 * G, in.host_margin = 0;   // 18 GiB − 12,648 MiB − 2 GiB − 1 MiB pinned / host
     CHECK(gpu_plan_pool(&in, "an integrated GPU", 16000, M, 10240, 256, &np, &e) == 0 && np == 18432 - 12648 - 2048 - 1, "integrated: %" PRIu64 " places (%s)", np, e.msg);
+}
+
+// k_gdn_chunk's pieces (gpu_gdn_row_pieces, gpu_gdn_pieces: k_gdn_prep's grid and tm's rows)
+// against the walk's own cut (sass/gdn_chunk.cu: n = C − p mod C, at most what is left), for rows
+// of 1 .. 300 tokens from every position mod C and a few past; without a GPU. The bound
+// gpu_gdn_pieces_max holds for steps of those rows.
+static void gdn_pieces(void) {
+    int bad = 0, over = 0, len[3], pos[3], p0[3];
+    for (int L = 1; L <= 300; L++)
+        for (int p = 0; p < 3 * GPU_GDN_C; p += (p < GPU_GDN_C + 2 ? 1 : 37)) {
+            int walk = 0;
+            for (int t = 0, q = p; t < L; walk++) {
+                int n = GPU_GDN_C - q % GPU_GDN_C;
+                if (n > L - t) n = L - t;
+                t += n, q += n;
+            }
+            bad += gpu_gdn_row_pieces(L, p) != walk;
+            len[0] = L, pos[0] = p, len[1] = 2, pos[1] = 63, len[2] = L, pos[2] = p + 1;
+            const int all = gpu_gdn_pieces(len, pos, 3, p0);
+            bad += p0[0] != 0 || p0[1] != walk || p0[2] != walk + gpu_gdn_row_pieces(2, 63) || all != p0[2] + gpu_gdn_row_pieces(L, p + 1);
+            over += all > gpu_gdn_pieces_max(2 * L + 2, 3);
+        }
+    CHECK(!bad && !over, "k_gdn_chunk's pieces: %d counts differ from the walk's cut, %d steps past gpu_gdn_pieces_max", bad, over);
+    printf("k_gdn_chunk's pieces: gpu_gdn_row_pieces = the walk's cut for rows of 1..300 tokens from 0..65 and beyond; the bound holds: %s\n",
+           !bad && !over ? "yes" : "NO");
 }
 
 // The routed experts' launch shapes and maps (gpu/launch.c), without a GPU: _d up to GPU_MM_TOK_B
@@ -2350,6 +2380,7 @@ int main(void) {
     zipf_draws();
     cache_victim();
     moe_shapes();
+    gdn_pieces();
     fa_geometry();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
