@@ -33,6 +33,7 @@
 // ceil(dv / GPU_GDN_VC)), dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the
 // sum of the arrays below).
 #include "gdn.cuh"
+#include "mm.cuh"   // mm_cp: cp.async
 
 // Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs,
 // Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β and γ
@@ -41,24 +42,24 @@
 __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                              float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
                                              float *Qs, float *Ks, float *bet, double *gam) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int i = tid; i < GPU_GDN_C * dk; i += GPU_GDN_NT) {
-        int rr = i / dk, d = i % dk;
-        float qv = 0.f, kv = 0.f;
-        if (rr < n) {
-            const float *row = qkv + (size_t)(t + rr) * cd;
-            qv = row[hk * dk + d];
-            kv = row[key_dim + hk * dk + d];
-        }
-        Qs[rr * KP + d] = qv;
-        Ks[rr * KP + d] = kv;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = dk / 2;
+    // q and k by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_chunk),
+    // every copy of the thread in flight at once (zeros past n, nothing read there); the gates'
+    // loads meanwhile
+    for (int i = tid; i < GPU_GDN_C * hd; i += GPU_GDN_NT) {
+        const int rr = i / hd, d = 2 * (i % hd);
+        const float *row = qkv + (size_t)(t + min(rr, n - 1)) * cd;
+        mm_cp<8>(&Qs[rr * KP + d], row + hk * dk + d, rr < n);
+        mm_cp<8>(&Ks[rr * KP + d], row + key_dim + hk * dk + d, rr < n);
     }
+    mm_cp_commit();
     if (tid < GPU_GDN_C) {
         float beta = 0.f, g = 0.f;
         if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
         bet[tid] = beta;
         gam[tid] = (double)g;
     }
+    mm_cp_wait<0>();
     __syncthreads();
     for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
         float sq = 0.f, sk = 0.f;
@@ -226,12 +227,14 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             continue;
         }
         // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A; q̂, k̂, β, γ (gdn_piece_qk)
+        //      (cp.async, a float a copy: U's and A's rows are padded; all in flight at once, waited
+        //      for with q and k's in gdn_piece_qk)
         const float *tp = tm + ((size_t)pc * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C;
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
-            int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
-            U[rr * UP + c] = rr < n && v0 + c < dv ? qkv[(size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c] : 0.f;
+            const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
+            mm_cp<4>(&U[rr * UP + c], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
         }
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) A[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = __ldg(tp + i);
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) mm_cp<4>(&A[(i / GPU_GDN_C) * AP + i % GPU_GDN_C], tp + i, true);
         gdn_piece_qk(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
@@ -241,13 +244,16 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             float ks[GPU_GDN_C / 8], qs[GPU_GDN_C / 8];
 #pragma unroll
             for (int m = 0; m < GPU_GDN_C / 8; m++) ks[m] = qs[m] = 0.f;
-            for (int d = 0; d < dk; d++) {
-                float s = S[d * GPU_GDN_VC + lane];
+            for (int d = 0; d < dk; d += 2) {   // k̂ and q̂ two at a time (d, then d + 1: the sums' order)
+                const float s0 = S[d * GPU_GDN_VC + lane], s1 = S[(d + 1) * GPU_GDN_VC + lane];
 #pragma unroll
                 for (int m = 0; m < GPU_GDN_C / 8; m++) {
-                    int rr = warp + 8 * m;
-                    ks[m] += Ks[rr * KP + d] * s;
-                    qs[m] += Qs[rr * KP + d] * s;
+                    const int rr = warp + 8 * m;
+                    const float2 kk = *(const float2 *)&Ks[rr * KP + d], qq = *(const float2 *)&Qs[rr * KP + d];
+                    ks[m] += kk.x * s0;
+                    qs[m] += qq.x * s0;
+                    ks[m] += kk.y * s1;
+                    qs[m] += qq.y * s1;
                 }
             }
 #pragma unroll
@@ -258,8 +264,10 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 oq[m] = e * qs[m];
             }
         }
-        __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) M[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = __ldg(tp + GPU_GDN_C * GPU_GDN_C + i);
+        __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place, copied during step 4
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT)
+            mm_cp<4>(&M[(i / GPU_GDN_C) * AP + i % GPU_GDN_C], tp + GPU_GDN_C * GPU_GDN_C + i, true);
+        mm_cp_commit();
         // 4. U = T R: thread (column c, part) takes rows part, part + 8, …, each sum over j ≤ r in
         //    ascending j (T's diagonal is 1), all read before any is written
         {
@@ -277,6 +285,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             for (int m = 0; m < GPU_GDN_C / 8; m++)
                 if (part + 8 * m < n) U[(part + 8 * m) * UP + c] = acc[m];
         }
+        mm_cp_wait<0>();   // M
         __syncthreads();
         // 5. outputs O = e^γ Q̂ S₀ + M U
 #pragma unroll
@@ -287,26 +296,34 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             for (int jj = 0; jj <= rr; jj++) acc += M[rr * AP + jj] * U[jj * UP + lane];
             if (live) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + v] = acc;
         }
-        // 6. S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ (lane = column, warp w rows d ≡ w mod 8,
-        //    eight of them at a time: each token's weight and u loaded once for the eight)
+        // 6. S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ (lane = column, warp w rows
+        //    d = 2w + 16i and d + 1, eight of them at a time: each token's weighted u, e^{γ_{n−1} − γ_r} u_r,
+        //    formed once for the eight, k̂ read two at a time; dk even)
         {
             const float el = eg[n - 1];
-            for (int i0 = 0; warp + 8 * i0 < dk; i0 += 8) {
+            for (int i0 = 0; 2 * warp + 16 * i0 < dk; i0 += 4) {
                 float acc[8];
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[i] = 0.f;
                 for (int rr = 0; rr < n; rr++) {
-                    const float w = wl[rr], u = U[rr * UP + lane];
+                    const float wu = wl[rr] * U[rr * UP + lane];
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int d = warp + 8 * (i0 + i);
-                        if (d < dk) acc[i] += w * Ks[rr * KP + d] * u;
+                    for (int i = 0; i < 4; i++) {
+                        const int d = 2 * warp + 16 * (i0 + i);
+                        if (d < dk) {
+                            const float2 kk = *(const float2 *)&Ks[rr * KP + d];
+                            acc[2 * i] += kk.x * wu;
+                            acc[2 * i + 1] += kk.y * wu;
+                        }
                     }
                 }
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int d = warp + 8 * (i0 + i);
-                    if (d < dk) S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc[i];
+                for (int i = 0; i < 4; i++) {
+                    const int d = 2 * warp + 16 * (i0 + i);
+                    if (d < dk) {
+                        S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc[2 * i];
+                        S[(d + 1) * GPU_GDN_VC + lane] = el * S[(d + 1) * GPU_GDN_VC + lane] + acc[2 * i + 1];
+                    }
                 }
             }
         }
