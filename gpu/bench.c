@@ -37,7 +37,8 @@ static const char bench_usage[] =
     "  --no-verify           with --planes: skip the SHA-256 check of every slot\n"
     "  --batch LIST          batch sizes, comma separated (default 1,16)\n"
     "  --prompt N            prompt tokens per sequence, prefill timed (default 512)\n"
-    "  --gen N               decode steps timed (default 64)\n"
+    "  --gen N               decode steps (default 64, at least 3): the first two warm up, the rest\n"
+    "                        are timed\n"
     "  --depth N             context length before the timed decode (default: the prompt; with\n"
     "                        --speculative-tokens auto the probes' tokens come first and may take a\n"
     "                        sequence past it: the result says the depth the timed steps start at)\n"
@@ -78,7 +79,7 @@ static const moet_flag bench_flag_table[] = {
     FLAG_SWITCH("--no-verify", bench_opts, no_verify),
     FLAG_LIST("--batch", bench_opts, batch, 1, 1024),
     FLAG_INT("--prompt", bench_opts, prompt, 1, 1 << 20),
-    FLAG_INT("--gen", bench_opts, gen, 1, 1 << 20),
+    FLAG_INT("--gen", bench_opts, gen, 3, 1 << 20),   // two warm-up steps and at least one timed
     FLAG_INT("--depth", bench_opts, depth, 1, 1 << 22),
     FLAG_INT("--max-batch-tokens", bench_opts, max_batch_tokens, 1, 1 << 20),
     FLAG_CHOICE("--kv-dtype", bench_opts, kv_dtype_name, "bf16|fp8|f32"),

@@ -366,6 +366,10 @@ static void test_bench_line(void) {
     }
     CHECK(ok && n == 2, "moet bench: step_ms_p50, step_ms_p99, launch_ms and the depth 4 for each batch: %s", line);
     js_free_doc(&d);
+    // two steps are the warm-up alone: nothing would be timed, so fewer than three are refused
+    char *two[] = {"moet", "bench", "--model", DEMO, "--backend", "cpu", "--batch", "1", "--prompt", "4", "--gen", "2", NULL};
+    int st = moet(two, NULL, OUT_CAPTURE);
+    CHECK(exited(st, 2) && strstr(r_err, "--gen") && !strstr(r_out, "\"bench\""), "moet bench --gen 2: status %#x, %s", st, r_err);
 }
 
 // moet bench --speculative-tokens 3 with the demo's MTP head (--mtp, the CPU reference): each
