@@ -56,15 +56,15 @@ static size_t gpu_gdn_prep_smem(int dk) {
            sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) + (size_t)GPU_GDN_C);
 }
 
-// Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC):
-// γ [C] (f64); k̂ and q̂ [C, dk + 2], S [dk, VC], T (k_gdn_prep's) and M [C, C + 1] (M in q̂'s place where dk ≥ C:
-// 108 KiB at dk = 128, two blocks a multiprocessor), U [C, VC + 1], β, decay weights, e^γ [C],
-// single-token scratch 2·dk (f32).
+// Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC;
+// sass/gdn_chunk.cu): γ [C] (f64); k̂ and q̂ [C, dk + 4], S [dk, VC], T (k_gdn_prep's) and M
+// [C, C + 4] (M in q̂'s place where dk ≥ C: 109.25 KiB at dk = 128, two blocks a multiprocessor),
+// U [C, VC], β, decay weights, e^γ [C], single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk) {
     const size_t nam = dk >= GPU_GDN_C ? 1 : 2;   // A, and M where it cannot take Q̂'s place
     return sizeof(double) * GPU_GDN_C +
-           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) +
-                            (size_t)GPU_GDN_C * (GPU_GDN_VC + 1) + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 4) +
+                            (size_t)GPU_GDN_C * GPU_GDN_VC + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
 }
 
 // What k_gdn_chunk's launches may take (gpu_kernel_smem): its arrays, or more where a grid of at

@@ -40,6 +40,9 @@ __device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *r
 //   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
 // S [dk, GPU_GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
 // vt: this lane's value (0 for a column past dv). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
+// SWZ: S's columns stored swizzled as k_gdn_chunk keeps them (gdn_sw); the same arithmetic.
+__device__ __forceinline__ int gdn_sw(int d, int c) { return d * GPU_GDN_VC + (c ^ ((d & 3) << 3)); }
+template <bool SWZ = false>
 __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
                                            float vt, float beta, float g, float qscale, int lane) {
     float rq, rk;
@@ -48,15 +51,17 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
     float decay = expf(g);
     float kS = 0.f;
     for (int d = 0; d < dk; d++) {
-        float s = __fmul_rn(S[d * GPU_GDN_VC + lane], decay);
-        S[d * GPU_GDN_VC + lane] = s;
+        const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
+        float s = __fmul_rn(S[i], decay);
+        S[i] = s;
         kS = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS);
     }
     float u = __fmul_rn(__fsub_rn(vt, kS), beta);
     float out = 0.f;
     for (int d = 0; d < dk; d++) {
-        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[d * GPU_GDN_VC + lane]);
-        S[d * GPU_GDN_VC + lane] = s;
+        const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
+        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[i]);
+        S[i] = s;
         out = __fmaf_rn(s, __fmul_rn(qs[d], rq), out);
     }
     __syncwarp();

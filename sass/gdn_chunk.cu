@@ -172,6 +172,60 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
     for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
 }
 
+// ---- the walk's products on tensor cores: 3xTF32 ---------------------------------------------
+//
+// Each f32 operand x is split as hi = tf32(x) and lo = tf32(x − hi) (round to nearest), and a
+// product a·b taken as lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the three mma in that order, f32
+// accumulation): within ≈ 2⁻²¹ of a·b relative, what dropped lo_a·lo_b and the accumulations'
+// rounding leave. mma.m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t),
+// a2 (g, t + 4), a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1),
+// c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+__device__ __forceinline__ uint32_t gdn_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void gdn_split(float x, uint32_t &h, uint32_t &l) {
+    h = gdn_tf32(x);
+    l = gdn_tf32(x - __uint_as_float(h));
+}
+__device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// c += a · b for A values a[4] and B values b[2] as the fragments hold them (f32)
+__device__ __forceinline__ void gdn_mma3(float c[4], const float a[4], const float b[2]) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) gdn_split(a[i], ah[i], al[i]);
+    gdn_split(b[0], bh[0], bl[0]);
+    gdn_split(b[1], bh[1], bl[1]);
+    gdn_mma(c, al, bh);
+    gdn_mma(c, ah, bl);
+    gdn_mma(c, ah, bh);
+}
+// The A values of rows m0 .. m0 + 15, columns k0 .. k0 + 7 of X [., ld] (row-major), or of Xᵀ
+// (A[m][k] = X[k][m]).
+__device__ __forceinline__ void gdn_a(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
+    a[0] = X[(m0 + g) * ld + k0 + t], a[1] = X[(m0 + g + 8) * ld + k0 + t];
+    a[2] = X[(m0 + g) * ld + k0 + t + 4], a[3] = X[(m0 + g + 8) * ld + k0 + t + 4];
+}
+__device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
+    a[0] = X[(k0 + t) * ld + m0 + g], a[1] = X[(k0 + t) * ld + m0 + g + 8];
+    a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
+}
+
+// The walk (see the top). Shared memory (gpu_gdn_chunk_smem), rows padded to 4 mod 32 floats and
+// S, U swizzled by gdn_sw so that every fragment load meets 32 banks (the transposed k̂ reads of
+// step 6 two-way):
+//   γ [C] f64; k̂, q̂ [C, dk + 4]; S [dk, VC] (gdn_sw); T [C, C + 4]; M [C, C + 4] in q̂'s place
+//   where dk ≥ C, else after T; U [C, VC] (gdn_sw: V, then R, then U); β, e^{γ_{n−1} − γ_r}, e^γ
+//   [C]; single-token scratch q, k [dk].
+// Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of k̂ (w < 4) or q̂ (w ≥ 4) against the
+// block's 32 columns; step 4 warp w rows 16 ⌊w / 2⌋, columns 16 (w mod 2); step 5 (outputs) the
+// q̂ warps, their own rows, their q̂ S₀ still in registers; step 6 (state) tiles of 16 d × 8
+// columns, three quarters to the k̂ warps (step 5 is theirs to skip).
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                      const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                      float *__restrict__ S_base, long long S_slot_stride,
@@ -182,32 +236,30 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      const int *__restrict__ piece0) {
     GPU_DEP();
     extern __shared__ double smd[];
-    // padded row strides, no bank conflicts: k̂ and q̂ rows 2 banks apart (dk even: steps 2 and 3
-    // read two consecutive d at once, 8-byte aligned), A, M and U rows 1 apart
-    const int KP = dk + 2, AP = GPU_GDN_C + 1, UP = GPU_GDN_VC + 1;
+    const int KP = dk + 4, TP = GPU_GDN_C + 4;
     double *gam = smd;                    // [GPU_GDN_C] γ
-    float *sm = (float *)(smd + GPU_GDN_C);
-    float *Ks = sm;                       // [GPU_GDN_C, KP] k̂ of the piece
+    float *Ks = (float *)(smd + GPU_GDN_C);   // [GPU_GDN_C, KP] k̂ of the piece
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
-    float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns
-    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, AP] T (k_gdn_prep's)
-    float *M = dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * AP;   // [GPU_GDN_C, AP]: in Q̂'s place once Q̂ is read where it fits (AP ≤ KP)
-    float *U = A + GPU_GDN_C * AP + (dk >= GPU_GDN_C ? 0 : GPU_GDN_C * AP);   // [GPU_GDN_C, UP] V, then R, then U
-    float *bet = U + GPU_GDN_C * UP;      // [GPU_GDN_C] β
+    float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns (gdn_sw)
+    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, TP] T (k_gdn_prep's)
+    float *M = dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * TP;   // [GPU_GDN_C, TP]: in Q̂'s place once Q̂ is read where it fits
+    float *U = A + GPU_GDN_C * TP + (dk >= GPU_GDN_C ? 0 : GPU_GDN_C * TP);   // [GPU_GDN_C, GPU_GDN_VC] (gdn_sw)
+    float *bet = U + GPU_GDN_C * GPU_GDN_VC;   // [GPU_GDN_C] β
     float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
-    float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r} (for step 6)
+    float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r}
     float *tq = eg + GPU_GDN_C;           // [dk] q scratch of single-token pieces
     float *tk = tq + dk;                  // [dk] k scratch
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
     const int j = blockIdx.x, r = rows[blockIdx.y], v0 = blockIdx.z * GPU_GDN_VC;
     const int v = v0 + lane, live = v < dv, hk = j / (nv / nk), key_dim = nk * dk;
     float *Sg = S_base + (size_t)row_slot[r] * S_slot_stride + (size_t)j * dk * dv;
     for (int i = tid; i < dk * GPU_GDN_VC; i += GPU_GDN_NT) {
         int d = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
-        S[i] = v0 + c < dv ? Sg[(size_t)d * dv + v0 + c] : 0.f;
+        S[gdn_sw(d, c)] = v0 + c < dv ? Sg[(size_t)d * dv + v0 + c] : 0.f;
     }
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
     const float qscale = 1.f / sqrtf((float)dk);
+    const int n6 = dk / 16 * (GPU_GDN_VC / 8), k6 = n6 / 4 * 3;   // step 6's tiles, the k̂ warps' share
     int t = row_start[r], end = t + row_len[r], p = row_pos[r], pc = piece0[blockIdx.y];   // pc: the piece's number (tm)
     __syncthreads();
     while (t < end) {
@@ -216,114 +268,129 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         if (n == 1) {   // the recurrent update, by warp 0
             if (warp == 0) {
                 const float *row = qkv + (size_t)t * cd;
-                float beta, g;
-                gdn_gates(bb[(size_t)t * nv + j], aa[(size_t)t * nv + j], Aexp, dtb, &beta, &g);
+                float beta, gg;
+                gdn_gates(bb[(size_t)t * nv + j], aa[(size_t)t * nv + j], Aexp, dtb, &beta, &gg);
                 float vt = live ? row[2 * key_dim + j * dv + v] : 0.f;
-                float out = gdn_token(S, tq, tk, row, key_dim, hk, dk, vt, beta, g, qscale, lane);
+                float out = gdn_token<true>(S, tq, tk, row, key_dim, hk, dk, vt, beta, gg, qscale, lane);
                 if (live) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
             }
             __syncthreads();
             t += 1, p += 1, pc += 1;
             continue;
         }
-        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A; q̂, k̂, β, γ (gdn_piece_qk)
-        //      (cp.async, a float a copy: U's and A's rows are padded; all in flight at once, waited
-        //      for with q and k's in gdn_piece_qk)
+        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A, by cp.async (zeros past n
+        //      and past dv), waited for with q and k's in gdn_piece_qk; q̂, k̂, β, γ
         const float *tp = tm + ((size_t)pc * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C;
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
             const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
-            mm_cp<4>(&U[rr * UP + c], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
+            mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
         }
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) mm_cp<4>(&A[(i / GPU_GDN_C) * AP + i % GPU_GDN_C], tp + i, true);
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C / 4; i += GPU_GDN_NT)   // 16-byte pieces of T's rows
+            mm_cp<16>(&A[(i / (GPU_GDN_C / 4)) * TP + 4 * (i % (GPU_GDN_C / 4))], tp + 4 * i, true);
         gdn_piece_qk(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
-        // 3. R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V, and e^γ Q̂ S₀ kept for the outputs:
-        //    lane = column, warp w takes tokens w, w + 8, …
-        float oq[GPU_GDN_C / 8];
-        {
-            float ks[GPU_GDN_C / 8], qs[GPU_GDN_C / 8];
+        // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
+        const int m0 = 16 * (warp & 3);
+        float acc[4][4];
 #pragma unroll
-            for (int m = 0; m < GPU_GDN_C / 8; m++) ks[m] = qs[m] = 0.f;
-            for (int d = 0; d < dk; d += 2) {   // k̂ and q̂ two at a time (d, then d + 1: the sums' order)
-                const float s0 = S[d * GPU_GDN_VC + lane], s1 = S[(d + 1) * GPU_GDN_VC + lane];
+        for (int b = 0; b < 4; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+        if (m0 < n) {
+            const float *X = warp < 4 ? Ks : Qs;
+            for (int k0 = 0; k0 < dk; k0 += 8) {
+                float a[4];
+                gdn_a(a, X, KP, m0, k0, g, tg);
 #pragma unroll
-                for (int m = 0; m < GPU_GDN_C / 8; m++) {
-                    const int rr = warp + 8 * m;
-                    const float2 kk = *(const float2 *)&Ks[rr * KP + d], qq = *(const float2 *)&Qs[rr * KP + d];
-                    ks[m] += kk.x * s0;
-                    qs[m] += qq.x * s0;
-                    ks[m] += kk.y * s1;
-                    qs[m] += qq.y * s1;
+                for (int b = 0; b < 4; b++) {
+                    const float bv[2] = {S[gdn_sw(k0 + tg, 8 * b + g)], S[gdn_sw(k0 + tg + 4, 8 * b + g)]};
+                    gdn_mma3(acc[b], a, bv);
                 }
             }
+        }
+        // R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V (each element its own thread's); e^γ Q̂ S₀
+        // stays in the q̂ warps' acc for step 5
 #pragma unroll
-            for (int m = 0; m < GPU_GDN_C / 8; m++) {
-                int rr = warp + 8 * m;
-                float e = expf((float)gam[rr]);   // as eg[rr], which is not synchronised yet
-                U[rr * UP + lane] = bet[rr] * (U[rr * UP + lane] - e * ks[m]);
-                oq[m] = e * qs[m];
-            }
+        for (int h = 0; h < 2; h++) {
+            const int rr = m0 + g + 8 * h;
+            const float e = expf((float)gam[rr]);   // as eg[rr], which is not synchronised yet
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    float &x = acc[b][2 * h + q];
+                    if (warp < 4) {
+                        const int ui = gdn_sw(rr, 8 * b + 2 * tg + q);
+                        U[ui] = bet[rr] * (U[ui] - e * x);
+                    } else
+                        x *= e;
+                }
         }
         __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place, copied during step 4
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT)
-            mm_cp<4>(&M[(i / GPU_GDN_C) * AP + i % GPU_GDN_C], tp + GPU_GDN_C * GPU_GDN_C + i, true);
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C / 4; i += GPU_GDN_NT)
+            mm_cp<16>(&M[(i / (GPU_GDN_C / 4)) * TP + 4 * (i % (GPU_GDN_C / 4))], tp + GPU_GDN_C * GPU_GDN_C + 4 * i, true);
         mm_cp_commit();
-        // 4. U = T R: thread (column c, part) takes rows part, part + 8, …, each sum over j ≤ r in
-        //    ascending j (T's diagonal is 1), all read before any is written
+        // 4. U = T R: warp w rows 16 ⌊w / 2⌋ .., columns 16 (w mod 2) .. (T lower triangular: the
+        //    k-steps up to its rows' diagonal and n), all read before any is written
         {
-            const int c = tid >> 3, part = tid & 7;
-            float acc[GPU_GDN_C / 8];
+            const int mt = 16 * (warp >> 1), nt = 16 * (warp & 1);
+            float u[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if (mt < n)
+                for (int k0 = 0; k0 < mt + 16 && k0 < n; k0 += 8) {
+                    float a[4];
+                    gdn_a(a, A, TP, mt, k0, g, tg);
 #pragma unroll
-            for (int m = 0; m < GPU_GDN_C / 8; m++) {
-                const int rr = part + 8 * m;
-                float a = 0.f;
-                for (int jj = 0; jj <= rr && jj < n; jj++) a += A[rr * AP + jj] * U[jj * UP + c];
-                acc[m] = a;
-            }
+                    for (int b = 0; b < 2; b++) {
+                        const float bv[2] = {U[gdn_sw(k0 + tg, nt + 8 * b + g)], U[gdn_sw(k0 + tg + 4, nt + 8 * b + g)]};
+                        gdn_mma3(u[b], a, bv);
+                    }
+                }
             __syncthreads();
 #pragma unroll
-            for (int m = 0; m < GPU_GDN_C / 8; m++)
-                if (part + 8 * m < n) U[(part + 8 * m) * UP + c] = acc[m];
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int rr = mt + g + 8 * (i >> 1);
+                    if (rr < n) U[gdn_sw(rr, nt + 8 * b + 2 * tg + (i & 1))] = u[b][i];
+                }
         }
         mm_cp_wait<0>();   // M
         __syncthreads();
-        // 5. outputs O = e^γ Q̂ S₀ + M U
+        // 5. outputs O = e^γ Q̂ S₀ + M U (the q̂ warps, rows m0 .., M lower triangular)
+        if (warp >= 4 && m0 < n) {
+            for (int k0 = 0; k0 < m0 + 16 && k0 < n; k0 += 8) {
+                float a[4];
+                gdn_a(a, M, TP, m0, k0, g, tg);
 #pragma unroll
-        for (int m = 0; m < GPU_GDN_C / 8; m++) {
-            int rr = warp + 8 * m;
-            if (rr >= n) continue;
-            float acc = oq[m];
-            for (int jj = 0; jj <= rr; jj++) acc += M[rr * AP + jj] * U[jj * UP + lane];
-            if (live) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + v] = acc;
-        }
-        // 6. S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ (lane = column, warp w rows
-        //    d = 2w + 16i and d + 1, eight of them at a time: each token's weighted u, e^{γ_{n−1} − γ_r} u_r,
-        //    formed once for the eight, k̂ read two at a time; dk even)
-        {
-            const float el = eg[n - 1];
-            for (int i0 = 0; 2 * warp + 16 * i0 < dk; i0 += 4) {
-                float acc[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] = 0.f;
-                for (int rr = 0; rr < n; rr++) {
-                    const float wu = wl[rr] * U[rr * UP + lane];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int d = 2 * warp + 16 * (i0 + i);
-                        if (d < dk) {
-                            const float2 kk = *(const float2 *)&Ks[rr * KP + d];
-                            acc[2 * i] += kk.x * wu;
-                            acc[2 * i + 1] += kk.y * wu;
-                        }
-                    }
+                for (int b = 0; b < 4; b++) {
+                    const float bv[2] = {U[gdn_sw(k0 + tg, 8 * b + g)], U[gdn_sw(k0 + tg + 4, 8 * b + g)]};
+                    gdn_mma3(acc[b], a, bv);
                 }
+            }
+#pragma unroll
+            for (int b = 0; b < 4; b++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int d = 2 * warp + 16 * (i0 + i);
-                    if (d < dk) {
-                        S[d * GPU_GDN_VC + lane] = el * S[d * GPU_GDN_VC + lane] + acc[2 * i];
-                        S[(d + 1) * GPU_GDN_VC + lane] = el * S[(d + 1) * GPU_GDN_VC + lane] + acc[2 * i + 1];
-                    }
+                    const int rr = m0 + g + 8 * (i >> 1), c = v0 + 8 * b + 2 * tg + (i & 1);
+                    if (rr < n && c < dv) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + c] = acc[b][i];
+                }
+        }
+        // 6. S ← e^{γ_{n−1}} S₀ + K̂ᵀ diag(e^{γ_{n−1} − γ}) U: tiles of 16 d × 8 columns (tile i: d
+        //    16 ⌊i / 4⌋, columns 8 (i mod 4)), the k̂ warps i mod 4 of the first k6, the q̂ warps the rest
+        {
+            const float el = eg[n - 1];
+            const int first = warp < 4 ? warp : k6 + warp - 4, last = warp < 4 ? k6 : n6;
+            for (int i = first; i < last; i += 4) {
+                const int d0 = 16 * (i >> 2), c0 = 8 * (i & 3);
+                float s[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int k0 = 0; k0 < n; k0 += 8) {
+                    float a[4];
+                    gdn_at(a, Ks, KP, d0, k0, g, tg);
+                    const float bv[2] = {wl[k0 + tg] * U[gdn_sw(k0 + tg, c0 + g)], wl[k0 + tg + 4] * U[gdn_sw(k0 + tg + 4, c0 + g)]};
+                    gdn_mma3(s, a, bv);
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int si = gdn_sw(d0 + g + 8 * (q >> 1), c0 + 2 * tg + (q & 1));
+                    S[si] = el * S[si] + s[q];
                 }
             }
         }
@@ -331,5 +398,5 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         t += n, p += n, pc += 1;
     }
     if (live)
-        for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];
+        for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[gdn_sw(d, lane)];
 }

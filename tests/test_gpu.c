@@ -1952,18 +1952,18 @@ static void moe_shapes(void) {
         for (int i = 0; i < 4; i++) ok &= ((o >> (8 * GPU_FP8_SLOT(i))) & 0xffu) == ((v >> (8 * i)) & 0xffu);
         CHECK(ok, "gpu_fp8_order(0x%08x) = 0x%08x: code i not at byte GPU_FP8_SLOT(i)", v, o);
     }
-    // k_gdn_chunk's shared memory: its arrays (108 KiB at dk = 128: two blocks a multiprocessor),
+    // k_gdn_chunk's shared memory: its arrays (109.25 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
     // only where the registered limit allows it
     k.smem_optin = 232448, k.sms = 132, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128);
-    CHECK(gpu_gdn_chunk_smem(128) == 110336 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 110336 &&
+    CHECK(gpu_gdn_chunk_smem(128) == 111872 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 111872 &&
               gpu_gdn_chunk_grid_smem(&k, 128, 128) == 117248 && gpu_gdn_chunk_grid_smem(&k, 128, 132) == 117248 &&
-              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 110336,
+              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 111872,
           "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128), gpu_gdn_chunk_grid_smem(&k, 128, 128),
           gpu_gdn_chunk_grid_smem(&k, 128, 2048));
     k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 110336, "k_gdn_chunk: padded past its registered limit");
-    CHECK(gpu_gdn_chunk_smem(32) == 64768 && gpu_gdn_chunk_smem_max(232448, 32) == 117248,
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 111872, "k_gdn_chunk: padded past its registered limit");
+    CHECK(gpu_gdn_chunk_smem(32) == 67072 && gpu_gdn_chunk_smem_max(232448, 32) == 117248,
           "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it)");
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
