@@ -23,7 +23,9 @@
 // piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: value heads ×
 // pieces) into tm; the walk k_gdn_chunk, whose pieces follow one another along a row, keeps what
 // does: R, U = T R (a product instead of the forward substitution's chain of n − 1 dependent
-// rows), O and the state.
+// rows), O and the state — its products on tensor cores, each f32 operand in two tf32 parts
+// (3xTF32, below: within ≈ 2⁻²¹ of the f32 product), so the walk is near f32 while its
+// instructions are a fraction of the scalar loops'.
 // CPU twin: ref_gdn_chunk (moet.c).
 // In/out as k_gdn_rule, plus row_pos, piece0 (the pieces of the rows before each: gpu_gdn_pieces)
 // and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten).
@@ -194,16 +196,24 @@ __device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// c += a · b for A values a[4] and B values b[2] as the fragments hold them (f32)
-__device__ __forceinline__ void gdn_mma3(float c[4], const float a[4], const float b[2]) {
-    uint32_t ah[4], al[4], bh[2], bl[2];
+// An A fragment's values a[4] split (once for every B it meets), and c += a · b for B values
+// b0, b1 as the fragment holds them (f32)
+struct gdn_af {
+    uint32_t h[4], l[4];
+};
+__device__ __forceinline__ gdn_af gdn_asplit(const float a[4]) {
+    gdn_af f;
 #pragma unroll
-    for (int i = 0; i < 4; i++) gdn_split(a[i], ah[i], al[i]);
-    gdn_split(b[0], bh[0], bl[0]);
-    gdn_split(b[1], bh[1], bl[1]);
-    gdn_mma(c, al, bh);
-    gdn_mma(c, ah, bl);
-    gdn_mma(c, ah, bh);
+    for (int i = 0; i < 4; i++) gdn_split(a[i], f.h[i], f.l[i]);
+    return f;
+}
+__device__ __forceinline__ void gdn_mma3(float c[4], const gdn_af &a, float b0, float b1) {
+    uint32_t bh[2], bl[2];
+    gdn_split(b0, bh[0], bl[0]);
+    gdn_split(b1, bh[1], bl[1]);
+    gdn_mma(c, a.l, bh);
+    gdn_mma(c, a.h, bl);
+    gdn_mma(c, a.h, bh);
 }
 // The A values of rows m0 .. m0 + 15, columns k0 .. k0 + 7 of X [., ld] (row-major), or of Xᵀ
 // (A[m][k] = X[k][m]).
@@ -224,8 +234,9 @@ __device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m
 //   [C]; single-token scratch q, k [dk].
 // Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of k̂ (w < 4) or q̂ (w ≥ 4) against the
 // block's 32 columns; step 4 warp w rows 16 ⌊w / 2⌋, columns 16 (w mod 2); step 5 (outputs) the
-// q̂ warps, their own rows, their q̂ S₀ still in registers; step 6 (state) tiles of 16 d × 8
-// columns, three quarters to the k̂ warps (step 5 is theirs to skip).
+// q̂ warps, their own rows, their q̂ S₀ still in registers; step 6 (state) warp w rows d 16 w ..
+// (no barrier between 5 and 6: where dk ≤ 64 the k̂ warps update the state while the q̂ warps
+// write the outputs).
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                      const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                      float *__restrict__ S_base, long long S_slot_stride,
@@ -259,7 +270,6 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
     }
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
     const float qscale = 1.f / sqrtf((float)dk);
-    const int n6 = dk / 16 * (GPU_GDN_VC / 8), k6 = n6 / 4 * 3;   // step 6's tiles, the k̂ warps' share
     int t = row_start[r], end = t + row_len[r], p = row_pos[r], pc = piece0[blockIdx.y];   // pc: the piece's number (tm)
     __syncthreads();
     while (t < end) {
@@ -299,11 +309,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             for (int k0 = 0; k0 < dk; k0 += 8) {
                 float a[4];
                 gdn_a(a, X, KP, m0, k0, g, tg);
+                const gdn_af af = gdn_asplit(a);
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const float bv[2] = {S[gdn_sw(k0 + tg, 8 * b + g)], S[gdn_sw(k0 + tg + 4, 8 * b + g)]};
-                    gdn_mma3(acc[b], a, bv);
-                }
+                for (int b = 0; b < 4; b++) gdn_mma3(acc[b], af, S[gdn_sw(k0 + tg, 8 * b + g)], S[gdn_sw(k0 + tg + 4, 8 * b + g)]);
             }
         }
         // R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V (each element its own thread's); e^γ Q̂ S₀
@@ -337,11 +345,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 for (int k0 = 0; k0 < mt + 16 && k0 < n; k0 += 8) {
                     float a[4];
                     gdn_a(a, A, TP, mt, k0, g, tg);
+                    const gdn_af af = gdn_asplit(a);
 #pragma unroll
-                    for (int b = 0; b < 2; b++) {
-                        const float bv[2] = {U[gdn_sw(k0 + tg, nt + 8 * b + g)], U[gdn_sw(k0 + tg + 4, nt + 8 * b + g)]};
-                        gdn_mma3(u[b], a, bv);
-                    }
+                    for (int b = 0; b < 2; b++) gdn_mma3(u[b], af, U[gdn_sw(k0 + tg, nt + 8 * b + g)], U[gdn_sw(k0 + tg + 4, nt + 8 * b + g)]);
                 }
             __syncthreads();
 #pragma unroll
@@ -359,11 +365,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             for (int k0 = 0; k0 < m0 + 16 && k0 < n; k0 += 8) {
                 float a[4];
                 gdn_a(a, M, TP, m0, k0, g, tg);
+                const gdn_af af = gdn_asplit(a);
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const float bv[2] = {U[gdn_sw(k0 + tg, 8 * b + g)], U[gdn_sw(k0 + tg + 4, 8 * b + g)]};
-                    gdn_mma3(acc[b], a, bv);
-                }
+                for (int b = 0; b < 4; b++) gdn_mma3(acc[b], af, U[gdn_sw(k0 + tg, 8 * b + g)], U[gdn_sw(k0 + tg + 4, 8 * b + g)]);
             }
 #pragma unroll
             for (int b = 0; b < 4; b++)
@@ -373,25 +377,29 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                     if (rr < n && c < dv) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + c] = acc[b][i];
                 }
         }
-        // 6. S ← e^{γ_{n−1}} S₀ + K̂ᵀ diag(e^{γ_{n−1} − γ}) U: tiles of 16 d × 8 columns (tile i: d
-        //    16 ⌊i / 4⌋, columns 8 (i mod 4)), the k̂ warps i mod 4 of the first k6, the q̂ warps the rest
+        // 6. S ← e^{γ_{n−1}} S₀ + K̂ᵀ diag(e^{γ_{n−1} − γ}) U: warp w rows d 16 w .. + 15 (and 16 (w + 8) ..
+        //    where dk > 128), the block's 32 columns; k̂ᵀ's fragment split once for the four column tiles
         {
             const float el = eg[n - 1];
-            const int first = warp < 4 ? warp : k6 + warp - 4, last = warp < 4 ? k6 : n6;
-            for (int i = first; i < last; i += 4) {
-                const int d0 = 16 * (i >> 2), c0 = 8 * (i & 3);
-                float s[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int d0 = 16 * warp; d0 < dk; d0 += 16 * (GPU_GDN_NT / WARP)) {
+                float sa[4][4];
+#pragma unroll
+                for (int b = 0; b < 4; b++) sa[b][0] = sa[b][1] = sa[b][2] = sa[b][3] = 0.f;
                 for (int k0 = 0; k0 < n; k0 += 8) {
                     float a[4];
                     gdn_at(a, Ks, KP, d0, k0, g, tg);
-                    const float bv[2] = {wl[k0 + tg] * U[gdn_sw(k0 + tg, c0 + g)], wl[k0 + tg + 4] * U[gdn_sw(k0 + tg + 4, c0 + g)]};
-                    gdn_mma3(s, a, bv);
+                    const gdn_af af = gdn_asplit(a);
+                    const float w0 = wl[k0 + tg], w1 = wl[k0 + tg + 4];
+#pragma unroll
+                    for (int b = 0; b < 4; b++) gdn_mma3(sa[b], af, w0 * U[gdn_sw(k0 + tg, 8 * b + g)], w1 * U[gdn_sw(k0 + tg + 4, 8 * b + g)]);
                 }
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int si = gdn_sw(d0 + g + 8 * (q >> 1), c0 + 2 * tg + (q & 1));
-                    S[si] = el * S[si] + s[q];
-                }
+                for (int b = 0; b < 4; b++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const int si = gdn_sw(d0 + g + 8 * (q >> 1), 8 * b + 2 * tg + (q & 1));
+                        S[si] = el * S[si] + sa[b][q];
+                    }
             }
         }
         __syncthreads();
