@@ -176,20 +176,19 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
 
 // ---- the walk's products on tensor cores: 3xTF32 ---------------------------------------------
 //
-// Each f32 operand x is split as hi = tf32(x) and lo = tf32(x − hi) (round to nearest), and a
+// Each f32 operand x is split as hi = tf32(x) and lo = tf32(x − hi) (gdn_tf32), and a
 // product a·b taken as lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the three mma in that order, f32
 // accumulation): within ≈ 2⁻²¹ of a·b relative, what dropped lo_a·lo_b and the accumulations'
 // rounding leave. mma.m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t),
 // a2 (g, t + 4), a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1),
 // c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
-__device__ __forceinline__ uint32_t gdn_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
+// x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), as an f32 whose 13 low
+// bits are zero: what the mma reads of it is all of it
+__device__ __forceinline__ float gdn_tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
 __device__ __forceinline__ void gdn_split(float x, uint32_t &h, uint32_t &l) {
-    h = gdn_tf32(x);
-    l = gdn_tf32(x - __uint_as_float(h));
+    const float hf = gdn_tf32(x);
+    h = __float_as_uint(hf);
+    l = __float_as_uint(gdn_tf32(x - hf));   // x − hf exact: x's bits below hf's
 }
 __device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
