@@ -10,9 +10,9 @@
 // head j, with q̂, k̂ L2-normalised (q̂ · 1/sqrt(dk)), β_r, and the log decays g_r (sass/gdn.cuh):
 //   γ_r = Σ_{i≤r} g_i;  D_rj = exp(γ_r − γ_j) (j ≤ r; never formed above the diagonal)
 //   A_rj = β_r (k̂_r·k̂_j) D_rj (j < r);   M_rj = (q̂_r·k̂_j) D_rj (j ≤ r)
-//   R = diag(β) (V − diag(e^γ) K̂ S₀);    U = T R, T = (I + A)⁻¹ (forward substitution on the
-//                                          identity's columns; U's rows are the recurrence's
-//                                          corrections u_r)
+//   R = diag(β) (V − diag(e^γ) K̂ S₀);    U = T R, T = (I + A)⁻¹ (in blocks of 16: forward
+//                                          substitution inside the diagonal ones, products
+//                                          below; U's rows are the recurrence's corrections u_r)
 //   O = diag(e^γ) Q̂ S₀ + M U;            S ← e^{γ_{n−1}} S₀ + Σ_r e^{γ_{n−1} − γ_r} k̂_r u_rᵀ
 // Only differences γ_r − γ_j ≤ 0 are exponentiated, so a strong decay underflows to 0, never
 // overflows; γ is summed in f64, so a difference of two large γ (after a strong decay) keeps
@@ -95,6 +95,57 @@ __device__ __forceinline__ void gdn_piece_at(int q, const int *__restrict__ piec
     *n = i ? max(0, min(GPU_GDN_C, t + L - *t0)) : n0;
 }
 
+// ---- products on tensor cores: 3xTF32 (the walk's, and k_gdn_prep's blocks of T) -------------
+//
+// Each f32 operand x is split as hi = tf32(x) and lo = tf32(x − hi) (gdn_tf32), and a
+// product a·b taken as lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the three mma in that order, f32
+// accumulation): within ≈ 2⁻²¹ of a·b relative, what dropped lo_a·lo_b and the accumulations'
+// rounding leave. mma.m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t),
+// a2 (g, t + 4), a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1),
+// c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+// x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), as an f32 whose 13 low
+// bits are zero: what the mma reads of it is all of it
+__device__ __forceinline__ float gdn_tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
+__device__ __forceinline__ void gdn_split(float x, uint32_t &h, uint32_t &l) {
+    const float hf = gdn_tf32(x);
+    h = __float_as_uint(hf);
+    l = __float_as_uint(gdn_tf32(x - hf));   // x − hf exact: x's bits below hf's
+}
+__device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// An A fragment's values a[4] split (once for every B it meets), and c += a · b for B values
+// b0, b1 as the fragment holds them (f32)
+struct gdn_af {
+    uint32_t h[4], l[4];
+};
+__device__ __forceinline__ gdn_af gdn_asplit(const float a[4]) {
+    gdn_af f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) gdn_split(a[i], f.h[i], f.l[i]);
+    return f;
+}
+__device__ __forceinline__ void gdn_mma3(float c[4], const gdn_af &a, float b0, float b1) {
+    uint32_t bh[2], bl[2];
+    gdn_split(b0, bh[0], bl[0]);
+    gdn_split(b1, bh[1], bl[1]);
+    gdn_mma(c, a.l, bh);
+    gdn_mma(c, a.h, bl);
+    gdn_mma(c, a.h, bh);
+}
+// The A values of rows m0 .. m0 + 15, columns k0 .. k0 + 7 of X [., ld] (row-major), or of Xᵀ
+// (A[m][k] = X[k][m]).
+__device__ __forceinline__ void gdn_a(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
+    a[0] = X[(m0 + g) * ld + k0 + t], a[1] = X[(m0 + g + 8) * ld + k0 + t];
+    a[2] = X[(m0 + g) * ld + k0 + t + 4], a[3] = X[(m0 + g + 8) * ld + k0 + t + 4];
+}
+__device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
+    a[0] = X[(k0 + t) * ld + m0 + g], a[1] = X[(k0 + t) * ld + m0 + g + 8];
+    a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
+}
+
 // k_gdn_prep (see the top): piece blockIdx.y, value head blockIdx.x: T and M into tm. A piece of
 // one token writes nothing (the walk takes the recurrence there).
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
@@ -153,76 +204,65 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
             mp[rr * GPU_GDN_C + jj] = qk[a][b] * dec;
         }
     __syncthreads();
-    // (I + A) T = I by forward substitution, row after row, 32 columns at a time: 8 lanes per
-    // column share the sum over earlier rows (j ≡ part mod 8), added in a fixed butterfly order;
-    // rows past n (A's rows zero there) stay the identity's
-    const int part = tid & 7;
-    for (int c = tid >> 3; c < GPU_GDN_C; c += GPU_GDN_NT / 8) {
-        for (int rr = part; rr < GPU_GDN_C; rr += 8) Tt[rr * AP + c] = rr == c ? 1.f : 0.f;
-        __syncwarp();
-        for (int rr = 1; rr < n; rr++) {
+    // T = (I + A)⁻¹ in blocks of 16 (A strictly lower triangular; rows past n, A's rows zero there,
+    // stay the identity's). The four diagonal blocks T_ii = (I + A_ii)⁻¹ at once, by forward
+    // substitution on the identity's columns (4 lanes a column share the sum over earlier rows of
+    // the block, j ≡ part mod 4, added in a fixed butterfly order; 15 dependent rows); then the
+    // blocks below, a diagonal of them at a time (16 d after 16 (d − 1)): T_ij = −T_ii Σ_{j≤k<i} A_ik T_kj,
+    // block (i, j) by warp i − d of that diagonal (products: gdn_mma3).
+    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
+    __syncthreads();
+    {
+        const int part = tid & 3, c = tid >> 2, b0 = c & ~15;   // column c of diagonal block b0 / 16
+        for (int rr = b0 + 1; rr < b0 + 16 && rr < n; rr++) {
             float acc = 0.f;
-            for (int jj = part; jj < rr; jj += 8) acc += A[rr * AP + jj] * Tt[jj * AP + c];
+            for (int jj = b0 + part; jj < rr; jj += 4) acc += A[rr * AP + jj] * Tt[jj * AP + c];
             acc += __shfl_xor_sync(0xffffffffu, acc, 1);
             acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 4);
             if (part == 0) Tt[rr * AP + c] -= acc;
-            __syncwarp();   // a column's eight lanes are one warp's: no other warp reads its T here
+            __syncwarp();   // a column's four lanes are one warp's: no other warp reads its T here
         }
     }
     __syncthreads();
-    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
-}
-
-// ---- the walk's products on tensor cores: 3xTF32 ---------------------------------------------
-//
-// Each f32 operand x is split as hi = tf32(x) and lo = tf32(x − hi) (gdn_tf32), and a
-// product a·b taken as lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the three mma in that order, f32
-// accumulation): within ≈ 2⁻²¹ of a·b relative, what dropped lo_a·lo_b and the accumulations'
-// rounding leave. mma.m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t),
-// a2 (g, t + 4), a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1),
-// c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
-// x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), as an f32 whose 13 low
-// bits are zero: what the mma reads of it is all of it
-__device__ __forceinline__ float gdn_tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u); }
-__device__ __forceinline__ void gdn_split(float x, uint32_t &h, uint32_t &l) {
-    const float hf = gdn_tf32(x);
-    h = __float_as_uint(hf);
-    l = __float_as_uint(gdn_tf32(x - hf));   // x − hf exact: x's bits below hf's
-}
-__device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// An A fragment's values a[4] split (once for every B it meets), and c += a · b for B values
-// b0, b1 as the fragment holds them (f32)
-struct gdn_af {
-    uint32_t h[4], l[4];
-};
-__device__ __forceinline__ gdn_af gdn_asplit(const float a[4]) {
-    gdn_af f;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    for (int d = 1; d < GPU_GDN_C / 16; d++) {
+        const int bi = warp + d, bj = warp;   // block (bi, bj) of diagonal d, by warp bj
+        if (bi < GPU_GDN_C / 16 && 16 * bi < n) {
+            const int r0 = 16 * bi, c0 = 16 * bj;
+            float w[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};   // W = Σ_k A_ik T_kj, two tiles of 8 columns
+            for (int k0 = c0; k0 < r0; k0 += 8) {
+                float a[4];
+                gdn_a(a, A, AP, r0, k0, g, tg);
+                const gdn_af af = gdn_asplit(a);
 #pragma unroll
-    for (int i = 0; i < 4; i++) gdn_split(a[i], f.h[i], f.l[i]);
-    return f;
-}
-__device__ __forceinline__ void gdn_mma3(float c[4], const gdn_af &a, float b0, float b1) {
-    uint32_t bh[2], bl[2];
-    gdn_split(b0, bh[0], bl[0]);
-    gdn_split(b1, bh[1], bl[1]);
-    gdn_mma(c, a.l, bh);
-    gdn_mma(c, a.h, bl);
-    gdn_mma(c, a.h, bh);
-}
-// The A values of rows m0 .. m0 + 15, columns k0 .. k0 + 7 of X [., ld] (row-major), or of Xᵀ
-// (A[m][k] = X[k][m]).
-__device__ __forceinline__ void gdn_a(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
-    a[0] = X[(m0 + g) * ld + k0 + t], a[1] = X[(m0 + g + 8) * ld + k0 + t];
-    a[2] = X[(m0 + g) * ld + k0 + t + 4], a[3] = X[(m0 + g + 8) * ld + k0 + t + 4];
-}
-__device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
-    a[0] = X[(k0 + t) * ld + m0 + g], a[1] = X[(k0 + t) * ld + m0 + g + 8];
-    a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
+                for (int b = 0; b < 2; b++) gdn_mma3(w[b], af, Tt[(k0 + tg) * AP + c0 + 8 * b + g], Tt[(k0 + tg + 4) * AP + c0 + 8 * b + g]);
+            }
+            // W into block (bi, bj) (still zero, read by no one else this diagonal), then T_ij = −T_ii W
+            // over it: every read of W before any write
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = w[b][q];
+            __syncwarp();
+            float x[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                float a[4];
+                gdn_a(a, Tt + r0, AP, r0, k0, g, tg);   // T_ii: rows r0 .., columns r0 + k0 ..
+                const gdn_af af = gdn_asplit(a);
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+                    gdn_mma3(x[b], af, Tt[(r0 + k0 + tg) * AP + c0 + 8 * b + g], Tt[(r0 + k0 + tg + 4) * AP + c0 + 8 * b + g]);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = -x[b][q];
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
 }
 
 // The walk (see the top). Shared memory (gpu_gdn_chunk_smem), rows padded to 4 mod 32 floats and
