@@ -414,6 +414,8 @@ static int cmd_bench(int argc, char **argv) {
                     if (g_nodes[i])
                         fprintf(stderr, "moet bench:   %-18s %6d nodes  without them %7.3f ms  (they cost %7.3f ms, %5.1f%%)\n", gpu_kernel_names[i],
                                 g_nodes[i], g_ms[i], whole - g_ms[i], 100 * (whole - g_ms[i]) / whole);
+                fprintf(stderr, "moet bench:   (a kernel whose outputs choose later work — the router, the norms and conv before it — changes that\n"
+                                "moet bench:    work when disabled: its number there is not its cost alone)\n");
             } else
                 fprintf(stderr, "moet bench: batch %d decodes without a graph (the expert cache, or more rows than the graphs hold): no in-graph costs\n", B);
         }
