@@ -1020,7 +1020,10 @@ static void kernel_misc(gpu_engine *g) {
 // same row cut at multiples of 64 into three launches.
 // Tolerance GPU_TOL_GDN (tests/kernel_data.h).
 static void kernel_gdn(gpu_engine *g) {
-    static const struct { int nk, nv, dk, dv; } shapes[] = {{16, 32, 128, 128}, {2, 6, 48, 40}};
+    // corr > 0: each key head's keys a shared direction plus corr × noise, so that A's entries
+    // (β k̂_r·k̂_j, k̂ nearly parallel) are large and T = (I + A)⁻¹ far from the identity (independent
+    // keys of 48 to 128 dims meet at ≈ 0.1): the chunked form's inverse and products under load
+    static const struct { int nk, nv, dk, dv; float corr; } shapes[] = {{16, 32, 128, 128, 0.f}, {2, 6, 48, 40, 0.f}, {2, 6, 48, 40, 0.3f}};
     static const kt_row rows[] = {{0, 0, 150}, {1, 37, 100}, {2, 63, 2}, {3, 64, 1}, {4, 5, 64}, {5, 200, 1}};
     enum { NR = 6, NS = 6 };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -1034,6 +1037,13 @@ static void kernel_gdn(gpu_engine *g) {
         float *orr = malloc(sizeof(float) * nO), *got = malloc(sizeof(float) * nO), *gS = malloc(sizeof(float) * nS);
         float *got2 = malloc(sizeof(float) * nO), *gS2 = malloc(sizeof(float) * nS);
         for (size_t i = 0; i < (size_t)T * cd; i++) qkv[i] = kt_normal();
+        if (shapes[si].corr > 0) {
+            float base[2 * 48];
+            MOET_ASSERT(nk * dk <= (int)(sizeof base / sizeof base[0]), "kernel_gdn: %d key dims", nk * dk);
+            for (int i = 0; i < nk * dk; i++) base[i] = kt_normal();
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < nk * dk; i++) qkv[(size_t)t * cd + nk * dk + i] = base[i] + shapes[si].corr * kt_normal();
+        }
         for (int i = 0; i < T * nv; i++) bb[i] = 2.0f * kt_normal(), aa[i] = (i % 97 == 5) ? 60.0f : 2.0f * kt_normal() - 1.0f;
         for (size_t i = 0; i < nS; i++) S0[i] = 0.1f * kt_normal();
         uint16_t lb[64], db[64];
@@ -1071,8 +1081,9 @@ static void kernel_gdn(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
         double ec = fmax(check_nerr(got, oc, nO), check_nerr(gS, Sc, nS));
         double er = fmax(check_nerr(got2, orr, nO), check_nerr(gS2, Sr, nS));
-        CHECK(ec < GPU_TOL_GDN, "k_gdn_chunk [nk %d nv %d dk %d dv %d]: normalised error %.3g vs ref_gdn_chunk", nk, nv, dk, dv, ec);
-        CHECK(er < GPU_TOL_GDN, "k_gdn_rule [nk %d nv %d dk %d dv %d]: normalised error %.3g vs the recurrence", nk, nv, dk, dv, er);
+        const char *keys = shapes[si].corr > 0 ? "correlated" : "independent";
+        CHECK(ec < GPU_TOL_GDN, "k_gdn_chunk [nk %d nv %d dk %d dv %d, keys %s]: normalised error %.3g vs ref_gdn_chunk", nk, nv, dk, dv, keys, ec);
+        CHECK(er < GPU_TOL_GDN, "k_gdn_rule [nk %d nv %d dk %d dv %d, keys %s]: normalised error %.3g vs the recurrence", nk, nv, dk, dv, keys, er);
         // rows of single-token pieces only: 2 (positions 63 | 64), 3 (64), 5 (200): k_gdn_rule's bits
         int same1 = 1;
         for (int i = 0, t = 0; i < NR; t += rows[i].len, i++) {
