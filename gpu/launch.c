@@ -488,6 +488,19 @@ static int gpu_gdn_pieces(const int *len, const int *pos, int n, int *piece0) {
 // The most pieces a step of T tokens in n rows holds: ⌈len / C⌉ + 1 a row.
 static int gpu_gdn_pieces_max(int T, int n) { return (int)gpu_cdiv(T, GPU_GDN_C) + 2 * n; }
 
+// k_gdn_prep alone (gpu_k_gdn_chunk's first launch, arguments as there; the kernel harness times
+// it apart): T and M of every piece of the rows into tm.
+static void gpu_k_gdn_prep(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log, gpu_mat dt_bias,
+                           int nk, int nv, int dk, int dv, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
+                           int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
+    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && (dk & 15) == 0 && (qkv & 7) == 0,
+                "k_gdn_chunk: %d key heads (of a multiple of 16), %d value heads of %d, %d, conv dim %d, q|k|v at 8-byte alignment (its cp.async)",
+                nk, nv, dk, dv, cd);
+    MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_chunk: %d pieces of %d rows", pieces, n_rows);
+    gpu_launch(k, K_GDN_PREP, (gpu_dim){nv, pieces, 1, "(value heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
+               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &tm, &nk, &nv, &dk, &row_start, &row_len, &row_pos, &rows, &piece0, &n_rows));
+}
+
 // The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute
 // position, where its pieces of GPU_GDN_C are cut), tm (k_gdn_prep's [pieces, nv, 2, C, C] f32) and
 // piece0 (int32, gpu_gdn_pieces' of the rows, in rows' order): k_gdn_prep, then k_gdn_chunk.
@@ -495,12 +508,7 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
                             gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
                             CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
                             int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
-    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && (dk & 15) == 0 && (qkv & 7) == 0,
-                "k_gdn_chunk: %d key heads (of a multiple of 16), %d value heads of %d, %d, conv dim %d, q|k|v at 8-byte alignment (its cp.async)",
-                nk, nv, dk, dv, cd);
-    MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_chunk: %d pieces of %d rows", pieces, n_rows);
-    gpu_launch(k, K_GDN_PREP, (gpu_dim){nv, pieces, 1, "(value heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
-               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &tm, &nk, &nv, &dk, &row_start, &row_len, &row_pos, &rows, &piece0, &n_rows));
+    gpu_k_gdn_prep(k, s, qkv, cd, bb, aa, A_log, dt_bias, nk, nv, dk, dv, row_start, row_len, row_pos, rows, n_rows, tm, piece0, pieces);
     const long long blocks = (long long)nv * n_rows * gpu_cdiv(dv, GPU_GDN_VC);
     gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
                gpu_gdn_chunk_grid_smem(k, dk, blocks), s,
