@@ -680,13 +680,18 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
     if (gpu_plan_grids(c, o->max_tokens, o->max_seqs, o->max_len, e)) return gpu_close(&g->dev), -1;
     if (gpu_kernels_load(&g->k, &g->dev, e)) return gpu_close(&g->dev), -1;
     gpu_kernel_smem(&g->k, K_GDN_RULE, (size_t)g->dev.smem_optin);
-    // the chunked GDN form where its shared memory fits (linear_key_head_dim ≤ 256 on 227 KiB) and
-    // the key heads' size is a multiple of 16 (its walk's tensor-core tiles of 16 key dims): prompts
-    // are then cut at multiples of GPU_GDN_C; otherwise every token takes the recurrence
+    // the chunked GDN form where its shared memory fits (gpu_gdn_layout: Qwen3.6's key heads of 128
+    // in 227 KiB with T's own array, in 99 KiB lean) and the key heads' size is a multiple of 16 (its
+    // walk's tensor-core tiles of 16 key dims): prompts are then cut at multiples of GPU_GDN_C;
+    // otherwise every token takes the recurrence
     g->chunk_align = 1;
-    if (c->n_gdn && c->lk_dim % 16 == 0 && gpu_gdn_chunk_smem(c->lk_dim) <= (size_t)g->dev.smem_optin) {
+    const int lay = c->n_gdn && c->lk_dim % 16 == 0 && gpu_gdn_prep_smem(c->lk_dim) <= (size_t)g->dev.smem_optin
+                        ? gpu_gdn_layout(g->dev.smem_optin, c->lk_dim)
+                        : -1;
+    if (lay >= 0) {
         g->chunk_align = GPU_GDN_C;
-        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(g->dev.smem_optin, c->lk_dim));
+        g->k.gdn_lean = lay;
+        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(g->dev.smem_optin, c->lk_dim, lay));
         gpu_kernel_smem(&g->k, K_GDN_PREP, gpu_gdn_prep_smem(c->lk_dim));
     }
     if (pfx_blocks) {   // a block ends where a prompt may be cut, and on a KV page boundary

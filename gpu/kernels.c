@@ -56,21 +56,31 @@ static size_t gpu_gdn_prep_smem(int dk) {
            sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) + (size_t)GPU_GDN_C);
 }
 
-// Dynamic shared memory of k_gdn_chunk for key heads of dk (C = GPU_GDN_C, VC = GPU_GDN_VC;
-// sass/gdn_chunk.cu): γ [C] (f64); k̂ and q̂ [C, dk + 4], S [dk, VC], T (k_gdn_prep's) and M
-// [C, C + 4] (M in q̂'s place where dk ≥ C: 109.25 KiB at dk = 128, two blocks a multiprocessor),
+// Dynamic shared memory of k_gdn_chunk for key heads of dk in its layout `lean` (C = GPU_GDN_C,
+// VC = GPU_GDN_VC; sass/gdn_chunk.cu): γ [C] (f64); k̂ and q̂ [C, dk + 4], S [dk, VC]; T
+// (k_gdn_prep's) [C, C] and M [C, C], M in q̂'s place where dk ≥ C (108.25 KiB at dk = 128, two
+// blocks a multiprocessor), or lean both there (92.25 KiB: a 99 KiB block of sm_120 / sm_121);
 // U [C, VC], β, decay weights, e^γ [C], single-token scratch 2·dk (f32).
-static size_t gpu_gdn_chunk_smem(int dk) {
-    const size_t nam = dk >= GPU_GDN_C ? 1 : 2;   // A, and M where it cannot take Q̂'s place
+static size_t gpu_gdn_chunk_smem(int dk, int lean) {
+    const size_t nam = lean ? 0 : dk >= GPU_GDN_C ? 1 : 2;   // T, and M where it cannot take Q̂'s place
     return sizeof(double) * GPU_GDN_C +
-           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * (GPU_GDN_C + 4) +
+           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * GPU_GDN_C +
                             (size_t)GPU_GDN_C * GPU_GDN_VC + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
+}
+
+// k_gdn_chunk's layout on a device of smem_optin bytes a block for key heads of dk: 0 where T has
+// its own array, 1 (lean: T and M in q̂'s place once q̂ is read, which holds both where dk ≥ 2C − 4)
+// where only that fits, −1 where neither (prompts then take the recurrence).
+static int gpu_gdn_layout(int smem_optin, int dk) {
+    if (gpu_gdn_chunk_smem(dk, 0) <= (size_t)smem_optin) return 0;
+    if (dk + 4 >= 2 * GPU_GDN_C && gpu_gdn_chunk_smem(dk, 1) <= (size_t)smem_optin) return 1;
+    return -1;
 }
 
 // What k_gdn_chunk's launches may take (gpu_kernel_smem): its arrays, or more where a grid of at
 // most one block per multiprocessor takes gpu_gdn_chunk_grid_smem's padding.
-static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk) {
-    const size_t need = gpu_gdn_chunk_smem(dk), solo = (size_t)smem_optin / 2 + 1024;
+static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk, int lean) {
+    const size_t need = gpu_gdn_chunk_smem(dk, lean), solo = (size_t)smem_optin / 2 + 1024;
     return need < solo && solo <= (size_t)smem_optin ? solo : need;
 }
 
@@ -107,6 +117,7 @@ typedef struct {
     int smem_optin;        // the device's most dynamic shared memory per block (bytes)
     int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
+    int gdn_lean;          // k_gdn_chunk's layout (gpu_gdn_layout: 1 = lean), 0 until the engine picks it
     int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
     int moe_g128_min;      // ... and the _g128 shape (items of up to GPU_MMG_BN128 pairs) where the products read one part (0: never)
@@ -148,6 +159,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     for (size_t i = 0; i < sizeof gpu_parts_kernels / sizeof gpu_parts_kernels[0]; i++)
         CU_CHECK(cu.cuModuleGetFunction(&k->fn_bf[gpu_parts_kernels[i]], k->mod_bf, gpu_kernel_names[gpu_parts_kernels[i]]));
     k->parts = GPU_MM_SPLITS;
+    k->gdn_lean = 0;
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;
@@ -194,8 +206,8 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
 // 1,024 (2,048 blocks) 8,628–8,653 with two blocks a multiprocessor against 7,779–7,799. Where
 // the registered limit is below the padding, the arrays alone.
 static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks) {
-    const size_t padded = gpu_gdn_chunk_smem_max(k->smem_optin, dk);   // (the arrays where no padding fits)
-    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : gpu_gdn_chunk_smem(dk);
+    const size_t padded = gpu_gdn_chunk_smem_max(k->smem_optin, dk, k->gdn_lean);   // (the arrays where no padding fits)
+    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : gpu_gdn_chunk_smem(dk, k->gdn_lean);
 }
 
 // A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),

@@ -141,6 +141,20 @@ __device__ __forceinline__ void gdn_a(float a[4], const float *X, int ld, int m0
     a[0] = X[(m0 + g) * ld + k0 + t], a[1] = X[(m0 + g + 8) * ld + k0 + t];
     a[2] = X[(m0 + g) * ld + k0 + t + 4], a[3] = X[(m0 + g + 8) * ld + k0 + t + 4];
 }
+// T and M [C, C] as the walk keeps them: row r's 4-column groups swizzled by r mod 8 (16-byte
+// copies stay whole), so that an A fragment's 32 loads meet 32 banks
+__device__ __forceinline__ int gdn_tsw(int r, int c) { return r * GPU_GDN_C + (c ^ ((r & 7) << 2)); }
+__device__ __forceinline__ void gdn_a_tsw(float a[4], const float *X, int m0, int k0, int g, int t) {
+    a[0] = X[gdn_tsw(m0 + g, k0 + t)], a[1] = X[gdn_tsw(m0 + g + 8, k0 + t)];
+    a[2] = X[gdn_tsw(m0 + g, k0 + t + 4)], a[3] = X[gdn_tsw(m0 + g + 8, k0 + t + 4)];
+}
+// k_gdn_prep's T or M of a piece (tp: [C, C] row-major) into X (gdn_tsw) by cp.async, 16 bytes a copy
+__device__ __forceinline__ void gdn_copy_tsw(float *X, const float *tp) {
+    for (int i = threadIdx.x; i < GPU_GDN_C * GPU_GDN_C / 4; i += GPU_GDN_NT) {
+        const int r = i / (GPU_GDN_C / 4), c = 4 * (i % (GPU_GDN_C / 4));
+        mm_cp<16>(&X[gdn_tsw(r, c)], tp + 4 * i, true);
+    }
+}
 __device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
     a[0] = X[(k0 + t) * ld + m0 + g], a[1] = X[(k0 + t) * ld + m0 + g + 8];
     a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
@@ -265,12 +279,15 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
     for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
 }
 
-// The walk (see the top). Shared memory (gpu_gdn_chunk_smem), rows padded to 4 mod 32 floats and
-// S, U swizzled by gdn_sw so that every fragment load meets 32 banks (the transposed k̂ reads of
-// step 6 two-way):
-//   γ [C] f64; k̂, q̂ [C, dk + 4]; S [dk, VC] (gdn_sw); T [C, C + 4]; M [C, C + 4] in q̂'s place
-//   where dk ≥ C, else after T; U [C, VC] (gdn_sw: V, then R, then U); β, e^{γ_{n−1} − γ_r}, e^γ
-//   [C]; single-token scratch q, k [dk].
+// The walk (see the top). Shared memory (gpu_gdn_chunk_smem), k̂ and q̂'s rows padded to 4 mod 32
+// floats, S and U swizzled by gdn_sw, T and M by gdn_tsw, so that every fragment load meets 32
+// banks (the transposed k̂ reads of step 6 two-way):
+//   γ [C] f64; k̂, q̂ [C, dk + 4]; S [dk, VC]; T [C, C], copied with V, q and k; M [C, C] in q̂'s
+//   place (copied after step 3) where dk ≥ C, else after T; U [C, VC] (V, then R, then U); β,
+//   e^{γ_{n−1} − γ_r}, e^γ [C]; single-token scratch q, k [dk].
+//   lean (gpu_gdn_layout: where that does not fit a block, as the 99 KiB of sm_120 / sm_121): no
+//   array of T — T and M both copied into q̂'s place after step 3 (dk + 4 ≥ 2C), T waited for
+//   before step 4: the same values in the same places of each product, so the same bits.
 // Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of k̂ (w < 4) or q̂ (w ≥ 4) against the
 // block's 32 columns; step 4 warp w rows 16 ⌊w / 2⌋, columns 16 (w mod 2); step 5 (outputs) the
 // q̂ warps, their own rows, their q̂ S₀ still in registers; step 6 (state) warp w rows d 16 w ..
@@ -283,17 +300,17 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      const int *__restrict__ row_slot, const int *__restrict__ row_start,
                                                                      const int *__restrict__ row_len, const int *__restrict__ row_pos,
                                                                      const int *__restrict__ rows, const float *__restrict__ tm,
-                                                                     const int *__restrict__ piece0) {
+                                                                     const int *__restrict__ piece0, int lean) {
     GPU_DEP();
     extern __shared__ double smd[];
-    const int KP = dk + 4, TP = GPU_GDN_C + 4;
+    const int KP = dk + 4;
     double *gam = smd;                    // [GPU_GDN_C] γ
     float *Ks = (float *)(smd + GPU_GDN_C);   // [GPU_GDN_C, KP] k̂ of the piece
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
     float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns (gdn_sw)
-    float *A = S + dk * GPU_GDN_VC;       // [GPU_GDN_C, TP] T (k_gdn_prep's)
-    float *M = dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * TP;   // [GPU_GDN_C, TP]: in Q̂'s place once Q̂ is read where it fits
-    float *U = A + GPU_GDN_C * TP + (dk >= GPU_GDN_C ? 0 : GPU_GDN_C * TP);   // [GPU_GDN_C, GPU_GDN_VC] (gdn_sw)
+    float *A = lean ? Qs : S + dk * GPU_GDN_VC;   // [GPU_GDN_C, GPU_GDN_C] T (k_gdn_prep's; gdn_tsw)
+    float *M = lean ? Qs + GPU_GDN_C * GPU_GDN_C : dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * GPU_GDN_C;   // [C, C]: in Q̂'s place where it fits
+    float *U = S + dk * GPU_GDN_VC + (lean ? 0 : dk >= GPU_GDN_C ? 1 : 2) * GPU_GDN_C * GPU_GDN_C;   // [GPU_GDN_C, GPU_GDN_VC] (gdn_sw)
     float *bet = U + GPU_GDN_C * GPU_GDN_VC;   // [GPU_GDN_C] β
     float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
     float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r}
@@ -327,15 +344,14 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             t += 1, p += 1, pc += 1;
             continue;
         }
-        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A, by cp.async (zeros past n
-        //      and past dv), waited for with q and k's in gdn_piece_qk; q̂, k̂, β, γ
+        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A unless lean, by cp.async (zeros
+        //      past n and past dv), waited for with q and k's in gdn_piece_qk; q̂, k̂, β, γ
         const float *tp = tm + ((size_t)pc * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C;
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
             const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
             mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
         }
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C / 4; i += GPU_GDN_NT)   // 16-byte pieces of T's rows
-            mm_cp<16>(&A[(i / (GPU_GDN_C / 4)) * TP + 4 * (i % (GPU_GDN_C / 4))], tp + 4 * i, true);
+        if (!lean) gdn_copy_tsw(A, tp);
         gdn_piece_qk(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
@@ -372,9 +388,16 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 }
         }
         __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place, copied during step 4
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C / 4; i += GPU_GDN_NT)
-            mm_cp<16>(&M[(i / (GPU_GDN_C / 4)) * TP + 4 * (i % (GPU_GDN_C / 4))], tp + GPU_GDN_C * GPU_GDN_C + 4 * i, true);
+        if (lean) {   // T too, waited for
+            gdn_copy_tsw(A, tp);
+            mm_cp_commit();
+        }
+        gdn_copy_tsw(M, tp + GPU_GDN_C * GPU_GDN_C);
         mm_cp_commit();
+        if (lean) {
+            mm_cp_wait<1>();   // T (M may still be on its way)
+            __syncthreads();
+        }
         // 4. U = T R: warp w rows 16 ⌊w / 2⌋ .., columns 16 (w mod 2) .. (T lower triangular: the
         //    k-steps up to its rows' diagonal and n), all read before any is written
         {
@@ -383,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             if (mt < n)
                 for (int k0 = 0; k0 < mt + 16 && k0 < n; k0 += 8) {
                     float a[4];
-                    gdn_a(a, A, TP, mt, k0, g, tg);
+                    gdn_a_tsw(a, A, mt, k0, g, tg);
                     const gdn_af af = gdn_asplit(a);
 #pragma unroll
                     for (int b = 0; b < 2; b++) gdn_mma3(u[b], af, U[gdn_sw(k0 + tg, nt + 8 * b + g)], U[gdn_sw(k0 + tg + 4, nt + 8 * b + g)]);
@@ -403,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         if (warp >= 4 && m0 < n) {
             for (int k0 = 0; k0 < m0 + 16 && k0 < n; k0 += 8) {
                 float a[4];
-                gdn_a(a, M, TP, m0, k0, g, tg);
+                gdn_a_tsw(a, M, m0, k0, g, tg);
                 const gdn_af af = gdn_asplit(a);
 #pragma unroll
                 for (int b = 0; b < 4; b++) gdn_mma3(acc[b], af, U[gdn_sw(k0 + tg, 8 * b + g)], U[gdn_sw(k0 + tg + 4, 8 * b + g)]);

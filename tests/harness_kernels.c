@@ -1139,7 +1139,10 @@ int main(void) {
     hk.k.parts = hk.act ? 1 : GPU_MM_SPLITS, hk.r.act_bf16 = hk.act;
     const ck_config *c = &hk.m.cfg;
     gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
-    gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(hk.k.smem_optin, c->lk_dim));
+    // k_gdn_chunk's layout as the engine picks it; HK_GDN_LEAN=1 the lean one (what a 99 KiB block takes)
+    const char *lean = getenv("HK_GDN_LEAN");
+    hk.k.gdn_lean = lean && !strcmp(lean, "1") ? 1 : gpu_gdn_layout(hk.k.smem_optin, c->lk_dim) == 1;
+    gpu_kernel_smem(&hk.k, K_GDN_CHUNK, gpu_gdn_chunk_smem_max(hk.k.smem_optin, c->lk_dim, hk.k.gdn_lean));
     gpu_kernel_smem(&hk.k, K_GDN_PREP, gpu_gdn_prep_smem(c->lk_dim));
     CU_CHECK(cu.cuStreamCreate(&hk.s, GPU_STREAM_NON_BLOCKING));
     for (int i = 0; i < HK_REPS; i++)

@@ -1068,7 +1068,8 @@ static void kernel_gdn(gpu_engine *g) {
         gpu_mat ga = gpu_put(&d, &alog, "A_log"), gd = gpu_put(&d, &dtb, "dt_bias");
         CUdeviceptr qd = kt_dev(&d, qkv, (size_t)T * cd), bd = kt_dev(&d, bb, (size_t)T * nv), ad = kt_dev(&d, aa, (size_t)T * nv);
         CUdeviceptr Sd = kt_dev(&d, S0, nS), od = kt_dev(&d, NULL, nO), Sd2 = kt_dev(&d, S0, nS), od2 = kt_dev(&d, NULL, nO);
-        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk));
+        g->k.gdn_lean = 0;
+        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 0));
         gpu_kernel_smem(&g->k, K_GDN_PREP, gpu_gdn_prep_smem(dk));
         int pieces;
         CUdeviceptr rm = kt_rows_dev(&d, rows, NR, 0, &pieces), tm = kt_tm_dev(&d, pieces, nv);
@@ -1107,6 +1108,22 @@ static void kernel_gdn(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
         int same3 = !memcmp(got, got2, sizeof(float) * 150 * nv * dv) && !memcmp(gS, gS2, sizeof(float) * nv * dk * dv);
         CHECK(same3, "k_gdn_chunk: a row cut at multiples of 64 into three launches gives other bits than in one");
+        // the lean layout forced (T and M in q̂'s place: what a 99 KiB block of sm_120 / sm_121 takes):
+        // the same values in the same places of each product, so the same bits as T's own array
+        if (dk + 4 >= 2 * GPU_GDN_C) {
+            CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
+            CU_CHECK(cu.cuCtxSynchronize());
+            g->k.gdn_lean = 1;
+            gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 1));
+            kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            g->k.gdn_lean = 0;
+            gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 0));
+            CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
+            CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
+            CHECK(!memcmp(got, got2, sizeof(float) * nO) && !memcmp(gS, gS2, sizeof(float) * nS),
+                  "k_gdn_chunk lean [dk %d]: other bits than with T's own array", dk);
+        }
         // a verification's states after each token (k_gdn_rule with hist, speculation): after token
         // t of a 5-token row, the state a row of its first t + 1 tokens leaves, bit for bit
         const size_t nh = (size_t)nv * dk * dv;   // one slot's state
@@ -1966,16 +1983,25 @@ static void moe_shapes(void) {
     // k_gdn_chunk's shared memory: its arrays (109.25 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
     // only where the registered limit allows it
-    k.smem_optin = 232448, k.sms = 132, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128);
-    CHECK(gpu_gdn_chunk_smem(128) == 111872 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 111872 &&
+    k.smem_optin = 232448, k.sms = 132, k.gdn_lean = 0, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128, 0);
+    CHECK(gpu_gdn_chunk_smem(128, 0) == 110848 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 110848 &&
               gpu_gdn_chunk_grid_smem(&k, 128, 128) == 117248 && gpu_gdn_chunk_grid_smem(&k, 128, 132) == 117248 &&
-              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 111872,
-          "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128), gpu_gdn_chunk_grid_smem(&k, 128, 128),
+              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 110848,
+          "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128, 0), gpu_gdn_chunk_grid_smem(&k, 128, 128),
           gpu_gdn_chunk_grid_smem(&k, 128, 2048));
-    k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 111872, "k_gdn_chunk: padded past its registered limit");
-    CHECK(gpu_gdn_chunk_smem(32) == 67072 && gpu_gdn_chunk_smem_max(232448, 32) == 117248,
+    k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128, 0);
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 110848, "k_gdn_chunk: padded past its registered limit");
+    CHECK(gpu_gdn_chunk_smem(32, 0) == 65024 && gpu_gdn_chunk_smem_max(232448, 32, 0) == 117248,
           "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it)");
+    // the layouts: T its own array in 227 KiB; lean (T and M in q̂'s place) in the 99 KiB of sm_120 /
+    // sm_121, where the other does not fit, for key heads that hold both (dk ≥ 124); neither in 48 KiB
+    CHECK(gpu_gdn_chunk_smem(128, 1) == 94464 && gpu_gdn_layout(232448, 128) == 0 && gpu_gdn_layout(101376, 128) == 1 &&
+              gpu_gdn_layout(101376, 64) == 0 && gpu_gdn_layout(49152, 128) == -1 && gpu_gdn_layout(49152, 32) == -1,
+          "gpu_gdn_layout: %d %d %d %d (lean %zu bytes)", gpu_gdn_layout(232448, 128), gpu_gdn_layout(101376, 128), gpu_gdn_layout(101376, 64),
+          gpu_gdn_layout(49152, 128), gpu_gdn_chunk_smem(128, 1));
+    k.smem_optin = 101376, k.gdn_lean = 1, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(101376, 128, 1);
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 94464, "k_gdn_chunk lean in 99 KiB: %zu (no room to pad)", gpu_gdn_chunk_grid_smem(&k, 128, 128));
+    k.smem_optin = 232448, k.gdn_lean = 0;
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
           "gpu_conv_nseg: the least power of two ≥ the longest row, 1 to %d", GPU_CONV_NT / 32);
