@@ -45,7 +45,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
                                              float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
                                              float *Qs, float *Ks, float *bet, double *gam) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = dk / 2;
-    // q and k by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_chunk),
+    // q and k by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_prep),
     // every copy of the thread in flight at once (zeros past n, nothing read there); the gates'
     // loads meanwhile
     for (int i = tid; i < GPU_GDN_C * hd; i += GPU_GDN_NT) {

@@ -929,10 +929,8 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
     hk_row(kernel == K_GDN_RULE ? "k_gdn_rule" : "k_gdn_chunk", shape, "f32", err, GPU_TOL_GDN, us,
            8.0 * nS + 4.0 * T * cd + 8.0 * T * nv + 4.0 * nO);
     if (kernel == K_GDN_CHUNK) {   // of which k_gdn_prep (its first launch), timed alone: the walk is the rest
-        const CUdeviceptr stride = (CUdeviceptr)nrows * 4;
         double prep;
-        HK_TIME(prep, gpu_k_gdn_prep(&hk.k, hk.s, qd, cd, bd, ad, ga, gd, nk, nv, dk, dv, m + stride, m + 2 * stride, m + 3 * stride,
-                                     m + 4 * stride, nrows, tm, m + 5 * stride, pieces));
+        HK_TIME(prep, kt_gdn_prep_run(&hk.k, hk.s, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, nk, nv, dk, dv));
         printf("%-18s %-46s of it: k_gdn_prep alone %.1f µs (%d pieces), the walk ≈ %.1f µs (%.1f a piece a row)\n", "", shape, prep, pieces,
                us - prep, (us - prep) / ((double)pieces / nrows));
     }

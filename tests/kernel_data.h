@@ -115,6 +115,15 @@ static void kt_gdn_run(gpu_kernels *k, CUstream s, int kernel, CUdeviceptr m, in
                         m + 4 * stride, nrows, tm, m + 5 * stride, pieces);
 }
 
+// k_gdn_prep alone (gpu_k_gdn_chunk's first launch) on kt_gdn_run's rows and scratch: the harness
+// times it apart from the walk.
+static void kt_gdn_prep_run(gpu_kernels *k, CUstream s, CUdeviceptr m, int nrows, CUdeviceptr tm, int pieces, CUdeviceptr qkv, int cd,
+                            CUdeviceptr bb, CUdeviceptr aa, gpu_mat alog, gpu_mat dtb, int nk, int nv, int dk, int dv) {
+    CUdeviceptr stride = (CUdeviceptr)nrows * 4;
+    gpu_k_gdn_prep(k, s, qkv, cd, bb, aa, alog, dtb, nk, nv, dk, dv, m + stride, m + 2 * stride, m + 3 * stride, m + 4 * stride, nrows, tm,
+                   m + 5 * stride, pieces);
+}
+
 // The CPU side of one row of either GDN kernel: with `recurrent`, the reference's one-token
 // rule ref_gdn_rule for every token (k_gdn_rule's twin); else the tokens cut into pieces at
 // multiples of GPU_GDN_C of their absolute positions as k_gdn_chunk cuts them, ref_gdn_chunk
