@@ -53,8 +53,11 @@ SASS_ARCHS="90 120 121"
 NVCC_FLAGS="-O3 -std=c++17"
 PTX_KEEP='s/^[[:space:]]*//;s/[[:space:]]*$//;/^\/\//d;/^$/d'   # sed: what of nvcc's PTX is kept
 sass_stamp() {
-    { cat sass/*.cu sass/*.cuh sass/gpu_abi.h; "$NVCC" --version; echo "$NVCC_FLAGS $SASS_ARCHS $PTX_KEEP"; } | sha256sum | cut -d' ' -f1
+    { cat sass/*.cu sass/*.cuh sass/gpu_abi.h; "$NVCC" --version; echo "$NVCC_FLAGS $SASS_ARCHS $(sass_arch 90) $PTX_KEEP"; } | sha256sum | cut -d' ' -f1
 }
+# sm_90's cubin is built for sm_90a (H100 / H200 exactly: their wgmma, sass/mm.cuh MMG_WG); the PTX
+# fallback stays compute_90, without it
+sass_arch() { if [ "$1" = 90 ]; then echo sm_90a; else echo "sm_$1"; fi; }
 sass_compile() {   # into directory $1
     local out=$1 a pids=() rc=0
     mkdir -p "$out"
@@ -62,7 +65,7 @@ sass_compile() {   # into directory $1
     for img in moet:all moet_bf:all_bf; do   # image name : source (sass/all_bf.cu: the products reading bf16 activations)
         local name=${img%%:*} src=sass/${img#*:}.cu
         for a in $SASS_ARCHS; do
-            "$NVCC" $NVCC_FLAGS -cubin -arch=sm_$a -o "$out/$name.sm_$a.cubin" "$src" & pids+=($!)
+            "$NVCC" $NVCC_FLAGS -cubin -arch="$(sass_arch "$a")" -o "$out/$name.sm_$a.cubin" "$src" & pids+=($!)
         done
         { "$NVCC" $NVCC_FLAGS -ptx -arch=compute_90 -o "build/$name.compute_90.full.ptx" "$src" &&
             sed -e "$PTX_KEEP" "build/$name.compute_90.full.ptx" >"$out/$name.compute_90.ptx"; } &

@@ -34,7 +34,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_ARGMAX, "k_argmax")                                                                                       \
-    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128")
@@ -45,7 +45,7 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
 // reading hi alone (gpu_kernels.parts 1), by the same name.
-static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MOE_UP_D,
+static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128};
 
@@ -127,6 +127,7 @@ typedef struct {
     long long mm_p_work;   // T · rows from which a step of up to GPU_MM_TOK_B tokens takes _p, not _b
     int mm_g32_max;        // tokens up to which a step that takes k_mm_g takes k_mm_g32 instead (0: never)
     int mm_g128_min;       // tokens from which such a step takes k_mm_g128 where the products read one part (0: never)
+    int mm_w_min;          // ... and k_mm_w for its FP8 and NVFP4 matrices (the sm_90a cubin only; 0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
@@ -178,6 +179,8 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // (177.5 / 129.6 TFLOP/s), GDN out 735 / 1,022, router + shared expert 354 / 515, shared down
     // 153 / 214
     k->mm_g128_min = 512;
+    // k_mm_w (wgmma) from 512 tokens where the image is the sm_90a cubin (its other images trap there)
+    k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 512 : 0;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
     // 1,688 at 16; the same bits)

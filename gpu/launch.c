@@ -205,6 +205,41 @@ static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
     return sh == 1 && (long long)T * rows >= k->mm_p_work ? 2 : sh;
 }
 
+// Whether a step of T tokens takes k_mm_w for the set's FP8 and NVFP4 matrices (the rest, if any, in
+// a launch of their own: the same bits either way): one part, k->mm_w_min tokens or more, a matrix of
+// those kinds in the set, and the kernel's GPU_MMW_SMEM of shared memory (opted in once: its static
+// arrays are 1 KiB and its barriers, not gpu_smem_room's margin).
+static int gpu_mm_w_take(gpu_kernels *k, const gpu_lin_set *set, int T) {
+    if (k->parts != 1 || !k->mm_w_min || T < k->mm_w_min) return 0;
+    int any = 0;
+    for (int i = 0; i < set->n; i++) any |= set->W[i].kind == GPU_W_FP8 || set->W[i].kind == GPU_W_NVFP4;
+    if (!any) return 0;
+    if (k->smem_max[K_MM_W] < GPU_MMW_SMEM && (size_t)GPU_MMW_SMEM + 4096 <= (size_t)k->smem_optin) gpu_kernel_smem(k, K_MM_W, GPU_MMW_SMEM);
+    return k->smem_max[K_MM_W] >= GPU_MMW_SMEM;
+}
+
+static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T);
+
+// k_mm_w on the set's FP8 and NVFP4 matrices, then gpu_k_mm (without k_mm_w) on the others.
+static void gpu_k_mm_w(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdeviceptr xs, int T) {
+    gpu_lin_set w, rest;
+    memset(&w, 0, sizeof w), memset(&rest, 0, sizeof rest);
+    for (int i = 0; i < set->n; i++) {
+        gpu_lin_set *d = set->W[i].kind == GPU_W_FP8 || set->W[i].kind == GPU_W_NVFP4 ? &w : &rest;
+        d->W[d->n] = set->W[i], d->y[d->n] = set->y[i], d->ldy[d->n] = set->ldy[i], d->n++;
+    }
+    w.first[0] = 0;
+    for (int i = 0; i < w.n; i++) w.first[i + 1] = w.first[i] + (int)gpu_cdiv(w.W[i].rows, GPU_MMW_BM);
+    gpu_launch(k, K_MM_W, (gpu_dim){w.first[w.n], gpu_cdiv(T, GPU_MMW_BN), 1, "(row blocks of every FP8 / NVFP4 matrix, token tiles, 1)"},
+               GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS((void *)&w, &xs, &T));
+    if (rest.n) {
+        const int keep = k->mm_w_min;
+        k->mm_w_min = 0;
+        gpu_k_mm(k, s, &rest, xs, T);
+        k->mm_w_min = keep;
+    }
+}
+
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
 // parts of x [T, K] (gpu_k_mm_split).
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T) {
@@ -235,6 +270,10 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         return;
     }
     sh = gpu_mm_pick(k, set, T);
+    if (sh >= 3 && gpu_mm_w_take(k, set, T)) {   // k_mm_w where it would take k_mm_g's tiles
+        gpu_k_mm_w(k, s, set, xs, T);
+        return;
+    }
     if (sh >= 3) {   // k_mm_g, k_mm_g32, k_mm_g128: tiles of GPU_MMG_BN, GPU_MMG_BN32 or GPU_MMG_BN128 tokens
         const int bn = sh == 5 ? GPU_MMG_BN128 : sh == 4 ? GPU_MMG_BN32 : GPU_MMG_BN;
         for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMG_BM);

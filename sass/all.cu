@@ -7,6 +7,7 @@
 #include "moe.cu"
 #include "mm.cu"
 #include "moe_mm.cu"
+#include "mm_w.cu"
 #include "silu_mul.cu"
 #include "route.cu"
 #include "gdn_conv.cu"

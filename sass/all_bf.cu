@@ -7,3 +7,4 @@
 #define GPU_MM_PARTS 1
 #include "mm.cu"
 #include "moe_mm.cu"
+#include "mm_w.cu"

@@ -138,6 +138,20 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 // k_mm_g128: tiles of GPU_MMG_BN128 tokens (one bf16 part only: gpu_mm_pick), one block a multiprocessor.
 #define GPU_MMG_BN128 128
 #define GPU_MMG32_BLOCKS 2
+// k_mm_w (sass/mm_w.cu; the sm_90a cubin's one-part image only): prompt products of FP8 and NVFP4
+// weights on wgmma in tiles of GPU_MMW_BM rows × GPU_MMW_BN tokens, GPU_MMW_NT threads (a producer
+// warpgroup, two consumer warpgroups of 64 rows each), GPU_MMW_STAGES widened 64-blocks and
+// GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row, GPU_MMW_RAW_B a token: 16 past what they
+// hold, so eight lanes' 16-byte reads meet eight bank groups) in flight; GPU_MMW_SMEM of dynamic
+// shared memory (1 KiB of it to align the stages to 1,024 bytes, wgmma's 128B swizzle).
+#define GPU_MMW_BM 128
+#define GPU_MMW_BN 128
+#define GPU_MMW_NT 384
+#define GPU_MMW_STAGES 4
+#define GPU_MMW_RAW 3
+#define GPU_MMW_RAW_A 80
+#define GPU_MMW_RAW_B 144
+#define GPU_MMW_SMEM (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B) + 1024)
 GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MMG_BN32 % 16 == 0 && GPU_MMG_BN128 % 16 == 0 && GPU_MM_WARPS == 8,
                "mmg_run: a row tile per warp, warps 4 × 2");
 // k_moe_sort: one block, a thread per expert for its scans.

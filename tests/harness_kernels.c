@@ -478,16 +478,24 @@ static void hk_gemm(void) {
             }
             HK_TIME(ug, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
             CHECK(same, "k_mm_g %s T=%d: not the bits of k_mm_p", sets[si].name, T);
-            double fl = 2.0 * T * rows_all * K, u64 = ug;
+            double fl = 2.0 * T * rows_all * K, u64 = ug, u128 = ug;
             const int g128 = hk.k.parts == 1 && hk.k.mm_g128_min && T >= hk.k.mm_g128_min;   // the step took k_mm_g128: k_mm_g's time beside it
+            const int w = gpu_mm_w_take(&hk.k, &ms, T);   // ... or k_mm_w (its FP8 / NVFP4 matrices): k_mm_g128's time beside it too
+            if (w) {
+                const int keep = hk.k.mm_w_min;
+                hk.k.mm_w_min = 0;
+                HK_TIME(u128, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
+                hk.k.mm_w_min = keep;
+            }
             if (g128) {
-                const int keep = hk.k.mm_g128_min;
-                hk.k.mm_g128_min = 0;
+                const int keep = hk.k.mm_g128_min, keep_w = hk.k.mm_w_min;
+                hk.k.mm_g128_min = 0, hk.k.mm_w_min = 0;
                 HK_TIME(u64, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
-                hk.k.mm_g128_min = keep;
+                hk.k.mm_g128_min = keep, hk.k.mm_w_min = keep_w;
             }
             printf("%-18s %-46s T=%5d: k_mm_p %9.1f µs (%6.1f TFLOP/s), %s %9.1f µs (%6.1f TFLOP/s), bits %s", "k_mm_g", sets[si].name, T, up,
-                   fl / (up * 1e-6) / 1e12, g128 ? "k_mm_g128" : "k_mm_g", ug, fl / (ug * 1e-6) / 1e12, same ? "equal" : "DIFFERENT");
+                   fl / (up * 1e-6) / 1e12, w ? "k_mm_w" : g128 ? "k_mm_g128" : "k_mm_g", ug, fl / (ug * 1e-6) / 1e12, same ? "equal" : "DIFFERENT");
+            if (w && g128) printf("; k_mm_g128 %.1f µs (%.1f TFLOP/s)", u128, fl / (u128 * 1e-6) / 1e12);
             if (g128) printf("; k_mm_g %.1f µs (%.1f TFLOP/s)", u64, fl / (u64 * 1e-6) / 1e12);
             printf("\n");
             fflush(stdout);

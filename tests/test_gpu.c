@@ -1973,6 +1973,20 @@ static void moe_shapes(void) {
           "gpu_mm_pick: k_mm_g128 from mm_g128_min tokens on one part where k_mm_g would be taken, and only there");
     k.mm_g128_min = 0;
     CHECK(gpu_mm_pick(&k, &gdn, 8192) == 3, "gpu_mm_pick: k_mm_g128 never with mm_g128_min 0");
+    // k_mm_w (gpu_mm_w_take): one part, from mm_w_min tokens, a set with an FP8 or NVFP4 matrix, its shared memory opted in
+    {
+        gpu_lin_set bf = {0};
+        bf.n = 1, bf.W[0].rows = 256, bf.W[0].kind = GPU_W_BF16;
+        k.smem_max[K_MM_W] = GPU_MMW_SMEM, k.mm_w_min = 512, k.parts = 1;
+        const int on = gpu_mm_w_take(&k, &gdn, 512) && gpu_mm_w_take(&k, &ao, 8192) && !gpu_mm_w_take(&k, &gdn, 511) && !gpu_mm_w_take(&k, &bf, 8192);
+        k.parts = GPU_MM_SPLITS;
+        const int three = gpu_mm_w_take(&k, &gdn, 8192);
+        k.parts = 1, k.mm_w_min = 0;
+        const int off = gpu_mm_w_take(&k, &gdn, 8192);
+        CHECK(on && !three && !off, "gpu_mm_w_take: from mm_w_min tokens on one part for sets with FP8 / NVFP4 matrices, never on three parts "
+              "or with mm_w_min 0");
+        k.smem_max[K_MM_W] = GPU_SMEM_DEFAULT;
+    }
     // FP8 weights on the device: each group's code i at byte GPU_FP8_SLOT(i) (mm_fp8x4 and row_dot read them there)
     {
         const uint32_t v = 0xd3c2b1a0u, o = gpu_fp8_order(v);
@@ -2303,29 +2317,31 @@ static void kernel_mm_g128(gpu_engine *g) {
         kt_set ks;
         if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, T)) return;
         const size_t outs = ks.outs;
-        float *h[2], *ref = malloc(sizeof(float) * T * outs);
-        for (int v = 0; v < 2; v++) h[v] = malloc(sizeof(float) * T * outs);
+        float *h[3], *ref = malloc(sizeof(float) * T * outs);
+        for (int v = 0; v < 3; v++) h[v] = malloc(sizeof(float) * T * outs);
         gpu_k_mm_split(&g->k, g->compute, ks.xd, K, K, T, ks.xs);
-        const int keep = g->k.mm_g128_min;
-        int pick[2];
-        for (int v = 0; v < 2; v++) {   // v 0: k_mm_g (k_mm_g128 off), 1: k_mm_g128
+        const int keep = g->k.mm_g128_min, keep_w = g->k.mm_w_min;
+        int pick[2], took_w = 0;
+        for (int v = 0; v < 3; v++) {   // v 0: k_mm_g (k_mm_g128, k_mm_w off), 1: k_mm_g128, 2: k_mm_w where the image has it
             g->k.mm_g128_min = v ? 1 : 0;
+            g->k.mm_w_min = v == 2 ? keep_w : 0;
             gpu_lin_set ms = ks.set;
-            pick[v] = gpu_mm_pick(&g->k, &ms, T);
+            if (v < 2) pick[v] = gpu_mm_pick(&g->k, &ms, T);
+            else took_w = gpu_mm_w_take(&g->k, &ms, T);
             kt_set_clear(g, &ks, T);
             gpu_k_mm(&g->k, g->compute, &ms, ks.xs, T);
             kt_set_get(g, &ks, T, h[v]);
         }
-        g->k.mm_g128_min = keep;
+        g->k.mm_g128_min = keep, g->k.mm_w_min = keep_w;
         const size_t tot = kt_set_ref(g, &ks, T, ref);
-        const int same = !memcmp(h[0], h[1], sizeof(float) * tot);
+        const int same = !memcmp(h[0], h[1], sizeof(float) * tot), same_w = !memcmp(h[0], h[2], sizeof(float) * tot);
         const double err = check_nerr(h[1], ref, tot);
         gpu_lin_set ms = ks.set;
         if (!gpu_smem_room(&g->k, K_MM_G, gpu_mm_g_smem(&g->k, &ms, GPU_MMG_BN)) ||
             !gpu_smem_room(&g->k, K_MM_G128, gpu_mm_g_smem(&g->k, &ms, GPU_MMG_BN128))) {   // (a GB10, an RTX card: no room for the tiles)
             CHECK_SKIP("k_mm_g128 against k_mm_g", "this device's shared memory per block takes neither");
             kt_set_free(&ks);
-            free(ref), free(h[0]), free(h[1]);
+            free(ref), free(h[0]), free(h[1]), free(h[2]);
             continue;
         }
         CHECK(pick[0] == 3 && pick[1] == 5 && same && err < GPU_TOL_LINEAR,
@@ -2333,8 +2349,13 @@ static void kernel_mm_g128(gpu_engine *g) {
               pick[0], pick[1], same ? "" : "NOT", err);
         printf("k_mm_g128 set %zu (%d matrices, %zu rows, K %d, %d tokens): %s k_mm_g, error vs ref_linear %.2g%s\n", si, n, outs, K, T,
                same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
+        if (took_w) {   // k_mm_w (the FP8 / NVFP4 matrices; BF16 ones in a launch of their own) against k_mm_g
+            CHECK(same_w, "k_mm_w set %zu (K %d, %d tokens): NOT k_mm_g's bits", si, K, T);
+            printf("k_mm_w set %zu: %s k_mm_g\n", si, same_w ? "bitwise equal to" : "DIFFERENT from");
+        } else
+            CHECK_SKIP("k_mm_w against k_mm_g", "not the sm_90a cubin's one-part image (gpu_kernels.mm_w_min 0)");
         kt_set_free(&ks);
-        free(ref), free(h[0]), free(h[1]);
+        free(ref), free(h[0]), free(h[1]), free(h[2]);
     }
 }
 
