@@ -37,7 +37,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
-    X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128")
+    X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128") X(K_MOE_UP_W, "k_moe_up_w") X(K_MOE_DN_W, "k_moe_dn_w")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -47,7 +47,7 @@ static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // reading hi alone (gpu_kernels.parts 1), by the same name.
 static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
-                                        K_MOE_UP_G128, K_MOE_DN_G128};
+                                        K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W};
 
 // Dynamic shared memory of k_gdn_prep for key heads of dk (C = GPU_GDN_C): γ [C] (f64); k̂ and q̂
 // [C, dk + 2], A and T [C, C + 1], β [C] (f32): 98 KiB at dk = 128, two blocks a multiprocessor.
@@ -128,6 +128,7 @@ typedef struct {
     int mm_g32_max;        // tokens up to which a step that takes k_mm_g takes k_mm_g32 instead (0: never)
     int mm_g128_min;       // tokens from which such a step takes k_mm_g128 where the products read one part (0: never)
     int mm_w_min;          // ... and k_mm_w for its FP8 and NVFP4 matrices (the sm_90a cubin only; 0: never)
+    int moe_w;             // the experts' _g128 items through k_moe_up_w / k_moe_dn_w (the sm_90a cubin only; 0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
@@ -181,6 +182,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     k->mm_g128_min = 512;
     // k_mm_w (wgmma) from 512 tokens where the image is the sm_90a cubin (its other images trap there)
     k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 512 : 0;
+    k->moe_w = d->cc_major == 9 && d->cc_minor == 0;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
     // 1,688 at 16; the same bits)

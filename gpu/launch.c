@@ -378,12 +378,29 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
     return nrb;
 }
 
+// Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
+// fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (opted in once, as gpu_mm_w_take).
+static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
+    if (k->parts != 1 || !k->moe_w || I % 64 || H % GPU_MMW_BM) return 0;
+    for (int f = 0; f < 2; f++) {
+        const int fn = f ? K_MOE_DN_W : K_MOE_UP_W;
+        if (k->smem_max[fn] < GPU_MMW_SMEM && (size_t)GPU_MMW_SMEM + 4096 <= (size_t)k->smem_optin) gpu_kernel_smem(k, fn, GPU_MMW_SMEM);
+        if (k->smem_max[fn] < GPU_MMW_SMEM) return 0;
+    }
+    return 1;
+}
+
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
 // experts), from xs (the parts of xn [T, H]).
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,
                          CUdeviceptr hs, int I) {
     long long P = (long long)T * K;
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
+    if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
+        gpu_launch(k, K_MOE_UP_W, (gpu_dim){bound, I / 64, 1, "(items bound, row blocks, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+                   GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+        return;
+    }
     if (sh >= 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu); _g128: items of up to 128 pairs
         gpu_launch(k, sh == 3 ? K_MOE_UP_G128 : K_MOE_UP_G, (gpu_dim){bound, gpu_cdiv(I, GPU_MMG_BM / 2), 1, "(items bound, row blocks, 1)"},
                    GPU_MM_NT, gpu_mmg_smem_bn(k, k->moe_kind, sh == 3 ? GPU_MMG_BN128 : GPU_MMG_BN), s,
@@ -405,6 +422,11 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, CUdeviceptr hs, int P, int I, CUdeviceptr ye,
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
+    if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
+        gpu_launch(k, K_MOE_DN_W, (gpu_dim){bound, H / GPU_MMW_BM, 1, "(items bound, row blocks, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+                   GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+        return;
+    }
     if (sh >= 2) {
         gpu_launch(k, sh == 3 ? K_MOE_DN_G128 : K_MOE_DN_G, (gpu_dim){bound, gpu_cdiv(H, GPU_MMG_BM), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT,
                    gpu_mmg_smem_bn(k, k->moe_kind, sh == 3 ? GPU_MMG_BN128 : GPU_MMG_BN), s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));

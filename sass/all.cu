@@ -8,6 +8,7 @@
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
+#include "moe_w.cu"
 #include "silu_mul.cu"
 #include "route.cu"
 #include "gdn_conv.cu"

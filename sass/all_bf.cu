@@ -8,3 +8,4 @@
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
+#include "moe_w.cu"

@@ -708,7 +708,8 @@ static void hk_experts(int kind) {
         // reading one part, _g128 from any pairs per expert) against the one it takes: the same bits, and their times
         static const char *const shname[4] = {"_d", "_p", "_g", "_g128"};
         static const int set_d[4] = {GPU_MOE_D_PPE, 0, 0, 0}, set_g[4] = {1 << 20, 1 << 20, 0, 0}, set_g128[4] = {0, 0, 0, 1};
-        const int taken = gpu_moe_shape(&hk.k, P, E), d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min, g1280 = hk.k.moe_g128_min;
+        const int taken = gpu_moe_shape(&hk.k, P, E), d0 = hk.k.moe_d_ppe, g0 = hk.k.moe_g_min, g1280 = hk.k.moe_g128_min, w0 = hk.k.moe_w;
+        hk.k.moe_w = 0;   // (_g128's own kernels here; k_moe_up_w / k_moe_dn_w in the prompt rows below)
         double t_up[4] = {0}, t_dn[4] = {0};
         int ran[4] = {0}, same = 1;
         for (int sh = 0; sh < 4; sh++) {
@@ -719,7 +720,7 @@ static void hk_experts(int kind) {
             same &= eq;
             ran[sh] = 1;
         }
-        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280;
+        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280, hk.k.moe_w = w0;
         if (taken == 0) {   // the _d shape's row blocks per block (gpu_moe_nrb): the same bits with any, their times
             int bound = gpu_moe_items_bound(P, E);
             printf("%-18s %-46s %-12s row blocks a block (up, down by gpu_moe_nrb: %d, %d):", "k_moe_*_d", shape, hk_kind(kind),
@@ -771,18 +772,19 @@ static void hk_experts(int kind) {
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d x top-%d, [%d, %d] (prompt)", T, K, H, I);
         printf("%-18s %-46s %-12s takes %s;", "k_moe_* shapes", shape, hk_kind(kind), taken == 3 ? "_g128" : taken == 2 ? "_g" : "another");
-        for (int sh = 2; sh <= 3; sh++) {
-            hk.k.moe_g128_min = sh == 3;
-            if (gpu_moe_shape(&hk.k, P, E) != sh) continue;   // (_g128: one part only)
+        const int w0 = hk.k.moe_w;
+        for (int sh = 2; sh <= 4; sh++) {   // _g, _g128, and _g128's items through k_moe_up_w / k_moe_dn_w (4) where the image has them
+            static const char *const nm[5] = {"", "", "_g", "_g128", "_w"};
+            hk.k.moe_g128_min = sh >= 3, hk.k.moe_w = sh == 4 ? w0 : 0;
+            if (gpu_moe_shape(&hk.k, P, E) != (sh >= 3 ? 3 : 2) || (sh == 4 && !gpu_moe_w_take(&hk.k, I, H))) continue;   // (_g128: one part only)
             double tu, td;
             const int eq = hk_moe_same(ex, sd, sh == 2 ? map : 0, E, K, xs, T, H, I, hp, gy, &tu, &td);
-            CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the _g shape", sh == 3 ? "_g128" : "_g", sh == 3 ? "_g128" : "_g",
-                  hk_kind(kind), T);
-            printf(" %s up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s)%s;", sh == 3 ? "_g128" : "_g", tu, fl_up / tu * 1e-6, td,
-                   fl_dn / td * 1e-6, eq ? "" : " DIFFERENT bits");
+            CHECK(eq, "k_moe_up%s / k_moe_dn%s %s T=%d: not the bits of the _g shape", nm[sh], nm[sh], hk_kind(kind), T);
+            printf(" %s up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s)%s;", nm[sh], tu, fl_up / tu * 1e-6, td, fl_dn / td * 1e-6,
+                   eq ? "" : " DIFFERENT bits");
         }
         printf("\n");
-        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280;
+        hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280, hk.k.moe_w = w0;
         free(hp), free(gy), free(sel), free(w), free(xn);
         CU_CHECK(cu.cuCtxSynchronize());
         hk.d.used = used;

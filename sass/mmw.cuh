@@ -1,0 +1,241 @@
+// sass/mmw.cuh — the warp-specialised wgmma product of the prompt kernels k_mm_w (mm_w.cu: dense FP8 and NVFP4
+// matrices) and k_moe_up_w / k_moe_dn_w (moe_w.cu: the routed experts, NVFP4 or 2-bit planes), for long prompt steps
+// where the products read one bf16 part and the cubin is sm_90a (H100 / H200). The same sums in the same order as every
+// other shape of sass/mm.cuh (k_mm_g's classes: the 64-blocks kb ≡ c (mod GPU_MM_WARPS) in ascending kb, each k16 step
+// q = 0..3 with the kind's k-set — FP8, NVFP4, BF16 {64kb + 16t + 4q + j}, PLANES {64kb + 16q + 4t + j} — a fresh
+// accumulator per class added to the total in class order), so a token's outputs are the bits of every other shape.
+//
+// Why the same bits: one wgmma m64nNk16 sums a token's 16 products of a step as the mma.m16n8k16 of the same k do
+// (measured on the H200: no output differs on random, wide-exponent, cancelling and bf16 hi/lo operands, nor when the
+// slots of a step are shuffled), so what must hold is which 16 k each step takes. wgmma reads both operands from shared
+// memory, K-major rows of 64 bf16 (128 bytes, swizzled 128B: 16-byte piece c of row r at c ^ (r & 7)), step q the bytes
+// [32q, 32q + 32) of each row. The stages therefore hold each row's k pairs P (k = 2P, 2P + 1 of the 64-block) at pair
+// position L = 8q + t + 4h, where P = 8t + 2q + h (FP8, NVFP4) or 8q + 2t + h (PLANES) — t = lane % 4 of the mma
+// fragment, h = 0 for its slots 2t, 2t+1 and 1 for 2t+8, 2t+9 — the weights' pairs as they are widened, the tokens' as
+// they are copied, in both operands alike.
+//
+// A block: GPU_MMW_BM weight rows (the A tile; where they come from is the kernel's: mmw_src) × GPU_MMW_BN tokens.
+// Warpgroup 0 produces: thread i copies its share of the weights (FP8, NVFP4: row i of the tile; PLANES: rows g, g + 8
+// of the tile's 16-row block i / 16, words t = 2(i % 2), +1, as the file stores them) and token i of each 64-block by
+// cp.async into a raw ring of GPU_MMW_RAW 64-blocks (its own copies only: no barrier among producers), widens the
+// weights to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale:
+// mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble table) and writes weights and token to the stage in the order above,
+// then arrives on the stage's `full` barrier. Warpgroups 1 and 2 consume A rows [64(w − 1), +64) × all GPU_MMW_BN tokens
+// (mmw_consume): four wgmma m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its
+// group has landed; a class's sum is added to the total after its last group.
+#pragma once
+#include "mm.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && GPU_MM_PARTS == 1
+#define MMW_ON 1
+#else
+#define MMW_ON 0
+#endif
+
+#if MMW_ON
+// One stage: the widened weights [GPU_MMW_BM][64] and the tokens [GPU_MMW_BN][64] bf16, swizzled.
+struct __align__(1024) mmw_stage {
+    uint8_t a[GPU_MMW_BM * 128];
+    uint8_t b[GPU_MMW_BN * 128];
+};
+#define MMW_RAW_BYTES (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B)
+static_assert(GPU_MMW_STAGES * sizeof(mmw_stage) + GPU_MMW_RAW * MMW_RAW_BYTES + 1024 == GPU_MMW_SMEM, "k_mm_w: gpu_abi.h's plan");
+static_assert(GPU_MMW_BM == 128 && GPU_MMW_BN == 128 && GPU_MMW_NT == 384, "mmw: a producer thread per row and token; m64n128 steps");
+static_assert(GPU_MMW_RAW_A >= 48 + 16 && GPU_MMW_RAW_B >= 128 + 16, "mmw: a raw weight share (FP8 64, NVFP4 36, PLANES 48 bytes), a token");
+
+__device__ __forceinline__ uint32_t mmw_sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mmw_bar_init(uint64_t *b, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(mmw_sa(b)), "r"(n)); }
+__device__ __forceinline__ void mmw_arrive(uint64_t *b) {
+    asm volatile("{.reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0];}" ::"r"(mmw_sa(b)) : "memory");
+}
+__device__ __forceinline__ void mmw_wait(uint64_t *b, uint32_t parity) {
+    asm volatile("{.reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W;}" ::"r"(mmw_sa(b)), "r"(parity) : "memory");
+}
+
+// The descriptor of a K-major operand at shared address sa: 128-byte rows, 8-row groups 1,024 bytes apart, 128B swizzle.
+__device__ __forceinline__ uint64_t mmw_desc(uint32_t sa) {
+    return (uint64_t)((sa & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// d += one k16 step of 64 rows (a, this warpgroup's) × 128 tokens (b): d[4n + e] = row 16·warp + g + 8(e/2), token
+// 8n + 2t + e % 2 (mma.m16n8k16's c of n-tile n).
+#define MMW_D8(n) "+f"(d[8 * n]), "+f"(d[8 * n + 1]), "+f"(d[8 * n + 2]), "+f"(d[8 * n + 3]), "+f"(d[8 * n + 4]), "+f"(d[8 * n + 5]), "+f"(d[8 * n + 6]), "+f"(d[8 * n + 7])
+__device__ __forceinline__ void mmw_mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;}"
+                 : MMW_D8(0), MMW_D8(1), MMW_D8(2), MMW_D8(3), MMW_D8(4), MMW_D8(5), MMW_D8(6), MMW_D8(7)
+                 : "l"(a), "l"(b));
+}
+
+// Producer thread i's weights: FP8, NVFP4 — row `row` of W (A row i of the tile); PLANES — the 16-row block of W from
+// row `row` (a multiple of 16; A rows 16(i / 16) + 0..15, of which this thread's are g = (i / 2) % 8 and g + 8, words
+// t = 2(i % 2), +1 of each step). Past W's rows: zeros.
+struct mmw_src {
+    gpu_mat W;
+    int row;
+};
+
+// The producer's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: its weights (FP8 64
+// bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of codes and the 16-row block's
+// 32 scale bytes of the 64-block) and token `tok` of xs ([·][K]; -1: none, zeros).
+template <int KIND>
+__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB, uint8_t *raw,
+                                          bool weights, bool tokens) {
+    if (j >= KB) return;
+    const int kb = mmg_kb(j, KB), i = threadIdx.x;   // (producer threads 0..127)
+    if (weights) {
+        uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
+        const bool va = w.row < w.W.rows;
+        const int row = va ? w.row : 0;
+        if (KIND == GPU_W_FP8) {
+            const uint8_t *p = (const uint8_t *)w.W.w + (size_t)row * w.W.row_bytes + (size_t)kb * 64;
+#pragma unroll
+            for (int c = 0; c < 4; c++) mm_cp<16>(ra + 16 * c, p + 16 * c, va);
+        } else if (KIND == GPU_W_NVFP4) {   // t's 16 elements: code bytes 8t .. 8t + 7, scale byte t
+            const uint8_t *p = (const uint8_t *)w.W.w + (size_t)row * w.W.row_bytes + (size_t)kb * 32;
+            mm_cp<16>(ra, p, va), mm_cp<16>(ra + 16, p + 16, va);
+            mm_cp<4>(ra + 32, (const uint8_t *)w.W.scale + (size_t)row * (K / 16) + (size_t)kb * 4, va);
+        } else {   // format/PLANES.md §3: lanes (g, 2tp) and (g, 2tp + 1), 8 bytes each (tile 0 q = 0..3, tile 1 q = 0..3)
+            const size_t nb = (size_t)row / 16;
+            const int g = (i >> 1) & 7, tp = i & 1;
+            mm_cp<16>(ra, (const uint8_t *)w.W.w + ((nb * KB + kb) * 8 + g) * 32 + tp * 16, va);
+            const uint8_t *sc = (const uint8_t *)w.W.scale + (nb * (K / 32) + 2 * (size_t)kb) * 16;   // [2 blocks][16 rows]
+            mm_cp<16>(ra + 16, sc, va), mm_cp<16>(ra + 32, sc + 16, va);
+        }
+    }
+    if (tokens) {
+        uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
+        const __nv_bfloat16 *x = xs + (size_t)(tok >= 0 ? tok : 0) * K + (size_t)kb * 64;
+#pragma unroll
+        for (int c = 0; c < 8; c++) mm_cp<16>(rb + 16 * c, x + 8 * c, tok >= 0);
+    }
+}
+
+// The producer's step j: raw slot j % GPU_MMW_RAW (landed) → stage st in wgmma's order (see the top). lut: the planes'
+// nibble table (mm_plane_lut).
+template <int KIND>
+__device__ __forceinline__ void mmw_fill(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
+    const int i = threadIdx.x;
+    const uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
+    const uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
+    if (KIND == GPU_W_PLANES) {   // pair P = 8q + 2t + h → piece 2q + h, word t: this thread's rows, words 2tp, 2tp + 1
+        const int g = (i >> 1) & 7, tp = i & 1;
+        const uint4 cw = *(const uint4 *)ra;   // x: (g, 2tp) tile 0, y: tile 1, z: (g, 2tp + 1) tile 0, w: tile 1
+        const uint32_t code[2][2] = {{cw.x, cw.z}, {cw.y, cw.w}};   // [tile][t − 2tp]: byte q = codes j of k = 16q + 4t + j
+#pragma unroll
+        for (int tile = 0; tile < 2; tile++) {
+            const int r = 16 * (i >> 4) + 8 * tile + g;
+            const uint32_t b0 = mm_plane_base(ra[16 + 8 * tile + g]), b1 = mm_plane_base(ra[32 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
+            uint8_t *ar = st.a + r * 128;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint32_t base = q < 2 ? b0 : b1, c0 = (code[tile][0] >> (8 * q)) & 0xffu, c1 = (code[tile][1] >> (8 * q)) & 0xffu;
+                *(uint2 *)(ar + (((2 * q) ^ (r & 7)) << 4) + 8 * tp) = make_uint2(base + lut[c0 & 15u], base + lut[c1 & 15u]);
+                *(uint2 *)(ar + (((2 * q + 1) ^ (r & 7)) << 4) + 8 * tp) = make_uint2(base + lut[c0 >> 4], base + lut[c1 >> 4]);
+            }
+        }
+    } else {
+        uint32_t lo[16], hi[16];   // [4t + q]: the bf16 pairs P = 8t + 2q (lo) and P + 1 (hi) of the row
+        if (KIND == GPU_W_FP8) {   // word 4t + q holds k 16t + 4q + 0..3 (stored c0 c2 c1 c3)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 v = *(const uint4 *)(ra + 16 * c);
+                mm_fp8x4(v.x, lo[4 * c], hi[4 * c]), mm_fp8x4(v.y, lo[4 * c + 1], hi[4 * c + 1]);
+                mm_fp8x4(v.z, lo[4 * c + 2], hi[4 * c + 2]), mm_fp8x4(v.w, lo[4 * c + 3], hi[4 * c + 3]);
+            }
+        } else {   // NVFP4: bytes 8t .. 8t + 7 hold k 16t .. 16t + 15 (low nibble first), scale byte t
+            const uint4 c0 = *(const uint4 *)ra, c1 = *(const uint4 *)(ra + 16);
+            const uint32_t scw = *(const uint32_t *)(ra + 32), words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const __nv_bfloat162 sc = __float2bfloat162_rn(dec_e4m3((scw >> (8 * t)) & 0xffu));
+#pragma unroll
+                for (int q = 0; q < 4; q++) mm_fp4x4(words[2 * t + (q >> 1)] >> ((q & 1) * 16), sc, lo[4 * t + q], hi[4 * t + q]);
+            }
+        }
+        uint8_t *ar = st.a + i * 128;   // piece 2q + h holds words t = 0..3
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            *(uint4 *)(ar + (((2 * q) ^ (i & 7)) << 4)) = make_uint4(lo[q], lo[4 + q], lo[8 + q], lo[12 + q]);
+            *(uint4 *)(ar + (((2 * q + 1) ^ (i & 7)) << 4)) = make_uint4(hi[q], hi[4 + q], hi[8 + q], hi[12 + q]);
+        }
+    }
+    uint32_t x[32];   // the token's pairs P = 0..31 → piece c = 2q + h, word t
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const uint4 v = *(const uint4 *)(rb + 16 * c);
+        x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
+    }
+    uint8_t *br = st.b + i * 128;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const int q = c >> 1, h = c & 1;
+        if (KIND == GPU_W_PLANES) *(uint4 *)(br + ((c ^ (i & 7)) << 4)) = make_uint4(x[8 * q + h], x[8 * q + 2 + h], x[8 * q + 4 + h], x[8 * q + 6 + h]);
+        else *(uint4 *)(br + ((c ^ (i & 7)) << 4)) = make_uint4(x[c], x[8 + c], x[16 + c], x[24 + c]);
+    }
+}
+
+// Warpgroup 0's part (threads 0..127): every 64-block of K through the raw ring into the stages. The weights' first
+// copies go out before GPU_DEP (weights never change after boot), the tokens' after it.
+template <int KIND>
+__device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, uint8_t *raw, mmw_stage *st,
+                                            uint64_t *full, uint64_t *empty, const uint32_t *lut) {
+    const int KB = K / 64;
+    for (int j = 0; j < GPU_MMW_RAW - 1; j++) mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, true, false);
+    GPU_DEP();
+    for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
+        mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, false, true);
+        mm_cp_commit();
+    }
+    for (int j = 0; j < KB; j++) {
+        const int s = j % GPU_MMW_STAGES;
+        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, KB, raw, true, true);   // into the raw slot step j − 1 read
+        mm_cp_commit();
+        mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this thread's own) landed
+        if (j >= GPU_MMW_STAGES) mmw_wait(&empty[s], (j / GPU_MMW_STAGES - 1) & 1);
+        mmw_fill<KIND>(raw, j, st[s], lut);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores seen by the consumers' wgmma
+        mmw_arrive(&full[s]);
+    }
+    mm_cp_wait<0>();
+}
+
+// Warpgroup 1 + c's part: tot[4n + e] = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K,
+// in k_mm_g's order (before the kind's scale). Returns when every stage it read is released.
+__device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64]) {
+    const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
+    float acc[64];
+#pragma unroll
+    for (int e = 0; e < 64; e++) acc[e] = 0.f, tot[e] = 0.f;
+    int j = 0;
+    for (int cls = 0; cls < GPU_MM_WARPS; cls++) {   // (a class without a 64-block adds its zero, as mm_at does)
+        const int len = q8 + (cls < r8);
+        for (int e = 0; e < len; e++, j++) {
+            const int s = j % GPU_MMW_STAGES;
+            mmw_wait(&full[s], (j / GPU_MMW_STAGES) & 1);
+            const uint32_t a0 = mmw_sa(st[s].a + 64 * c * 128), b0 = mmw_sa(st[s].b);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int q = 0; q < 4; q++) mmw_mma(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            if (j > 0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);   // step j − 1's group has landed: its stage is free
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int e = 0; e < 64; e++) tot[e] = cls == 0 ? acc[e] : tot[e] + acc[e], acc[e] = 0.f;
+    }
+    if (j > 0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);
+}
+
+// The block's shared state: the stages (1,024-aligned in the dynamic shared memory) and the raw ring after them; the
+// barriers initialised (full: the 128 producers arrive; empty: the 256 consumers). Every thread calls it.
+__device__ __forceinline__ mmw_stage *mmw_setup(uint8_t *smem, uint64_t *full, uint64_t *empty) {
+    if (threadIdx.x == 0)
+        for (int s = 0; s < GPU_MMW_STAGES; s++) mmw_bar_init(&full[s], 128), mmw_bar_init(&empty[s], 256);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    return (mmw_stage *)(smem + ((1024u - (mmw_sa(smem) & 1023u)) & 1023u));
+}
+#endif
