@@ -555,9 +555,9 @@ static void gpu_k_gdn_prep(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                            int nk, int nv, int dk, int dv, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
                            int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv && (dk & 15) == 0 && (qkv & 7) == 0,
-                "k_gdn_chunk: %d key heads (of a multiple of 16), %d value heads of %d, %d, conv dim %d, q|k|v at 8-byte alignment (its cp.async)",
+                "k_gdn_prep: %d key heads (of a multiple of 16), %d value heads of %d, %d, conv dim %d, q|k|v at 8-byte alignment (its cp.async)",
                 nk, nv, dk, dv, cd);
-    MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_chunk: %d pieces of %d rows", pieces, n_rows);
+    MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_prep: %d pieces of %d rows", pieces, n_rows);
     gpu_launch(k, K_GDN_PREP, (gpu_dim){nv, pieces, 1, "(value heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &tm, &nk, &nv, &dk, &row_start, &row_len, &row_pos, &rows, &piece0, &n_rows));
 }

@@ -32,7 +32,7 @@
 // Rows: rows[0 .. gridDim.y).
 // Launch (gpu_k_gdn_chunk): k_gdn_prep, block GPU_GDN_NT threads, grid (nv, pieces), dynamic
 // shared memory gpu_gdn_prep_smem(dk); then k_gdn_chunk, block GPU_GDN_NT threads, grid (nv, rows,
-// ceil(dv / GPU_GDN_VC)), dynamic shared memory gpu_gdn_chunk_smem(dk) bytes (gpu/kernels.c: the
+// ceil(dv / GPU_GDN_VC)), dynamic shared memory gpu_gdn_chunk_smem(dk, lean) bytes (gpu/kernels.c: the
 // sum of the arrays below).
 #include "gdn.cuh"
 #include "mm.cuh"   // mm_cp: cp.async

@@ -1026,8 +1026,15 @@ static void kernel_gdn(gpu_engine *g) {
     static const struct { int nk, nv, dk, dv; float corr; } shapes[] = {{16, 32, 128, 128, 0.f}, {2, 6, 48, 40, 0.f}, {2, 6, 48, 40, 0.3f}};
     static const kt_row rows[] = {{0, 0, 150}, {1, 37, 100}, {2, 63, 2}, {3, 64, 1}, {4, 5, 64}, {5, 200, 1}};
     enum { NR = 6, NS = 6 };
+    const int lean0 = g->k.gdn_lean;   // (the engine's choice, back after the shapes)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int nk = shapes[si].nk, nv = shapes[si].nv, dk = shapes[si].dk, dv = shapes[si].dv, cd = 2 * nk * dk + nv * dv;
+        // the layout this device's blocks take (gpu_gdn_layout: lean on sm_120 / sm_121 at dk 128)
+        const int lay = gpu_gdn_layout(g->k.smem_optin, dk);
+        if (lay < 0) {
+            CHECK_SKIP("k_gdn_chunk", "this device's shared memory per block takes neither layout");
+            continue;
+        }
         int T = 0;
         for (int i = 0; i < NR; i++) T += rows[i].len;
         size_t nS = (size_t)NS * nv * dk * dv, nO = (size_t)T * nv * dv;
@@ -1068,8 +1075,8 @@ static void kernel_gdn(gpu_engine *g) {
         gpu_mat ga = gpu_put(&d, &alog, "A_log"), gd = gpu_put(&d, &dtb, "dt_bias");
         CUdeviceptr qd = kt_dev(&d, qkv, (size_t)T * cd), bd = kt_dev(&d, bb, (size_t)T * nv), ad = kt_dev(&d, aa, (size_t)T * nv);
         CUdeviceptr Sd = kt_dev(&d, S0, nS), od = kt_dev(&d, NULL, nO), Sd2 = kt_dev(&d, S0, nS), od2 = kt_dev(&d, NULL, nO);
-        g->k.gdn_lean = 0;
-        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 0));
+        g->k.gdn_lean = lay;
+        gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay));
         gpu_kernel_smem(&g->k, K_GDN_PREP, gpu_gdn_prep_smem(dk));
         int pieces;
         CUdeviceptr rm = kt_rows_dev(&d, rows, NR, 0, &pieces), tm = kt_tm_dev(&d, pieces, nv);
@@ -1108,17 +1115,17 @@ static void kernel_gdn(gpu_engine *g) {
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
         int same3 = !memcmp(got, got2, sizeof(float) * 150 * nv * dv) && !memcmp(gS, gS2, sizeof(float) * nv * dk * dv);
         CHECK(same3, "k_gdn_chunk: a row cut at multiples of 64 into three launches gives other bits than in one");
-        // the lean layout forced (T and M in q̂'s place: what a 99 KiB block of sm_120 / sm_121 takes):
-        // the same values in the same places of each product, so the same bits as T's own array
-        if (dk + 4 >= 2 * GPU_GDN_C) {
+        // the lean layout forced (T and M in q̂'s place: what a 99 KiB block of sm_120 / sm_121 takes)
+        // where T's own array fits: the same values in the same places of each product, so the same bits
+        if (lay == 0 && dk + 4 >= 2 * GPU_GDN_C) {
             CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
             CU_CHECK(cu.cuCtxSynchronize());
             g->k.gdn_lean = 1;
             gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 1));
             kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
-            g->k.gdn_lean = 0;
-            gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 0));
+            g->k.gdn_lean = lay;
+            gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay));
             CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
             CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
             CHECK(!memcmp(got, got2, sizeof(float) * nO) && !memcmp(gS, gS2, sizeof(float) * nS),
@@ -1155,6 +1162,7 @@ static void kernel_gdn(gpu_engine *g) {
         arena_release(&d);
         free(qkv), free(bb), free(aa), free(S0), free(Sc), free(Sr), free(oc), free(orr), free(got), free(gS), free(got2), free(gS2);
     }
+    g->k.gdn_lean = lean0;
 }
 
 // A checkpoint made by `moet synth` from a flat text config (and a quantization map), under build/.
@@ -1994,7 +2002,7 @@ static void moe_shapes(void) {
         for (int i = 0; i < 4; i++) ok &= ((o >> (8 * GPU_FP8_SLOT(i))) & 0xffu) == ((v >> (8 * i)) & 0xffu);
         CHECK(ok, "gpu_fp8_order(0x%08x) = 0x%08x: code i not at byte GPU_FP8_SLOT(i)", v, o);
     }
-    // k_gdn_chunk's shared memory: its arrays (109.25 KiB at dk = 128: two blocks a multiprocessor),
+    // k_gdn_chunk's shared memory: its arrays (108.25 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
     // only where the registered limit allows it
     k.smem_optin = 232448, k.sms = 132, k.gdn_lean = 0, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128, 0);
