@@ -1477,14 +1477,60 @@ static void ref_attn_prep(const ref_engine *r, const ck_mat *q_norm, const ck_ma
     }
 }
 
+// The twin of k_fa built with one part (sass/all_bf.cu: a bf16 or fp8 cache with `--act-dtype bf16`,
+// the tests' r->act_bf16 with r->kv_round): its roundings where it makes them — q to bf16 (qb, the
+// caller's), and p = e^(s − M) to bf16 for the sum with the values at the running max M of each tile
+// of GPU_FA_KT positions (M fresh at each chunk of GPU_ATT_CHUNK positions), L adding the unrounded
+// p, the chunks folded in order (att_fold's). Writes o (unnormalised by the gate) [hd] for KV head j.
+static void ref_attn_fa1(const float *qb, const float *K, const float *Vc, int p, int kvd, int j, int hd, float scale, float *scores, double *o) {
+    double Mt = -INFINITY, Lt = 0;
+    for (int d = 0; d < hd; d++) o[d] = 0;
+    for (int tau = 0; tau <= p; tau++) scores[tau] = (float)(ref_dot(qb, K + (size_t)tau * kvd + (size_t)j * hd, hd) * scale);
+    for (int c0 = 0; c0 <= p; c0 += GPU_ATT_CHUNK) {   // a chunk: its tiles from a fresh state, then folded
+        double M = -INFINITY, L = 0, oc[GPU_ATT_MAX_HD];
+        for (int d = 0; d < hd; d++) oc[d] = 0;
+        for (int b = c0; b < c0 + GPU_ATT_CHUNK && b <= p; b += GPU_FA_KT) {
+            const int e = b + GPU_FA_KT - 1 < p ? b + GPU_FA_KT - 1 : p;
+            float mx = -INFINITY;
+            for (int tau = b; tau <= e; tau++) mx = scores[tau] > mx ? scores[tau] : mx;
+            const double mn = M > mx ? M : mx, cf = M == -INFINITY ? 0 : exp(M - mn);
+            double sum = 0;
+            for (int d = 0; d < hd; d++) oc[d] *= cf;
+            for (int tau = b; tau <= e; tau++) {
+                const float pt = expf(scores[tau] - (float)mn), pb = ref_bf16_round(pt);
+                sum += pt;
+                for (int d = 0; d < hd; d++) oc[d] += (double)pb * Vc[(size_t)tau * kvd + (size_t)j * hd + d];
+            }
+            L = L * cf + sum, M = mn;
+        }
+        const double Mn = Mt > M ? Mt : M, a = Mt == -INFINITY ? 0 : exp(Mt - Mn), bb = exp(M - Mn);
+        for (int d = 0; d < hd; d++) o[d] = o[d] * a + oc[d] * bb;
+        Lt = Lt * a + L * bb, Mt = Mn;
+    }
+    for (int d = 0; d < hd; d++) o[d] /= Lt;
+}
+
 // Causal GQA attention of one query token at position p over this layer's cache (sass/MODEL.md §3.4
 // steps 6–7): for query head h (KV head h / (nh / kvh)), o = Σ_{τ ≤ p} softmax_τ(q · k_τ /
 // sqrt(hd)) v_τ, then out[h] = o ⊙ σ(gate). qg [nh, 2·hd] after ref_attn_prep; K, Vc [p + 1,
-// kvh·hd]; scores: scratch [p + 1]; out [nh·hd]. GPU twin: k_attention_{f32,bf16,fp8}.
+// kvh·hd]; scores: scratch [p + 1]; out [nh·hd]. GPU twin: k_attention_{f32,bf16,fp8}; with
+// r->act_bf16 and r->kv_round, k_fa's one-part image's roundings (ref_attn_fa1).
 static void ref_attn_core(const ref_engine *r, const float *qg, const float *K, const float *Vc, int p, float *scores, float *out) {
     const ck_config *c = &r->m->cfg;
     int hd = c->head_dim, nh = c->n_heads, kvh = c->n_kv_heads, group = nh / kvh, kvd = kvh * hd;
     float scale = 1.0f / sqrtf((float)hd);
+    if (r->act_bf16 && r->kv_round) {
+        MOET_ASSERT(hd <= GPU_ATT_MAX_HD, "ref_attn_core: head_dim %d", hd);
+        for (int h = 0; h < nh; h++) {
+            const float *qh = qg + (size_t)h * 2 * hd, *gate = qh + hd;
+            float qb[GPU_ATT_MAX_HD];
+            double o[GPU_ATT_MAX_HD];
+            for (int d = 0; d < hd; d++) qb[d] = ref_bf16_round(qh[d]);
+            ref_attn_fa1(qb, K, Vc, p, kvd, h / group, hd, scale, scores, o);
+            for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = (float)o[d] * ref_sigmoid(gate[d]);
+        }
+        return;
+    }
     for (int h = 0; h < nh; h++) {
         const float *qh = qg + (size_t)h * 2 * hd, *gate = qh + hd;
         int j = h / group;

@@ -1220,7 +1220,7 @@ static void gpu_graphs_capture(gpu_engine *g) {
             CU_CHECK(cu.cuGraphNodeGetType(g->graph_nodes[i], &type));
             if (type != GPU_NODE_KERNEL) continue;
             CU_CHECK(cu.cuGraphKernelNodeGetParams(g->graph_nodes[i], &p));
-            if (p.func != g->k.fn[K_FA] && p.func != g->k.fn[K_ATTN_PART_F32]) continue;
+            if (p.func != g->k.fn[K_FA] && p.func != g->k.fn_bf[K_FA] && p.func != g->k.fn[K_ATTN_PART_F32]) continue;   // (k_fa: either image's)
             MOET_ASSERT(G->n_att < c->n_full && p.grid_z == 1, "decode graph of %d rows: split attention node %d (grid.z %u)", n, G->n_att, p.grid_z);
             G->att[G->n_att] = g->graph_nodes[i];
             G->att_p[G->n_att++] = p;

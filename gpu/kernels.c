@@ -45,7 +45,7 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
 // reading hi alone (gpu_kernels.parts 1), by the same name.
-static const int gpu_parts_kernels[] = {K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
+static const int gpu_parts_kernels[] = {K_FA,        K_MM_V,      K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W};
 
@@ -92,10 +92,11 @@ static size_t gpu_gdn_rule_smem(int dk) {
 
 // Dynamic shared memory of k_fa with nq tiles of 16 query rows (the walk: one per
 // GPU_FA_WALK_SPLIT warps; the split: one) for heads of hd (sass/flash.cu: fa_smem): the queries
-// [nq][16][hd] in three bf16 parts, a tile of keys and one of values [GPU_FA_KT][hd] bf16, their
-// fp8 scales [2][GPU_FA_KT] and each row tile's scores [nq][16][GPU_FA_KT] f32.
-static size_t gpu_fa_smem(int nq, int hd) {
-    return 3 * 2 * (size_t)nq * 16 * hd + 2 * 2 * (size_t)GPU_FA_KT * hd + sizeof(float) * (2 + 16 * (size_t)nq) * GPU_FA_KT;
+// [nq][16][hd] in `parts` bf16 parts (FA_P: three, or one in sass/all_bf.cu's image), a tile of keys
+// and one of values [GPU_FA_KT][hd] bf16, their fp8 scales [2][GPU_FA_KT] and each row tile's scores
+// [nq][16][GPU_FA_KT] f32.
+static size_t gpu_fa_smem(int nq, int hd, int parts) {
+    return (size_t)parts * 2 * (size_t)nq * 16 * hd + 2 * 2 * (size_t)GPU_FA_KT * hd + sizeof(float) * (2 + 16 * (size_t)nq) * GPU_FA_KT;
 }
 
 // The dynamic shared memory a launch may ask for until the kernel opts in to more

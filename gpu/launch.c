@@ -621,8 +621,8 @@ static void gpu_k_attn_prep(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
 static int gpu_fa_fits(int nh, int kvh, int hd, int smem_optin) {
     if (!(hd == 32 || hd == 64 || hd == 256) || kvh < 1 || nh % kvh || nh / kvh > 16) return 0;
     int nw = GPU_FA_WALK_W;   // (its fewest, one tile of rows, takes the split form's shared memory)
-    while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) > (size_t)smem_optin) nw /= 2;
-    return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd) <= (size_t)smem_optin ? nw : 0;
+    while (nw > GPU_FA_WALK_SPLIT && gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd, GPU_MM_SPLITS) > (size_t)smem_optin) nw /= 2;
+    return gpu_fa_smem(nw / GPU_FA_WALK_SPLIT, hd, GPU_MM_SPLITS) <= (size_t)smem_optin ? nw : 0;   // (three parts: either image fits)
 }
 
 // gpu_fa_fits for a launch: a bf16 or fp8 cache whose geometry gpu_init let through.
@@ -640,7 +640,7 @@ static int gpu_fa_refuse(const ck_config *c, int kv_dtype, int smem_optin, moet_
     return err_set(e, "--kv-dtype %s on the GPU takes attention on the tensor cores, which needs head_dim 32, 64 or 256 and at most 16 query "
                    "heads per KV head in %zu bytes of shared memory per block (this model: head_dim %d, %d query heads over %d KV heads; "
                    "the GPU: %d bytes); --kv-dtype f32 serves it",
-                   kv_dtype == GPU_KV_BF16 ? "bf16" : "fp8", gpu_fa_smem(1, c->head_dim), c->head_dim, c->n_heads, c->n_kv_heads, smem_optin);
+                   kv_dtype == GPU_KV_BF16 ? "bf16" : "fp8", gpu_fa_smem(1, c->head_dim, GPU_MM_SPLITS), c->head_dim, c->n_heads, c->n_kv_heads, smem_optin);
 }
 
 // Opts kernel fn in to bytes of dynamic shared memory where the default is less.
@@ -657,7 +657,7 @@ static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicept
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
     if (kv_dtype != GPU_KV_F32) {   // a block per tile of nw / GPU_FA_WALK_SPLIT · ⌊16 / G⌋ tokens and KV head
         int nw = gpu_fa_warps(k, kv_dtype, nh, kvh, hd), nq = nw / GPU_FA_WALK_SPLIT, tb = nq * (16 / (nh / kvh)), nc = 0, fp8 = kv_dtype == GPU_KV_FP8;
-        size_t smem = gpu_fa_smem(nq, hd);
+        size_t smem = gpu_fa_smem(nq, hd, k->parts);
         gpu_fa_room(k, K_FA, smem);
         gpu_launch(k, K_FA, (gpu_dim){gpu_cdiv(T, tb), kvh, 1, "(token tiles, KV heads, 1)"}, nw * 32, smem, s,
                    GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));
@@ -681,7 +681,7 @@ static void gpu_k_attn_split(gpu_kernels *k, CUstream s, int kv_dtype, CUdevicep
     if (kv_dtype != GPU_KV_F32) {   // a block per token, KV head and chunk
         int fp8 = kv_dtype == GPU_KV_FP8;
         gpu_fa_warps(k, kv_dtype, nh, kvh, hd);   // (the geometry checked)
-        size_t smem = gpu_fa_smem(1, hd);
+        size_t smem = gpu_fa_smem(1, hd, k->parts);
         gpu_fa_room(k, K_FA, smem);
         gpu_launch(k, K_FA, (gpu_dim){T, kvh, nz, "(tokens, KV heads, chunks of the deepest token)"}, GPU_FA_SPLIT_W * 32, smem, s,
                    GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &part, &nc, &nh, &kvh, &hd, &scale, &xs, &T, &fp8));

@@ -4,8 +4,11 @@
 // One cubin per architecture (sass/moet_bf.sm_XX.cubin) and a PTX fallback; gpu/kernels.c looks
 // the products up there by the same names for `--act-dtype bf16`. Their CPU twin is ref_linear
 // with the reference's inputs rounded the same way (ref_engine.act_bf16).
+// And k_fa (flash.cu: FA_P), whose queries and softmax weights enter its products as their bf16
+// rounding where the cache is bf16 or fp8 (its twin: ref_attn_fa1, with ref_engine.kv_round).
 #define GPU_MM_PARTS 1
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
 #include "moe_w.cu"
+#include "flash.cu"

@@ -22,6 +22,7 @@
 // too, for the output projection (k_mm_split's layout, [3][T][nh·hd]).
 #include "kv.cuh"
 #include "mm.cuh"
+#include "att.cuh"
 
 #define ATT_MAXD (GPU_ATT_MAX_HD / WARP)   // dims per lane
 
@@ -206,21 +207,6 @@ __device__ __forceinline__ void att_chunk(const float qr[ATT_MAXD], int lo, int 
     default: att_chunk_vec<KV, 16>(qr, lo, hi, btr, kc, vc, ks, vs, kvd, kvh, j, hd, scale, ms, ls, accs); break;
     }
     att_merge_warps(hd, ms, ls, accs, oc, Mc, Lc);
-}
-
-// Folds a chunk's state (Mc, Lc, oc) into the running one (M, L, o): rescaled to the larger max.
-// Explicit roundings (no contraction left to the compiler): both kernels fold the same bits.
-__device__ __forceinline__ void att_fold(float &M, float &L, float &o, float Mc, float Lc, float oc) {
-    float Mn = fmaxf(M, Mc), a = expf(M - Mn), b = expf(Mc - Mn);
-    o = __fmaf_rn(o, a, __fmul_rn(oc, b));
-    L = __fmaf_rn(L, a, __fmul_rn(Lc, b));
-    M = Mn;
-}
-
-// core[i] = v, and its parts when xs (ss elements apart).
-__device__ __forceinline__ void att_out(float *core, __nv_bfloat16 *xs, size_t i, size_t ss, float v) {
-    core[i] = v;
-    if (xs) mm_split3(v, xs + i, ss);
 }
 
 // The query of token t, head h in registers.

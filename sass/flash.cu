@@ -14,7 +14,8 @@
 //     same partial states in k_attn_merge: the same bits);
 //   - inside a chunk, tiles of GPU_FA_KT keys in order. A tile: S = q · K over k16 steps in dim
 //     order, each step the query's three bf16 parts (lo, mid, hi; mm.cuh's split of f32) through
-//     three mma into a fresh accumulator then added to S in f32 (K exact in bf16: fp8 widens
+//     three mma into a fresh accumulator then added to S in f32 (FA_P 1, sass/all_bf.cu: q's bf16
+//     rounding through one mma into S; likewise p below) (K exact in bf16: fp8 widens
 //     exactly); s = S · k_scale (fp8) · scale, −∞ past the row's position; an online-softmax
 //     step (the row's max over the tile by a fixed lane order, rescale c = e^(M − M'), p =
 //     e^(s − M'), L = L·c + Σp); O = O·c + (p · v_scale) · V, over k16 steps of keys in order, p's
@@ -35,16 +36,22 @@
 // scores of a slice of the keys and O of a slice of the dims, and every one runs the softmax of the
 // whole tile from the scores in shared memory, as one warp would.
 //
-// Shared memory (gpu_fa_smem, fa_smem): each row tile's queries as bf16 A fragments in three parts
-// [nq][hd/16][3][32] uint4 (fa_stage_q), one tile of keys and one of values [GPU_FA_KT][hd] bf16
+// Shared memory (gpu_fa_smem, fa_smem): each row tile's queries as bf16 A fragments in FA_P parts
+// [nq][hd/16][FA_P][32] uint4 (fa_stage_q), one tile of keys and one of values [GPU_FA_KT][hd] bf16
 // (16-byte chunks swizzled by key for ldmatrix), the tile's fp8 scales [2][GPU_FA_KT] and each row
 // tile's scores [nq][16][GPU_FA_KT] f32. Keys and values come by cp.async (bf16: the next tile's
 // keys while this tile's values are multiplied, its values while the next keys are); fp8 rows are
 // widened on the way in. hd ∈ {32, 64, 256} (gpu_fa_warps).
 #include "kv.cuh"
 #include "mm.cuh"
+#include "att.cuh"
 
 #define FA_KT GPU_FA_KT
+// The bf16 parts of q and p the products read: three (mm_split3's: f32 up to the order of the
+// additions) or, built with GPU_MM_PARTS 1 (sass/all_bf.cu: `--act-dtype bf16`), their bf16 rounding
+// alone, as the matrix products there (p's rounding is of e^(s − M) at the tile's running max M; the
+// sum L adds the unrounded p).
+#define FA_P (GPU_MM_PARTS == 1 ? 1 : 3)
 
 // The dim n-tiles (8 dims each) of a warp's O when SPLIT warps share a tile's rows: at least a pair
 // (one ldmatrix.x4); with few dims, warps past hd / 16 have none.
@@ -78,32 +85,44 @@ __device__ __forceinline__ void fa_split(float x, float y, uint32_t &h, uint32_t
     h = *(const uint32_t *)&hb, m = *(const uint32_t *)&mb, l = *(const uint32_t *)&lb;
 }
 
-// A's fragment (4 registers) of one k16 step, in three parts, from four float pairs (rows g, g+8
+// A's fragment (4 registers) of one k16 step, in FA_P parts, from four float pairs (rows g, g+8
 // at k 2t, and at k 2t + 8).
-__device__ __forceinline__ void fa_afrag(float2 x0, float2 x1, float2 x2, float2 x3, uint32_t a[3][4]) {
+__device__ __forceinline__ void fa_afrag(float2 x0, float2 x1, float2 x2, float2 x3, uint32_t a[FA_P][4]) {
+#if FA_P == 1
+    const __nv_bfloat162 h0 = __floats2bfloat162_rn(x0.x, x0.y), h1 = __floats2bfloat162_rn(x1.x, x1.y), h2 = __floats2bfloat162_rn(x2.x, x2.y),
+                         h3 = __floats2bfloat162_rn(x3.x, x3.y);
+    a[0][0] = *(const uint32_t *)&h0, a[0][1] = *(const uint32_t *)&h1, a[0][2] = *(const uint32_t *)&h2, a[0][3] = *(const uint32_t *)&h3;
+#else
     fa_split(x0.x, x0.y, a[0][0], a[1][0], a[2][0]);
     fa_split(x1.x, x1.y, a[0][1], a[1][1], a[2][1]);
     fa_split(x2.x, x2.y, a[0][2], a[1][2], a[2][2]);
     fa_split(x3.x, x3.y, a[0][3], a[1][3], a[2][3]);
+#endif
 }
 
-// acc[i] += (lo, mid, hi through three mma into a fresh accumulator) for the N n-tiles of one k16
-// step (B fragments b[i]), the N chains interleaved so that no mma waits on the one just issued.
+// acc[i] += (lo, mid, hi through three mma into a fresh accumulator; one part: its mma into acc) for
+// the N n-tiles of one k16 step (B fragments b[i]), the N chains interleaved so that no mma waits on
+// the one just issued.
 template <int N>
-__device__ __forceinline__ void fa_mma3(float (*acc)[4], const uint32_t a[3][4], const uint32_t (*b)[2]) {
+__device__ __forceinline__ void fa_mma3(float (*acc)[4], const uint32_t a[FA_P][4], const uint32_t (*b)[2]) {
+#if FA_P == 1
+#pragma unroll
+    for (int i = 0; i < N; i++) mm_mma(acc[i], a[0], b[i][0], b[i][1]);
+#else
     float c[N][4];
 #pragma unroll
     for (int i = 0; i < N; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) c[i][e] = 0.f;
 #pragma unroll
-    for (int p = 2; p >= 0; p--)
+    for (int p = FA_P - 1; p >= 0; p--)
 #pragma unroll
         for (int i = 0; i < N; i++) mm_mma(c[i], a[p], b[i][0], b[i][1]);
 #pragma unroll
     for (int i = 0; i < N; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[i][e] = __fadd_rn(acc[i][e], c[i][e]);
+#endif
 }
 
 // One tile of keys (or values) [base, base + GPU_FA_KT) of KV head j into dst (bf16, fa_at's
@@ -133,14 +152,14 @@ __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst
 // Where a kernel's shared memory lies (gpu_fa_smem's layout, nq query tiles of 16 rows).
 template <int HD>
 struct fa_smem {   // (the two tiles, 256·HD bytes, hold four row tiles' f32 query scratch: fa_stage_q)
-    uint4 *q;                // [nq][HD/16][3][32]: fa_stage_q
+    uint4 *q;                // [nq][HD/16][FA_P][32]: fa_stage_q
     __nv_bfloat16 *k, *v;    // [GPU_FA_KT][HD] each
     float *ks, *vs;          // [GPU_FA_KT] each
     float *s;                // [nq][16][GPU_FA_KT]: each row tile's scores (its warps share its rows)
     __device__ __forceinline__ fa_smem(int nq) {
         extern __shared__ uint4 fa_raw[];
         q = fa_raw;
-        k = (__nv_bfloat16 *)(q + (size_t)nq * (HD / 16) * 3 * WARP);
+        k = (__nv_bfloat16 *)(q + (size_t)nq * (HD / 16) * FA_P * WARP);
         v = k + FA_KT * HD;
         ks = (float *)(v + FA_KT * HD);
         vs = ks + FA_KT;
@@ -155,7 +174,7 @@ struct fa_rows {
 };
 
 // The warp's 16 queries as A fragments of each k16 step in their three bf16 parts (hi, mid, lo):
-// q [HD/16][3][32 lanes] uint4, a lane's four registers of a step and part together (zeros where
+// q [HD/16][FA_P][32 lanes] uint4, a lane's four registers of a step and part together (zeros where
 // no row), split once per run. The rows come through st (the warp's [16][HD] f32 of scratch: the
 // tiles' room, free between runs), every load in flight at once; the caller's barrier follows
 // before the tiles are loaded over it.
@@ -173,10 +192,10 @@ __device__ __forceinline__ void fa_stage_q(uint4 *q, float *st, const float *__r
 #pragma unroll 4
     for (int kk = 0; kk < HD / 16; kk++) {
         const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
-        uint32_t a[3][4];
+        uint32_t a[FA_P][4];
         fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
 #pragma unroll
-        for (int p = 0; p < 3; p++) q[(kk * 3 + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
+        for (int p = 0; p < FA_P; p++) q[(kk * FA_P + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
     }
 }
 
@@ -219,10 +238,10 @@ __device__ __forceinline__ void fa_chunk(bool f8, const fa_smem<HD> &sm, const u
             for (int e = 0; e < 4; e++) sq[n][e] = 0.f;
 #pragma unroll(SPLIT > 1 ? 4 : 1)
         for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t a[3][4];
+            uint32_t a[FA_P][4];
 #pragma unroll
-            for (int p = 0; p < 3; p++) {
-                const uint4 f = q[(kk * 3 + p) * WARP + lane];
+            for (int p = 0; p < FA_P; p++) {
+                const uint4 f = q[(kk * FA_P + p) * WARP + lane];
                 a[p][0] = f.x, a[p][1] = f.y, a[p][2] = f.z, a[p][3] = f.w;
             }
             constexpr int GQ = NKT / 2 >= 2 ? 2 : 1;   // key n-tile pairs per group of interleaved chains
@@ -298,7 +317,7 @@ __device__ __forceinline__ void fa_chunk(bool f8, const fa_smem<HD> &sm, const u
             for (int e = 0; e < 4; e++) o[n][e] = __fmul_rn(o[n][e], cf[e >> 1]);
 #pragma unroll
         for (int kk = 0; kk < FA_KT / 16; kk++) {
-            uint32_t a[3][4];
+            uint32_t a[FA_P][4];
             fa_afrag(make_float2(s[2 * kk][0], s[2 * kk][1]), make_float2(s[2 * kk][2], s[2 * kk][3]), make_float2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                      make_float2(s[2 * kk + 1][2], s[2 * kk + 1][3]), a);
             constexpr int GP = NDT / 2 >= 2 ? 2 : 1;   // dim n-tile pairs per group of interleaved chains
@@ -350,7 +369,7 @@ __device__ void fa_walk(bool f8, const float *__restrict__ proj, const int *__re
     const bool dims = (ws + 1) * NDT <= HD / 8;                                                         // the warp has dims of O
     const size_t ss = (size_t)T * nh * HD;                                                              // between xs's parts
     const fa_smem<HD> sm(nq);
-    uint4 *q = sm.q + (size_t)qt * (HD / 16) * 3 * WARP;
+    uint4 *q = sm.q + (size_t)qt * (HD / 16) * FA_P * WARP;
     float *ssm = sm.s + (size_t)qt * 16 * FA_KT;
     for (int ts = t0; ts < tend;) {   // each run of one sequence's tokens
         const int slot = tok_slot[ts];

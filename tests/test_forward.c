@@ -270,6 +270,52 @@ static void kv_round_unit(void) {
 // inputs rounded to bf16 (so the runs of the rounding buffer change nothing), and not its product
 // of the inputs as they are; a view of it 100 columns wide (not a multiple of 64: the GPU's
 // k_linear, f32) and act_bf16 off keep the inputs as they are.
+// The twin of the one-part k_fa (ref_attn_core with act_bf16 and a rounded cache: ref_attn_fa1) over
+// 700 positions (three chunks of GPU_ATT_CHUNK, a partial tile of GPU_FA_KT): (a) with every score
+// equal every p is 1 (exact in bf16) and the output is the mean of the values, whatever the tiles and
+// chunks — what a fold dropping or double-counting keys would not give; (b) on random inputs it is
+// the plain softmax's of the rounded query within what p's bf16 rounding moves (2^-9 relative a
+// weight: emulated 1.6e-2 of the outputs' spread at most → 5e-2), and not equal to it.
+static void attn_fa1_unit(void) {
+    ck_model m;
+    moet_err e = {{0}};
+    if (ck_open(&m, "tests/fixtures/tiny/bf16", &e)) { CHECK(0, "%s", e.msg); return; }
+    const ck_config *c = &m.cfg;
+    enum { P = 700 };
+    const int hd = c->head_dim, nh = c->n_heads, kvd = c->n_kv_heads * hd;
+    ref_engine r;
+    if (ref_init(&r, &m, 1, P + 1, 4, 1, &e)) { CHECK(0, "%s", e.msg); ck_close(&m); return; }
+    float *qg = malloc(sizeof(float) * 2 * nh * hd), *K = malloc(sizeof(float) * (P + 1) * kvd), *V = malloc(sizeof(float) * (P + 1) * kvd);
+    float *sc = malloc(sizeof(float) * (P + 1)), *a = malloc(sizeof(float) * nh * hd), *b = malloc(sizeof(float) * nh * hd);
+    uint32_t st = 777;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 2 * nh * hd; i++) {
+            st = st * 1664525u + 1013904223u;
+            qg[i] = ref_bf16_round(((float)(st >> 8) / 16777216.0f - 0.5f) * 4.0f);
+        }
+        for (int i = 0; i < (P + 1) * kvd; i++) {
+            st = st * 1664525u + 1013904223u;
+            K[i] = pass ? ref_bf16_round(((float)(st >> 8) / 16777216.0f - 0.5f) * 4.0f) : 1.0f;   // pass 0: every key alike
+            st = st * 1664525u + 1013904223u;
+            V[i] = ref_bf16_round(((float)(st >> 8) / 16777216.0f - 0.5f) * 2.0f);
+        }
+        r.act_bf16 = 1, r.kv_round = GPU_KV_BF16;
+        ref_attn_core(&r, qg, K, V, P, sc, a);
+        r.act_bf16 = 0, r.kv_round = 0;
+        ref_attn_core(&r, qg, K, V, P, sc, b);   // (the query is bf16 already: the same function without p's rounding)
+        double mean = 0, var = 0, err = 0;
+        for (int i = 0; i < nh * hd; i++) mean += b[i] / (nh * hd);
+        for (int i = 0; i < nh * hd; i++) var += (b[i] - mean) * (b[i] - mean) / (nh * hd), err = fmax(err, fabs((double)a[i] - b[i]));
+        const double nerr = err / sqrt(var);
+        if (pass == 0) CHECK(nerr < 1e-5, "ref_attn_fa1 with every p 1: %.3g of the spread from the plain softmax (the mean of the values)", nerr);
+        else CHECK(nerr > 0 && nerr < 5e-2, "ref_attn_fa1 on random inputs: %.3g of the spread from the plain softmax (p's bf16 rounding: < 5e-2, > 0)", nerr);
+        printf("ref_attn_fa1 (%s, %d positions): %.3g of the outputs' spread from the plain softmax\n", pass ? "random" : "every score alike", P + 1, nerr);
+    }
+    free(qg), free(K), free(V), free(sc), free(a), free(b);
+    ref_free(&r);
+    ck_close(&m);
+}
+
 static void act_bf16_unit(void) {
     ck_model m;
     moet_err e = {{0}};
@@ -312,6 +358,7 @@ static void act_bf16_unit(void) {
 int main(void) {
     kv_round_unit();
     act_bf16_unit();
+    attn_fa1_unit();
     cli_run("tests/fixtures/tiny", "nvfp4", "nvfp4");
     thread_invariance("tests/fixtures/check/nvfp4");
     run_variant("tests/fixtures/tiny", "bf16", "bf16", 1);
