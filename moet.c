@@ -1481,33 +1481,58 @@ static void ref_attn_prep(const ref_engine *r, const ck_mat *q_norm, const ck_ma
 // the tests' r->act_bf16 with r->kv_round): its roundings where it makes them — q to bf16 (qb, the
 // caller's), and p = e^(s − M) to bf16 for the sum with the values at the running max M of each tile
 // of GPU_FA_KT positions (M fresh at each chunk of GPU_ATT_CHUNK positions), L adding the unrounded
-// p, the chunks folded in order (att_fold's). Writes o (unnormalised by the gate) [hd] for KV head j.
-static void ref_attn_fa1(const float *qb, const float *K, const float *Vc, int p, int kvd, int j, int hd, float scale, float *scores, double *o) {
+// p, the chunks folded in order (att_fold's). With an fp8 cache k_fa rounds p · v_scale (the value
+// row's scale, amax / 448: recovered from the decoded row, whose largest magnitude is code 448 times
+// it, to within an ulp) and multiplies the e4m3 codes (Vc / v_scale). Writes o (unnormalised by the
+// gate) [hd] for KV head j. lo, hi (NULL: none): o's range where each rounded weight may take either
+// neighbour when its unrounded value lies within a relative eps of a bf16 rounding midpoint (the
+// GPU's f32 scores differ from these by that little: which side it lands on is not the twin's to
+// know); every factor after the rounding is positive, so the range carries through the folds.
+static void ref_attn_fa1(const float *qb, const float *K, const float *Vc, int p, int kvd, int j, int hd, float scale, int fp8, float *scores,
+                         double *o, double eps, double *lo, double *hi) {
     double Mt = -INFINITY, Lt = 0;
     for (int d = 0; d < hd; d++) o[d] = 0;
+    if (lo)
+        for (int d = 0; d < hd; d++) lo[d] = hi[d] = 0;
     for (int tau = 0; tau <= p; tau++) scores[tau] = (float)(ref_dot(qb, K + (size_t)tau * kvd + (size_t)j * hd, hd) * scale);
     for (int c0 = 0; c0 <= p; c0 += GPU_ATT_CHUNK) {   // a chunk: its tiles from a fresh state, then folded
-        double M = -INFINITY, L = 0, oc[GPU_ATT_MAX_HD];
-        for (int d = 0; d < hd; d++) oc[d] = 0;
+        double M = -INFINITY, L = 0, oc[GPU_ATT_MAX_HD], lc[GPU_ATT_MAX_HD], hc[GPU_ATT_MAX_HD];
+        for (int d = 0; d < hd; d++) oc[d] = lc[d] = hc[d] = 0;
         for (int b = c0; b < c0 + GPU_ATT_CHUNK && b <= p; b += GPU_FA_KT) {
             const int e = b + GPU_FA_KT - 1 < p ? b + GPU_FA_KT - 1 : p;
             float mx = -INFINITY;
             for (int tau = b; tau <= e; tau++) mx = scores[tau] > mx ? scores[tau] : mx;
             const double mn = M > mx ? M : mx, cf = M == -INFINITY ? 0 : exp(M - mn);
             double sum = 0;
-            for (int d = 0; d < hd; d++) oc[d] *= cf;
+            for (int d = 0; d < hd; d++) oc[d] *= cf, lc[d] *= cf, hc[d] *= cf;
             for (int tau = b; tau <= e; tau++) {
-                const float pt = expf(scores[tau] - (float)mn), pb = ref_bf16_round(pt);
+                const float *v = Vc + (size_t)tau * kvd + (size_t)j * hd;
+                float sv = 1;
+                if (fp8) {
+                    float amax = 0;
+                    for (int d = 0; d < hd; d++) amax = fmaxf(amax, fabsf(v[d]));
+                    sv = amax > 0 ? amax / 448.f : 1.f;
+                }
+                const float pt = expf(scores[tau] - (float)mn), x = fp8 ? pt * sv : pt, pb = ref_bf16_round(x);
+                const float pl = lo ? ref_bf16_round((float)(x * (1 - eps))) : pb, ph = lo ? ref_bf16_round((float)(x * (1 + eps))) : pb;
                 sum += pt;
-                for (int d = 0; d < hd; d++) oc[d] += (double)pb * Vc[(size_t)tau * kvd + (size_t)j * hd + d];
+                for (int d = 0; d < hd; d++) {
+                    const double c = (double)v[d] / sv;   // (fp8: the code)
+                    oc[d] += pb * c;
+                    if (lo) lc[d] += fmin(pl * c, ph * c), hc[d] += fmax(pl * c, ph * c);
+                }
             }
             L = L * cf + sum, M = mn;
         }
         const double Mn = Mt > M ? Mt : M, a = Mt == -INFINITY ? 0 : exp(Mt - Mn), bb = exp(M - Mn);
         for (int d = 0; d < hd; d++) o[d] = o[d] * a + oc[d] * bb;
+        if (lo)
+            for (int d = 0; d < hd; d++) lo[d] = lo[d] * a + lc[d] * bb, hi[d] = hi[d] * a + hc[d] * bb;
         Lt = Lt * a + L * bb, Mt = Mn;
     }
     for (int d = 0; d < hd; d++) o[d] /= Lt;
+    if (lo)
+        for (int d = 0; d < hd; d++) lo[d] /= Lt, hi[d] /= Lt;
 }
 
 // Causal GQA attention of one query token at position p over this layer's cache (sass/MODEL.md §3.4
@@ -1526,7 +1551,7 @@ static void ref_attn_core(const ref_engine *r, const float *qg, const float *K, 
             float qb[GPU_ATT_MAX_HD];
             double o[GPU_ATT_MAX_HD];
             for (int d = 0; d < hd; d++) qb[d] = ref_bf16_round(qh[d]);
-            ref_attn_fa1(qb, K, Vc, p, kvd, h / group, hd, scale, scores, o);
+            ref_attn_fa1(qb, K, Vc, p, kvd, h / group, hd, scale, r->kv_round == GPU_KV_FP8, scores, o, 0, NULL, NULL);
             for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = (float)o[d] * ref_sigmoid(gate[d]);
         }
         return;

@@ -264,6 +264,59 @@ static void kv_round_unit(void) {
     CHECK(z[0] == 0.25f && z[1] == -7.0f && z[2] == 1e-3f, "an f32 cache keeps its values");
 }
 
+// ref_attn_fa1 with an fp8 cache rounds p times the value row's scale (recovered as the row's
+// largest magnitude / 448) and multiplies the codes: (a) where every row's scale is a power of two
+// the scaling commutes with the rounding, so the output is, bit for bit, the one that rounds p alone
+// (fp8 off); (b) with the scales of ref_kv_round on random rows it is not, and it stays within p's
+// rounding of the plain softmax (as attn_fa1_unit's bound); (c) its range (lo, hi) holds o, and is o
+// itself at eps 0.
+static void attn_fa1_fp8_unit(void) {
+    enum { P = 300, HD = 64, KVD = HD };
+    float *K = malloc(sizeof(float) * (P + 1) * KVD), *V = malloc(sizeof(float) * (P + 1) * KVD), *V2 = malloc(sizeof(float) * (P + 1) * KVD);
+    float q[HD], sc[P + 1];
+    double o8[HD], o1[HD], lo[HD], hi[HD], pl[HD];
+    uint32_t st = 4242;
+#define FA8_U() (st = st * 1664525u + 1013904223u, (float)(st >> 8) / 16777216.0f - 0.5f)
+    for (int d = 0; d < HD; d++) q[d] = ref_bf16_round(FA8_U() * 4.0f);
+    for (int i = 0; i < (P + 1) * KVD; i++) K[i] = ref_bf16_round(FA8_U() * 4.0f), V2[i] = FA8_U() * 3.0f;
+    for (int tau = 0; tau <= P; tau++) {   // (a) codes times 2^-6, each row's first code 448
+        for (int d = 0; d < HD; d++) V[(size_t)tau * KVD + d] = ref_e4m3_round(FA8_U() * 800.0f) * 0x1p-6f;
+        V[(size_t)tau * KVD] = 448.0f * 0x1p-6f;
+        ref_kv_round(V2 + (size_t)tau * KVD, HD, GPU_KV_FP8);   // (b)
+    }
+    ref_attn_fa1(q, K, V, P, KVD, 0, HD, 0.125f, 1, sc, o8, 0, NULL, NULL);
+    ref_attn_fa1(q, K, V, P, KVD, 0, HD, 0.125f, 0, sc, o1, 0, NULL, NULL);
+    CHECK(!memcmp(o8, o1, sizeof o8), "ref_attn_fa1 fp8 with power-of-two scales: not the bits of p's rounding alone");
+    ref_attn_fa1(q, K, V2, P, KVD, 0, HD, 0.125f, 1, sc, o8, 0x1p-14, lo, hi);
+    ref_attn_fa1(q, K, V2, P, KVD, 0, HD, 0.125f, 0, sc, o1, 0, NULL, NULL);
+    double mean = 0, var = 0, diff = 0, err = 0, out = 0, width = 0;
+    {   // the plain softmax of the same query
+        double M = -INFINITY, L = 0;
+        for (int tau = 0; tau <= P; tau++) M = fmax(M, sc[tau]);
+        for (int d = 0; d < HD; d++) pl[d] = 0;
+        for (int tau = 0; tau <= P; tau++) {
+            const double w = exp(sc[tau] - M);
+            L += w;
+            for (int d = 0; d < HD; d++) pl[d] += w * V2[(size_t)tau * KVD + d];
+        }
+        for (int d = 0; d < HD; d++) pl[d] /= L, mean += pl[d] / HD;
+    }
+    for (int d = 0; d < HD; d++) {
+        var += (pl[d] - mean) * (pl[d] - mean) / HD, diff = fmax(diff, fabs(o8[d] - o1[d])), err = fmax(err, fabs(o8[d] - pl[d]));
+        out = fmax(out, fmax(lo[d] - o8[d], o8[d] - hi[d])), width = fmax(width, hi[d] - lo[d]);
+    }
+    const double sd = sqrt(var);
+    CHECK(diff > 0, "ref_attn_fa1 fp8 with ref_kv_round's scales: the same as p's rounding alone (the scale not in the rounding)");
+    CHECK(err / sd < 5e-2, "ref_attn_fa1 fp8: %.3g of the spread from the plain softmax (p's bf16 rounding: < 5e-2)", err / sd);
+    CHECK(out <= 0, "ref_attn_fa1 fp8: o outside its own range by %.3g", out);
+    ref_attn_fa1(q, K, V2, P, KVD, 0, HD, 0.125f, 1, sc, o1, 0, lo, hi);
+    CHECK(!memcmp(lo, o1, sizeof lo) && !memcmp(hi, o1, sizeof hi), "ref_attn_fa1 fp8: the range at eps 0 is not o itself");
+    printf("ref_attn_fa1 fp8 (%d positions): %.3g of the spread from the plain softmax, %.3g from rounding p alone; range at eps 2^-14 %.3g wide\n",
+           P + 1, err / sd, diff / sd, width / sd);
+#undef FA8_U
+    free(K), free(V), free(V2);
+}
+
 // The reference's bf16 product inputs (`--act-dtype bf16`: ref_linear with act_bf16). The tiny
 // model's lm_head (BF16 [vocab, 128]: a matrix the GPU takes on its tensor cores) over 200 tokens
 // of inputs whose mantissas bf16 cannot hold, on three threads: exactly ref_linear_f32 of the
@@ -359,6 +412,7 @@ int main(void) {
     kv_round_unit();
     act_bf16_unit();
     attn_fa1_unit();
+    attn_fa1_fp8_unit();
     cli_run("tests/fixtures/tiny", "nvfp4", "nvfp4");
     thread_invariance("tests/fixtures/check/nvfp4");
     run_variant("tests/fixtures/tiny", "bf16", "bf16", 1);
