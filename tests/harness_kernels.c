@@ -602,6 +602,7 @@ static void hk_route_fused(void) {
 static int hk_moe_same(CUdeviceptr ex, CUdeviceptr sd, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H, int I, const uint16_t *hp,
                        const float *gy, double *t_up, double *t_dn) {
     const int P = T * K;
+    const size_t mark = hk.d.used;   // (this call's buffers dropped at its end: a prompt's shapes take several calls)
     CUdeviceptr hsx = hk_up(NULL, 2 * GPU_MM_SPLITS * (size_t)P * I), ydx = hk_up(NULL, sizeof(float) * (size_t)P * H);
     if (!map) {
         map = hk_up(NULL, 4 * gpu_moe_map_ints(P, E));
@@ -615,6 +616,7 @@ static int hk_moe_same(CUdeviceptr ex, CUdeviceptr sd, CUdeviceptr map, int E, i
     HK_TIME(*t_up, gpu_k_moe_up(&hk.k, hk.s, ex, map, E, K, xs, T, H, hsx, I));
     HK_TIME(*t_dn, gpu_k_moe_dn(&hk.k, hk.s, ex, map, E, hsx, P, I, ydx, H));
     free(hpx), free(gyx);
+    hk.d.used = mark;
     return eq;
 }
 
