@@ -181,8 +181,15 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // (177.5 / 129.6 TFLOP/s), GDN out 735 / 1,022, router + shared expert 354 / 515, shared down
     // 153 / 214
     k->mm_g128_min = 512;
-    // k_mm_w (wgmma) from 512 tokens where the image is the sm_90a cubin (its other images trap there)
-    k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 512 : 0;
+    // k_mm_w (wgmma) where the image is the sm_90a cubin (its other images trap there), from 4,096
+    // tokens: on the H200 (HK_ACT=bf16, the same bits) at 8,192 tokens k_mm_w against k_mm_g128: GDN
+    // in-projections 2,012 / 2,336 µs (206.0 / 177.4 TFLOP/s), GDN out 637 / 730, router + shared
+    // expert 307 / 354, shared down 117 / 153; but `moet bench`'s prompts of 16 × 64 (steps of 1,024
+    // tokens) took 11,894–11,907 tok/s with it from 512 tokens against 12,031–12,042 without.
+    k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 4096 : 0;
+    // k_moe_up_w / k_moe_dn_w for every _g128 step there: on the H200 (planes, NVFP4) at 2,048 and
+    // 8,192 tokens faster than _g and _g128 (up 866 / 969 / 1,124 µs and 2,456 / 2,902 / 2,714 µs
+    // with planes; the harness's k_moe_* shapes rows)
     k->moe_w = d->cc_major == 9 && d->cc_minor == 0;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against

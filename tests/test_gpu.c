@@ -2332,7 +2332,7 @@ static void kernel_mm_g128(gpu_engine *g) {
         int pick[2], took_w = 0;
         for (int v = 0; v < 3; v++) {   // v 0: k_mm_g (k_mm_g128, k_mm_w off), 1: k_mm_g128, 2: k_mm_w where the image has it
             g->k.mm_g128_min = v ? 1 : 0;
-            g->k.mm_w_min = v == 2 ? keep_w : 0;
+            g->k.mm_w_min = v == 2 && keep_w ? 1 : 0;   // (from any T where the image has it: the engine's threshold is above this test's T)
             gpu_lin_set ms = ks.set;
             if (v < 2) pick[v] = gpu_mm_pick(&g->k, &ms, T);
             else took_w = gpu_mm_w_take(&g->k, &ms, T);
