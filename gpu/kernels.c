@@ -187,10 +187,12 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // expert 307 / 354, shared down 117 / 153; but `moet bench`'s prompts of 16 × 64 (steps of 1,024
     // tokens) took 11,894–11,907 tok/s with it from 512 tokens against 12,031–12,042 without.
     k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 4096 : 0;
-    // k_moe_up_w / k_moe_dn_w for every _g128 step there: on the H200 (planes, NVFP4) at 2,048 and
-    // 8,192 tokens faster than _g and _g128 (up 866 / 969 / 1,124 µs and 2,456 / 2,902 / 2,714 µs
-    // with planes; the harness's k_moe_* shapes rows)
+    // k_moe_up_w / k_moe_dn_w for every _g128 step there, and _g128 from 64 pairs per expert with
+    // them: on the H200 (the harness's k_moe_* shapes rows, Qwen3.6's experts) at 2,048 tokens (64
+    // pairs per expert) _w against _g, up + down, 1,342 / 1,518 µs with planes, 1,276 / 1,443 with
+    // NVFP4; at 8,192 tokens against _g128 3,801 / 4,320 and 3,396 / 4,018
     k->moe_w = d->cc_major == 9 && d->cc_minor == 0;
+    if (k->moe_w) k->moe_g128_min = GPU_MMG_BN128 / 2;
     // _d up to GPU_MOE_D_PPE pairs per expert: the kernel harness on the H200 (planes, _d against
     // _p, up + down: 336 against 999 µs at 2 pairs per expert, 610 against 1,340 at 8, 1,030 against
     // 1,688 at 16; the same bits)
