@@ -459,7 +459,7 @@ static void hk_gemm(void) {
             set.W[i] = gpu_put(&hk.d, &W[i], "matrix");
             rows_all += W[i].rows;
         }
-        static const int Ts[] = {300, 8192};
+        static const int Ts[] = {300, 1024, 2048, 4096, 8192};   // (the prompt shapes' thresholds: mm_g128_min, mm_w_min)
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
             float *x = hk_normal((size_t)T * K, 1.0f);
@@ -504,10 +504,31 @@ static void hk_gemm(void) {
                 HK_TIME(u64, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
                 hk.k.mm_g128_min = keep, hk.k.mm_w_min = keep_w;
             }
+            double ubelow = 0;   // k_mm_w below mm_w_min where the image has it: its time and bits there too
+            if (g128 && !w && hk.k.mm_w_min) {
+                const int keep = hk.k.mm_w_min;
+                hk.k.mm_w_min = 1;
+                if (gpu_mm_w_take(&hk.k, &ms, T)) {
+                    for (int i = 0; i < n; i++) CU_CHECK(cu.cuMemsetD8Async(set.y[i], 0xff, sizeof(float) * (size_t)T * W[i].rows, hk.s));
+                    gpu_k_mm(&hk.k, hk.s, &ms, xs, T);
+                    float *yw[GPU_LIN_SET];
+                    for (int i = 0; i < n; i++) yw[i] = hk_down(set.y[i], sizeof(float) * (size_t)T * W[i].rows);
+                    gpu_k_mm_fixed(&hk.k, hk.s, &ms, xs, T, 2);   // (k_mm_p again into y: the reference bits)
+                    for (int i = 0; i < n; i++) {
+                        float *yr = hk_down(set.y[i], sizeof(float) * (size_t)T * W[i].rows);
+                        same &= !memcmp(yw[i], yr, sizeof(float) * (size_t)T * W[i].rows);
+                        free(yw[i]), free(yr);
+                    }
+                    CHECK(same, "k_mm_w %s T=%d (below mm_w_min): not the bits of k_mm_p", sets[si].name, T);
+                    HK_TIME(ubelow, gpu_k_mm(&hk.k, hk.s, &ms, xs, T));
+                }
+                hk.k.mm_w_min = keep;
+            }
             printf("%-18s %-46s T=%5d: k_mm_p %9.1f µs (%6.1f TFLOP/s), %s %9.1f µs (%6.1f TFLOP/s), bits %s", "k_mm_g", sets[si].name, T, up,
                    fl / (up * 1e-6) / 1e12, w ? "k_mm_w" : g128 ? "k_mm_g128" : "k_mm_g", ug, fl / (ug * 1e-6) / 1e12, same ? "equal" : "DIFFERENT");
             if (w && g128) printf("; k_mm_g128 %.1f µs (%.1f TFLOP/s)", u128, fl / (u128 * 1e-6) / 1e12);
             if (g128) printf("; k_mm_g %.1f µs (%.1f TFLOP/s)", u64, fl / (u64 * 1e-6) / 1e12);
+            if (ubelow > 0) printf("; k_mm_w (below mm_w_min) %.1f µs (%.1f TFLOP/s)", ubelow, fl / (ubelow * 1e-6) / 1e12);
             printf("\n");
             fflush(stdout);
             free(x);
