@@ -205,22 +205,27 @@ static int gpu_mm_pick(gpu_kernels *k, const gpu_lin_set *set, int T) {
     return sh == 1 && (long long)T * rows >= k->mm_p_work ? 2 : sh;
 }
 
+// Whether kernel fn can have `bytes` of dynamic shared memory, opting it in to exactly that once: for
+// the warp-specialised kernels, whose static arrays (1 KiB and their barriers) leave them more than
+// gpu_smem_room's margin of GPU_SMEM_STATIC would (4 KiB of room kept).
+static int gpu_smem_exact(gpu_kernels *k, int fn, size_t bytes) {
+    if ((size_t)k->smem_max[fn] < bytes && bytes + 4096 <= (size_t)k->smem_optin) gpu_kernel_smem(k, fn, bytes);
+    return (size_t)k->smem_max[fn] >= bytes;
+}
+
 // Whether a step of T tokens takes k_mm_w for the set's FP8 and NVFP4 matrices (the rest, if any, in
 // a launch of their own: the same bits either way): one part, k->mm_w_min tokens or more, a matrix of
-// those kinds in the set, and the kernel's GPU_MMW_SMEM of shared memory (opted in once: its static
-// arrays are 1 KiB and its barriers, not gpu_smem_room's margin).
+// those kinds in the set, and the kernel's GPU_MMW_SMEM of shared memory (gpu_smem_exact).
 static int gpu_mm_w_take(gpu_kernels *k, const gpu_lin_set *set, int T) {
     if (k->parts != 1 || !k->mm_w_min || T < k->mm_w_min) return 0;
     int any = 0;
     for (int i = 0; i < set->n; i++) any |= set->W[i].kind == GPU_W_FP8 || set->W[i].kind == GPU_W_NVFP4;
-    if (!any) return 0;
-    if (k->smem_max[K_MM_W] < GPU_MMW_SMEM && (size_t)GPU_MMW_SMEM + 4096 <= (size_t)k->smem_optin) gpu_kernel_smem(k, K_MM_W, GPU_MMW_SMEM);
-    return k->smem_max[K_MM_W] >= GPU_MMW_SMEM;
+    return any && gpu_smem_exact(k, K_MM_W, GPU_MMW_SMEM);
 }
 
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T);
 
-// k_mm_w on the set's FP8 and NVFP4 matrices, then gpu_k_mm (without k_mm_w) on the others.
+// k_mm_w on the set's FP8 and NVFP4 matrices, then gpu_k_mm on the others (BF16: never k_mm_w's).
 static void gpu_k_mm_w(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdeviceptr xs, int T) {
     gpu_lin_set w, rest;
     memset(&w, 0, sizeof w), memset(&rest, 0, sizeof rest);
@@ -232,12 +237,7 @@ static void gpu_k_mm_w(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdev
     for (int i = 0; i < w.n; i++) w.first[i + 1] = w.first[i] + (int)gpu_cdiv(w.W[i].rows, GPU_MMW_BM);
     gpu_launch(k, K_MM_W, (gpu_dim){w.first[w.n], gpu_cdiv(T, GPU_MMW_BN), 1, "(row blocks of every FP8 / NVFP4 matrix, token tiles, 1)"},
                GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS((void *)&w, &xs, &T));
-    if (rest.n) {
-        const int keep = k->mm_w_min;
-        k->mm_w_min = 0;
-        gpu_k_mm(k, s, &rest, xs, T);
-        k->mm_w_min = keep;
-    }
+    if (rest.n) gpu_k_mm(k, s, &rest, xs, T);
 }
 
 // y_i = x W_iᵀ for the set's matrices (W, y, ldy and n filled; first[] is set here) from xs, the
@@ -379,15 +379,10 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
 }
 
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
-// fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (opted in once, as gpu_mm_w_take).
+// fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (gpu_smem_exact).
 static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
     if (k->parts != 1 || !k->moe_w || I % 64 || H % GPU_MMW_BM) return 0;
-    for (int f = 0; f < 2; f++) {
-        const int fn = f ? K_MOE_DN_W : K_MOE_UP_W;
-        if (k->smem_max[fn] < GPU_MMW_SMEM && (size_t)GPU_MMW_SMEM + 4096 <= (size_t)k->smem_optin) gpu_kernel_smem(k, fn, GPU_MMW_SMEM);
-        if (k->smem_max[fn] < GPU_MMW_SMEM) return 0;
-    }
-    return 1;
+    return gpu_smem_exact(k, K_MOE_UP_W, GPU_MMW_SMEM) && gpu_smem_exact(k, K_MOE_DN_W, GPU_MMW_SMEM);
 }
 
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
