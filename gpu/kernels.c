@@ -181,12 +181,12 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // (177.5 / 129.6 TFLOP/s), GDN out 735 / 1,022, router + shared expert 354 / 515, shared down
     // 153 / 214
     k->mm_g128_min = 512;
-    // k_mm_w (wgmma) where the image is the sm_90a cubin (its other images trap there), from 4,096
-    // tokens: on the H200 (HK_ACT=bf16, the same bits) at 8,192 tokens k_mm_w against k_mm_g128: GDN
-    // in-projections 2,012 / 2,336 µs (206.0 / 177.4 TFLOP/s), GDN out 637 / 730, router + shared
-    // expert 307 / 354, shared down 117 / 153; but `moet bench`'s prompts of 16 × 64 (steps of 1,024
-    // tokens) took 11,894–11,907 tok/s with it from 512 tokens against 12,031–12,042 without.
-    k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 4096 : 0;
+    // k_mm_w (wgmma) where the image is the sm_90a cubin (its other images trap there), from 2,048
+    // tokens: on the H200 (HK_ACT=bf16, the same bits) k_mm_w against k_mm_g128, GDN in-projections,
+    // GDN out, router + shared expert, shared down, µs: at 8,192 tokens 2,013 / 2,337, 639 / 731,
+    // 306 / 354, 117 / 153; at 2,048 570 / 606, 166 / 193, 119 / 124, 33 / 43 (every set faster);
+    // at 1,024 325 / 314, 87 / 103, 116 / 65, 19 / 23 (the four sets 44 µs slower in all).
+    k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 2048 : 0;
     // k_moe_up_w / k_moe_dn_w for every _g128 step there, and _g128 from 64 pairs per expert with
     // them: on the H200 (the harness's k_moe_* shapes rows, Qwen3.6's experts) at 2,048 tokens (64
     // pairs per expert) _w against _g, up + down, 1,342 / 1,518 µs with planes, 1,276 / 1,443 with
