@@ -125,6 +125,7 @@ typedef struct {
     CUdeviceptr att_part;
     int att_split_T, att_nc;
     int reach;                       // this step's deepest token: its position + 1
+    int step_rows;                   // this step's sequences (gpu_fa_w_take: their tokens on the average)
     // decode graphs: graphs[n] replays a step of n rows of one token, 1 ≤ n ≤ graph_rows
     int graph_rows;                  // 0: none (gpu_opts.no_graphs)
     gpu_graph *graphs;               // [graph_rows + 1]
@@ -1014,7 +1015,7 @@ static void gpu_attention_layer(gpu_engine *g, const gpu_layer *G, int kv, int T
                          nh, kvh, hd, 1.0f / sqrtf((float)hd), g->xs, T, g->reach);
     else
         gpu_k_attention(&g->k, g->compute, g->o.kv_dtype, g->proj, tp, ts, g->bt, g->bt_stride, kc, vc, ks, vs, g->core, nh, kvh, hd,
-                        1.0f / sqrtf((float)hd), g->xs, T);
+                        1.0f / sqrtf((float)hd), g->xs, T, g->step_rows);
     gpu_linear(g, &G->o, g->core, qd, T, g->y, H, g->xs);   // core's parts from the attention kernel
 }
 
@@ -1147,6 +1148,7 @@ static void gpu_step_meta_at(gpu_engine *g, const int *pos, int n, const int *sl
     g->pieces = pieces;
     *nr_out = nr, *n1_out = n1, *nm_out = nm;
     g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
+    g->step_rows = n;
 }
 
 // gpu_step_meta_at for rows at their slots' current positions.

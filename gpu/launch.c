@@ -643,13 +643,30 @@ static void gpu_fa_room(gpu_kernels *k, int fn, size_t bytes) {
     if (bytes > (size_t)k->smem_max[fn]) gpu_kernel_smem(k, fn, (size_t)k->smem_optin);
 }
 
+// Whether a step of T tokens in `rows` sequences takes k_fa_w (sass/flash_w.cu: the same bits as k_fa's walk) for
+// attention over a bf16 or fp8 cache: one part, k->fa_w_min tokens or more (0: never; the sm_90a cubin alone has it),
+// heads of GPU_FAW_HD with G = nh / kvh dividing 64, 16 tokens or more a sequence on the average (a block of 128 / G
+// tokens walks each sequence's run of them in turn: a step of many short rows keeps k_fa), and its shared memory.
+static int gpu_fa_w_take(gpu_kernels *k, int nh, int kvh, int hd, int T, int rows) {
+    if (k->parts != 1 || !k->fa_w_min || T < k->fa_w_min || hd != GPU_FAW_HD || kvh < 1 || nh % kvh || 64 % (nh / kvh) ||
+        T < 16LL * rows)
+        return 0;
+    return gpu_smem_exact(k, K_FA_W, GPU_FAW_SMEM);
+}
+
 // Each of the T tokens' queries over its sequence's cache up to its position, gated
-// (sass/attention.cu for an f32 cache, sass/flash.cu for bf16 and fp8): core [T, nh·hd].
-// Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd).
+// (sass/attention.cu for an f32 cache, sass/flash.cu or sass/flash_w.cu for bf16 and fp8): core [T, nh·hd].
+// Arguments as gpu_k_attn_prep's; scale = 1/sqrt(hd); rows: the sequences the step's tokens belong to.
 static void gpu_k_attention(gpu_kernels *k, CUstream s, int kv_dtype, CUdeviceptr proj, CUdeviceptr tok_pos, CUdeviceptr tok_slot,
                             CUdeviceptr bt, int bt_stride, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr ks, CUdeviceptr vs, CUdeviceptr core,
-                            int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T) {
+                            int nh, int kvh, int hd, float scale, CUdeviceptr xs, int T, int rows) {
     gpu_assert_attn("k_attention", kv_dtype, ks, vs, nh, kvh, hd);
+    if (kv_dtype != GPU_KV_F32 && gpu_fa_w_take(k, nh, kvh, hd, T, rows)) {   // a block per tile of 128 / G tokens and KV head
+        int fp8 = kv_dtype == GPU_KV_FP8;
+        gpu_launch(k, K_FA_W, (gpu_dim){gpu_cdiv(T, 128 / (nh / kvh)), kvh, 1, "(token tiles, KV heads, 1)"}, GPU_FAW_NT, GPU_FAW_SMEM, s,
+                   GPU_ARGS(&proj, &tok_pos, &tok_slot, &bt, &bt_stride, &kc, &vc, &ks, &vs, &core, &nh, &kvh, &scale, &xs, &T, &fp8));
+        return;
+    }
     if (kv_dtype != GPU_KV_F32) {   // a block per tile of nw / GPU_FA_WALK_SPLIT · ⌊16 / G⌋ tokens and KV head
         int nw = gpu_fa_warps(k, kv_dtype, nh, kvh, hd), nq = nw / GPU_FA_WALK_SPLIT, tb = nq * (16 / (nh / kvh)), nc = 0, fp8 = kv_dtype == GPU_KV_FP8;
         size_t smem = gpu_fa_smem(nq, hd, k->parts);

@@ -18,4 +18,5 @@
 #include "attn_prep.cu"
 #include "attention.cu"
 #include "flash.cu"
+#include "flash_w.cu"
 #include "argmax.cu"

@@ -5,10 +5,12 @@
 // the products up there by the same names for `--act-dtype bf16`. Their CPU twin is ref_linear
 // with the reference's inputs rounded the same way (ref_engine.act_bf16).
 // And k_fa (flash.cu: FA_P), whose queries and softmax weights enter its products as their bf16
-// rounding where the cache is bf16 or fp8 (its twin: ref_attn_fa1, with ref_engine.kv_round).
+// rounding where the cache is bf16 or fp8 (its twin: ref_attn_fa1, with ref_engine.kv_round), and k_fa_w (flash_w.cu),
+// its walk on wgmma.
 #define GPU_MM_PARTS 1
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
 #include "moe_w.cu"
 #include "flash.cu"
+#include "flash_w.cu"

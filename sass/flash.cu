@@ -149,6 +149,51 @@ __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst
         }
 }
 
+// The online-softmax step of a tile for a lane's two rows (g, g + 8), in three parts that k_fa_w
+// (flash_w.cu) shares: s [GPU_FA_KT / 8][4] the tile's scaled, masked scores in mma's C layout
+// (n-tile n: keys 8n + 2t + e % 2, row e / 2); m, l the chunk's running max and sum.
+// fa_tile_max: the lane's own max of each row over the tile.
+__device__ __forceinline__ void fa_tile_max(const float (*s)[4], float mx[2]) {
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+}
+// fa_tile_shift: the row's max over its four lanes (xor 1, then 2), the new running max m, the
+// shift mu of the exponent and the rescale cf = e^(m − mu) of what the chunk holds.
+__device__ __forceinline__ void fa_tile_shift(float mx[2], float m[2], float mu[2], float cf[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        mu[r] = mn == -INFINITY ? 0.f : mn;   // a row with no key yet: nothing to rescale, p = 0
+        cf[r] = expf(__fsub_rn(m[r], mu[r]));
+        m[r] = mn;
+    }
+}
+// fa_tile_p: p = e^(s − mu) in place of s (times its key's value scale with fp8, vsc = the scales
+// from the lane's first key 2t: what the product P V rounds), l = l·cf + Σp (the lane's p in n, e order, then the lanes xor 1, 2).
+__device__ __forceinline__ void fa_tile_p(bool f8, float (*s)[4], const float *vsc, const float mu[2], const float cf[2], float l[2]) {
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float p = expf(__fsub_rn(s[n][e], mu[r]));
+            sum[r] = __fadd_rn(sum[r], p);
+            s[n][e] = f8 ? __fmul_rn(p, vsc[n * 8 + e % 2]) : p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 1));
+        sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 2));
+        l[r] = __fmaf_rn(l[r], cf[r], sum[r]);
+    }
+}
+
 // Where a kernel's shared memory lies (gpu_fa_smem's layout, nq query tiles of 16 rows).
 template <int HD>
 struct fa_smem {   // (the two tiles, 256·HD bytes, hold four row tiles' f32 query scratch: fa_stage_q)
@@ -276,41 +321,14 @@ __device__ __forceinline__ void fa_chunk(bool f8, const fa_smem<HD> &sm, const u
             for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[n][e] = ssm[(g + 8 * (e >> 1)) * FA_KT + n * 8 + 2 * t + (e & 1)];
-        // the row's max over the tile
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        float mx[2], cf[2], mu[2];
+        fa_tile_max(s, mx);
         if (it + 1 < ntiles) fa_load<HD>(f8, sm.k, sm.ks, kc, ksg, btr, base + FA_KT, pmax, kvd, kvh, j);
         mm_cp_commit();
-        float cf[2], mu[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]);
-            mu[r] = mn == -INFINITY ? 0.f : mn;   // a row with no key yet: nothing to rescale, p = 0
-            cf[r] = expf(__fsub_rn(m[r], mu[r]));
-            m[r] = mn;
-        }
+        fa_tile_shift(mx, m, mu, cf);
         mm_cp_wait<1>();   // this tile's values
         __syncthreads();
-#pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const float p = expf(__fsub_rn(s[n][e], mu[r]));
-                sum[r] = __fadd_rn(sum[r], p);
-                s[n][e] = f8 ? __fmul_rn(p, sm.vs[n * 8 + 2 * t + (e & 1)]) : p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 1));
-            sum[r] = __fadd_rn(sum[r], __shfl_xor_sync(0xffffffffu, sum[r], 2));
-            l[r] = __fmaf_rn(l[r], cf[r], sum[r]);
-        }
+        fa_tile_p(f8, s, sm.vs + 2 * t, mu, cf, l);
 #pragma unroll
         for (int n = 0; n < NDT; n++)
 #pragma unroll

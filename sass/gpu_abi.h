@@ -57,6 +57,14 @@ GPU_ABI_ASSERT(GPU_ATT_MAX_HD % GPU_ATT_NT == 0, "k_attention: whole dims per th
 GPU_ABI_ASSERT(GPU_FA_SPLIT_W * 16 == GPU_FA_KT && GPU_FA_KT % (16 * GPU_FA_WALK_SPLIT) == 0 && GPU_FA_WALK_W % GPU_FA_WALK_SPLIT == 0,
                "flash: whole 16-key steps of a key tile per warp");
 GPU_ABI_ASSERT(GPU_FA_WALK_W / GPU_FA_WALK_SPLIT * 16 * 4 <= 2 * GPU_FA_KT * 2, "flash: the row tiles' f32 query scratch fits in the two tiles");
+// k_fa_w (sass/flash_w.cu: k_fa's walk on wgmma, sm_90a one-part images): heads of GPU_FAW_HD, GPU_FAW_NT threads (a
+// producer warpgroup, two consumer warpgroups of 64 query rows), GPU_FAW_STAGES stages of a key tile and its value tile;
+// GPU_FAW_SMEM of dynamic shared memory: the queries 2 × 64 rows × GPU_FAW_HD bf16, the stages (GPU_FA_KT keys and
+// values × GPU_FAW_HD bf16 each), their fp8 scales (f32), the barriers (padded to 1,024) and 1,024 to align the base.
+#define GPU_FAW_HD 256
+#define GPU_FAW_NT 384
+#define GPU_FAW_STAGES 2
+#define GPU_FAW_SMEM (2 * 64 * GPU_FAW_HD * 2 + GPU_FAW_STAGES * 2 * GPU_FA_KT * GPU_FAW_HD * 2 + GPU_FAW_STAGES * 2 * GPU_FA_KT * 4 + 1024 + 1024)
 // k_attn_prep: 4 warps, one head at a time each.
 #define GPU_PREP_NT 128
 // k_router: the most experts a token may choose (a shared array of their weights), and the most

@@ -1122,7 +1122,7 @@ static void hk_attention(int kv) {
     for (int dec = 1; dec >= 0; dec--) {
         int a = dec ? P - 1 : 0, T = dec ? 1 : TP;
         gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs, core,
-                        nh, kvh, hd, scale, 0, T);
+                        nh, kvh, hd, scale, 0, T, 1);
         float *got = hk_down(core, sizeof(float) * (size_t)T * nh * hd);
         size_t m = 0;   // rows compared, packed: every fourth query of the prefill
         for (int t = dec ? 0 : 3; t < T; t += dec ? 1 : 4, m++) {
@@ -1131,7 +1131,7 @@ static void hk_attention(int kv) {
         }
         double err = hk_range_err(got, ref, rlo, rhi, m * nh * hd), us;
         HK_TIME(us, gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks,
-                                    vs, core, nh, kvh, hd, scale, 0, T));
+                                    vs, core, nh, kvh, hd, scale, 0, T, 1));
         int span = dec ? P : TP;   // positions read: the cache once
         // q and gate read, the output written, keys and values read once (+ fp8 scales), positions and slots
         double bytes = 8.0 * T * nh * hd + 4.0 * T * nh * hd + 2.0 * span * kvd * elem + (kv == GPU_KV_FP8 ? 8.0 * span * kvh : 0) + 8.0 * T;
@@ -1140,12 +1140,40 @@ static void hk_attention(int kv) {
         hk_row(name, shape, gpu_kv_names[kv], err, HK_TOL_ATT, us, bytes);
         free(got);
     }
+    // k_fa_w (k_fa's walk on wgmma) where the image has it, on prompts of the cache's first T positions from 0: every output
+    // k_fa's bits (else the error is INFINITY), both times and TFLOP/s (2 · nh · hd · T² of causal products) — the data
+    // for gpu_kernels.fa_w_min (forced on here: fa_w_min 1)
+    if (kv != GPU_KV_F32 && hk.k.fa_w_min && hk.k.parts == 1) {
+        static const int Tw[] = {TP, 1024, 2048, P};
+        CUdeviceptr c1 = hk_up(NULL, sizeof(float) * (size_t)P * nh * hd), c2 = hk_up(NULL, sizeof(float) * (size_t)P * nh * hd);
+        const int keep = hk.k.fa_w_min;
+        for (size_t i = 0; i < sizeof Tw / sizeof Tw[0]; i++) {
+            const int T = Tw[i];
+            double uf, uw;
+            hk.k.fa_w_min = 0;
+            gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c1, nh, kvh, hd, scale, 0, T, 1);
+            HK_TIME(uf, gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c1, nh, kvh, hd, scale, 0, T, 1));
+            hk.k.fa_w_min = 1;
+            const int took = gpu_fa_w_take(&hk.k, nh, kvh, hd, T, 1);
+            gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c2, nh, kvh, hd, scale, 0, T, 1);
+            HK_TIME(uw, gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c2, nh, kvh, hd, scale, 0, T, 1));
+            hk.k.fa_w_min = keep;
+            float *g1 = hk_down(c1, sizeof(float) * (size_t)T * nh * hd), *g2 = hk_down(c2, sizeof(float) * (size_t)T * nh * hd);
+            const int same = took && !memcmp(g1, g2, sizeof(float) * (size_t)T * nh * hd);
+            const double fl = 2.0 * nh * hd * (double)T * T;
+            snprintf(name, sizeof name, "k_fa_w_%s", gpu_kv_names[kv]);
+            snprintf(shape, sizeof shape, "T=%d from 0: k_fa %.1f µs, %.1f TFLOP/s", T, uf, fl / (uf * 1e-6) / 1e12);
+            hk_row(name, shape, gpu_kv_names[kv], same ? 0 : INFINITY, HK_TOL_ATT, uw, 2.0 * T * kvd * elem);
+            printf("%-18s k_fa_w %.1f TFLOP/s, %s k_fa's bits\n", "", fl / (uw * 1e-6) / 1e12, same ? "bitwise equal to" : "NOT");
+            free(g1), free(g2);
+        }
+    }
     // a prompt's last query (a row among the prefill's others, in its tile) and the same query alone
     // as a decode step (split over its chunks): the same bits, or the error is INFINITY
     {
         int a = TP - 1, nc = P / GPU_ATT_CHUNK;
         CUdeviceptr part = hk_up(NULL, sizeof(float) * (size_t)nh * nc * (hd + 2)), core2 = hk_up(NULL, sizeof(float) * (size_t)nh * hd);
-        gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, core, nh, kvh, hd, scale, 0, TP);
+        gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, core, nh, kvh, hd, scale, 0, TP, 1);
         gpu_k_attn_split(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs,
                          part, nc, core2, nh, kvh, hd, scale, 0, 1, TP);
         float *g1 = hk_down(core, sizeof(float) * (size_t)TP * nh * hd), *g2 = hk_down(core2, sizeof(float) * (size_t)nh * hd);
@@ -1162,7 +1190,7 @@ static void hk_attention(int kv) {
         int a = P - 1, nc = P / GPU_ATT_CHUNK;
         CUdeviceptr part = hk_up(NULL, sizeof(float) * (size_t)nh * nc * (hd + 2)), core2 = hk_up(NULL, sizeof(float) * (size_t)nh * hd);
         gpu_k_attention(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs, core,
-                        nh, kvh, hd, scale, 0, 1);
+                        nh, kvh, hd, scale, 0, 1, 1);
         gpu_k_attn_split(&hk.k, hk.s, kv, projd + (size_t)a * pw * 4, posd + (size_t)a * 4, slotd + (size_t)a * 4, btd, bts, kc, vc, ks, vs,
                          part, nc, core2, nh, kvh, hd, scale, 0, 1, P);
         float *g1 = hk_down(core, sizeof(float) * (size_t)nh * hd), *g2 = hk_down(core2, sizeof(float) * (size_t)nh * hd);

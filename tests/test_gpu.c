@@ -1796,7 +1796,7 @@ static void launch_limits(void) {
             CUdeviceptr a = 1 << 20;   // aligned addresses the launch never reads
             gpu_mat w = {.rows = 8192, .cols = 4, .kind = GPU_W_BF16, .row_bytes = 8, .s = 1};
             if (c == 0) gpu_k_gdn_conv(&k, NULL, a, 8192, w, 4, a, 3 * 8192, a, a, a, 70000, 1, 0, 0);   // 70,000 rows in one step
-            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_F32, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1);
+            if (c == 1) gpu_k_attention(&k, NULL, GPU_KV_F32, a, a, a, a, 256, a, a, 0, 0, a, 70000, 7000, 256, 0.0625f, 0, 1, 1);
             if (c == 2) gpu_k_gdn_chunk(&k, NULL, a, 2 * 16 * 128 + 32 * 128, a, a, (gpu_mat){0}, (gpu_mat){0}, a, 0, a, 16, 32, 128, 128, a, a,
                                         a, a, a, 1, a, a, 1);
             _exit(0);
@@ -1994,6 +1994,21 @@ static void moe_shapes(void) {
         CHECK(on && !three && !off, "gpu_mm_w_take: from mm_w_min tokens on one part for sets with FP8 / NVFP4 matrices, never on three parts "
               "or with mm_w_min 0");
         k.smem_max[K_MM_W] = GPU_SMEM_DEFAULT;
+    }
+    // k_fa_w (gpu_fa_w_take): one part, from fa_w_min tokens, heads of GPU_FAW_HD with G dividing 64, 16 tokens a row on
+    // the average, its shared memory opted in
+    {
+        k.smem_max[K_FA_W] = GPU_FAW_SMEM, k.fa_w_min = 1024, k.parts = 1;
+        const int on = gpu_fa_w_take(&k, 16, 2, 256, 1024, 1) && gpu_fa_w_take(&k, 16, 2, 256, 8192, 512) && gpu_fa_w_take(&k, 64, 1, 256, 4096, 3);
+        const int below = gpu_fa_w_take(&k, 16, 2, 256, 1023, 1), rows = gpu_fa_w_take(&k, 16, 2, 256, 8192, 513);
+        const int hd = gpu_fa_w_take(&k, 16, 2, 128, 8192, 1), grp = gpu_fa_w_take(&k, 24, 2, 256, 8192, 1);
+        k.parts = GPU_MM_SPLITS;
+        const int three = gpu_fa_w_take(&k, 16, 2, 256, 8192, 1);
+        k.parts = 1, k.fa_w_min = 0;
+        const int off = gpu_fa_w_take(&k, 16, 2, 256, 8192, 1);
+        CHECK(on && !below && !rows && !hd && !grp && !three && !off, "gpu_fa_w_take: from fa_w_min tokens and 16 a row, heads of 256 in groups "
+              "dividing 64, one part (%d %d %d %d %d %d %d)", on, below, rows, hd, grp, three, off);
+        k.smem_max[K_FA_W] = GPU_SMEM_DEFAULT;
     }
     // FP8 weights on the device: each group's code i at byte GPU_FP8_SLOT(i) (mm_fp8x4 and row_dot read them there)
     {
@@ -2367,6 +2382,88 @@ static void kernel_mm_g128(gpu_engine *g) {
     }
 }
 
+// k_fa_w (k_fa's walk on wgmma: the sm_90a cubin's one-part image) against k_fa's walk on the same step, bit for bit (the
+// gated output in core and its three bf16 parts in xs), over a bf16 and an fp8 cache of random contents (fp8: every
+// code but NaN, scales over a decade) with Qwen3.6's heads (16 over 2 KV heads of 256): two sequences in one step —
+// 700 tokens at positions 300 .. 999 (four chunks; the cache's first 300 positions from earlier steps) and 333 from 0 —
+// so that a block's 16 tokens span both runs and the last block is partial, their pages out of order.
+static void kernel_fa_w(gpu_engine *g) {
+    enum { NH = 16, KVH = 2, HD = 256, KVD = KVH * HD, TA = 700, PA = 300, TB = 333, T = TA + TB, PGA = (PA + TA + 15) / 16, PGB = (TB + 15) / 16,
+           PG = PGA + PGB };
+    if (!g->k.fa_w_min || g->k.parts != 1) {
+        CHECK_SKIP("k_fa_w against k_fa", "not the sm_90a cubin's one-part image (gpu_kernels.fa_w_min 0)");
+        return;
+    }
+    moet_err e = {{0}};
+    arena d;
+    const size_t pw = 2 * NH * HD, on = (size_t)T * NH * HD, pool = (size_t)PG * GPU_KV_PAGE * KVD, sc = (size_t)PG * GPU_KV_PAGE * KVH;
+    const size_t need = sizeof(float) * ((size_t)T * pw + 2 * on + 2 * sc + 2 * pool + 3 * T + 2 * PGA) + 2 * 3 * 2 * on + 16 * 4096;
+    if (arena_init_kind(&d, "k_fa_w test", ARENA_DEVICE, need, &e)) { CHECK(0, "%s", e.msg); return; }
+    float *proj = malloc(sizeof(float) * T * pw), *ksh = malloc(sizeof(float) * sc), *vsh = malloc(sizeof(float) * sc);
+    for (size_t i = 0; i < (size_t)T * pw; i++) proj[i] = 1.5f * kt_normal();
+    for (size_t i = 0; i < sc; i++) ksh[i] = 1e-3f * (1.f + 9.f * (float)(kt_next() & 0xffff) / 65536.f), vsh[i] = 1e-3f * (1.f + 9.f * (float)(kt_next() & 0xffff) / 65536.f);
+    int32_t pos[T], slot[T], perm[PG], bt[2 * PGA];
+    for (int t = 0; t < T; t++) slot[t] = t >= TA, pos[t] = t < TA ? PA + t : t - TA;
+    for (int i = 0; i < PG; i++) perm[i] = i;
+    for (int i = PG - 1; i > 0; i--) {   // pages out of order
+        int r = (int)(kt_next() % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[r], perm[r] = x;
+    }
+    for (int i = 0; i < 2 * PGA; i++) bt[i] = i < PG ? perm[i] : 0;   // slot 0: pages perm[0 .. PGA), slot 1: the rest
+    CUdeviceptr projd = kt_dev(&d, proj, (size_t)T * pw), posd = kt_dev(&d, (const float *)pos, T), slotd = kt_dev(&d, (const float *)slot, T);
+    CUdeviceptr btd = kt_dev(&d, (const float *)bt, 2 * PGA), ksd = kt_dev(&d, ksh, sc), vsd = kt_dev(&d, vsh, sc);
+    CUdeviceptr kc = kt_dev(&d, NULL, pool / 2), vc = kt_dev(&d, NULL, pool / 2);   // room for bf16 (fp8 takes half)
+    CUdeviceptr core[2] = {kt_dev(&d, NULL, on), kt_dev(&d, NULL, on)}, xs[2] = {kt_dev(&d, NULL, 3 * on / 2), kt_dev(&d, NULL, 3 * on / 2)};
+    uint8_t *cache = malloc(2 * pool);
+    float *h[2] = {malloc(sizeof(float) * on), malloc(sizeof(float) * on)};
+    uint16_t *hx[2] = {malloc(2 * 3 * on), malloc(2 * 3 * on)};
+    const int keep = g->k.fa_w_min;
+    for (int kv = GPU_KV_BF16; kv <= GPU_KV_FP8; kv++) {
+        const size_t elem = gpu_kv_elem(kv);
+        for (int c = 0; c < 2; c++) {   // the keys, then the values
+            for (size_t i = 0; i < pool; i++) {
+                if (kv == GPU_KV_FP8) {
+                    uint8_t b = (uint8_t)kt_next();
+                    cache[i] = (b & 0x7f) == 0x7f ? b ^ 1 : b;   // e4m3 0x7f / 0xff are NaN
+                } else {
+                    float f = kt_normal();
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    memcpy(cache + 2 * i, (const uint8_t *)&u + 2, 2);
+                }
+            }
+            CU_CHECK(cu.cuMemcpyHtoD(c ? vc : kc, cache, pool * elem));
+        }
+        int took = 0;
+        for (int v = 0; v < 2; v++) {   // v 0: k_fa, 1: k_fa_w
+            g->k.fa_w_min = v ? 1 : 0;
+            if (v) took = gpu_fa_w_take(&g->k, NH, KVH, HD, T, 2);
+            CU_CHECK(cu.cuMemsetD8(core[v], 0xff, sizeof(float) * on));
+            CU_CHECK(cu.cuMemsetD8(xs[v], 0xff, 2 * 3 * on));
+            CU_CHECK(cu.cuCtxSynchronize());
+            gpu_k_attention(&g->k, g->compute, kv, projd, posd, slotd, btd, PGA, kc, vc, kv == GPU_KV_FP8 ? ksd : 0, kv == GPU_KV_FP8 ? vsd : 0, core[v],
+                            NH, KVH, HD, 1.0f / 16.0f, xs[v], T, 2);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(h[v], core[v], sizeof(float) * on));
+            CU_CHECK(cu.cuMemcpyDtoH(hx[v], xs[v], 2 * 3 * on));
+        }
+        g->k.fa_w_min = keep;
+        size_t nd = 0, first = 0, nf = 0;
+        for (size_t i = 0; i < on; i++) {
+            if (memcmp(&h[0][i], &h[1][i], 4) && !nd++) first = i;
+            nf += isfinite(h[0][i]) != 0;
+        }
+        const int same_xs = !memcmp(hx[0], hx[1], 2 * 3 * on);
+        CHECK(took && nd == 0 && same_xs && nf == on, "k_fa_w (%s cache, %d tokens in two runs): taken %d; %zu of %zu outputs differ from k_fa's "
+              "(the first: token %zu head %zu dim %zu, %.9g vs %.9g); parts %s; %zu finite", gpu_kv_names[kv], T, took, nd, on, first / (NH * HD),
+              first / HD % NH, first % HD, h[0][first], h[1][first], same_xs ? "equal" : "DIFFERENT", nf);
+        printf("k_fa_w (%s cache; %d tokens: 700 at 300 .. 999 and 333 from 0, pages out of order): %s k_fa (core and its bf16 parts)\n",
+               gpu_kv_names[kv], T, nd == 0 && same_xs ? "bitwise equal to" : "DIFFERENT from");
+    }
+    free(proj), free(ksh), free(vsh), free(cache), free(h[0]), free(h[1]), free(hx[0]), free(hx[1]);
+    arena_release(&d);
+}
+
 // The experts' prompt shapes _g (items of up to GPU_MMG_BN pairs) and _g128 (GPU_MMG_BN128, one
 // part) on the same step, bit for bit: random NVFP4 and plane experts (E 16, [I 128, H 256]), 256
 // tokens choosing 4 each (64 pairs an expert on average), grouped (k_moe_sort) and multiplied
@@ -2471,6 +2568,7 @@ static void kernels_act(void) {
     kernel_widen_codes(&g);
     kernel_mm_g128(&g);
     kernel_moe_g128(&g);
+    kernel_fa_w(&g);
     gpu_free(&g);
     ck_close(&m);
 }
