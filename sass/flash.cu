@@ -374,6 +374,43 @@ __device__ __forceinline__ fa_rows fa_lane_rows(const int *__restrict__ tok_pos,
     return rw;
 }
 
+// The fold of chunk c's state (m, l, and o: the lane's NDT dim n-tiles from n-tile n0, C fragments of rows g, g + 8)
+// into the running one of the lane's rows rw (M, L; O kept in out = core, f32), and in the last chunk the rows' dims
+// gated in place (att_out: their bf16 parts into xs, ss elements apart). dims: the lane has dims of O. k_fa's walk and
+// k_fa_w (flash_w.cu) both fold so.
+template <int HD, int NDT>
+__device__ __forceinline__ void fa_fold(const float *__restrict__ proj, float *__restrict__ out, __nv_bfloat16 *__restrict__ xs, size_t ss, int nh,
+                                        const fa_rows &rw, int n0, bool dims, int c, bool last, float M[2], float L[2], const float m[2],
+                                        const float l[2], const float (*o)[4]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rw.pos[r] < 0) continue;
+        const float Mo = M[r], Lo = L[r];   // the running state before this chunk
+        float Mn = Mo, Ln = Lo, dummy = 0.f;
+        att_fold(Mn, Ln, dummy, m[r], l[r], 0.f);
+        M[r] = Mn, L[r] = Ln;
+        if (!dims) continue;
+        const size_t row = (size_t)rw.tok[r] * nh * HD + (size_t)rw.head[r] * HD;
+        const float *gate = proj + (size_t)rw.tok[r] * 2 * nh * HD + (size_t)rw.head[r] * 2 * HD + HD;
+#pragma unroll
+        for (int n = 0; n < NDT; n++)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int d = (n0 + n) * 8 + 2 * t + e2;
+                float Mr = Mo, Lr = Lo, run = c ? out[row + d] : 0.f;   // the running O, kept in core
+                att_fold(Mr, Lr, run, m[r], l[r], o[n][2 * r + e2]);
+                out[row + d] = run;
+            }
+        if (last)   // the last chunk: the lane's dims of the row gated, in place
+#pragma unroll 1
+            for (int i = 0; i < 2 * NDT; i++) {
+                const int d = (n0 + (i >> 1)) * 8 + 2 * t + (i & 1);
+                att_out(out, xs, row + d, ss, (out[row + d] / Ln) * sigm(gate[d]));
+            }
+    }
+}
+
 // The walk (see the top; out = core): the block's token tile, every chunk in order. Warps in
 // pairs (GPU_FA_WALK_SPLIT) share a tile of 16 rows: half the keys' scores and half the dims each.
 template <int HD>
@@ -382,7 +419,7 @@ __device__ void fa_walk(bool f8, const float *__restrict__ proj, const int *__re
                         const float *__restrict__ ks, const float *__restrict__ vs, float *__restrict__ out, int nh, int kvh, float scale,
                         __nv_bfloat16 *__restrict__ xs, int T) {
     constexpr int S = GPU_FA_WALK_SPLIT, NDT = fa_ndt<HD, S>();
-    const int nq = blockDim.x / WARP / S, w = threadIdx.x / WARP, qt = w / S, ws = w % S, t = threadIdx.x & 3, G = nh / kvh, j = blockIdx.y;
+    const int nq = blockDim.x / WARP / S, w = threadIdx.x / WARP, qt = w / S, ws = w % S, G = nh / kvh, j = blockIdx.y;
     const int tpq = 16 / G, t0 = blockIdx.x * nq * tpq, tend = min(T, t0 + nq * tpq), kvd = kvh * HD;   // tokens per row tile, the block's
     const bool dims = (ws + 1) * NDT <= HD / 8;                                                         // the warp has dims of O
     const size_t ss = (size_t)T * nh * HD;                                                              // between xs's parts
@@ -402,32 +439,7 @@ __device__ void fa_walk(bool f8, const float *__restrict__ proj, const int *__re
         for (int c = 0; c < c1; c++) {
             float m[2], l[2], o[NDT][4];
             fa_chunk<HD, S>(f8, sm, q, ssm, kc, vc, ks, vs, btr, c * GPU_ATT_CHUNK, pmax, kvd, kvh, j, scale, rw.pos, m, l, o);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (rw.pos[r] < 0) continue;
-                const float Mo = M[r], Lo = L[r];   // the running state before this chunk
-                float Mn = Mo, Ln = Lo, dummy = 0.f;
-                att_fold(Mn, Ln, dummy, m[r], l[r], 0.f);
-                M[r] = Mn, L[r] = Ln;
-                if (!dims) continue;
-                const size_t row = (size_t)rw.tok[r] * nh * HD + (size_t)rw.head[r] * HD;
-                const float *gate = proj + (size_t)rw.tok[r] * 2 * nh * HD + (size_t)rw.head[r] * 2 * HD + HD;
-#pragma unroll
-                for (int n = 0; n < NDT; n++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int d = (ws * NDT + n) * 8 + 2 * t + e2;
-                        float Mr = Mo, Lr = Lo, run = c ? out[row + d] : 0.f;   // the running O, kept in core
-                        att_fold(Mr, Lr, run, m[r], l[r], o[n][2 * r + e2]);
-                        out[row + d] = run;
-                    }
-                if (c + 1 == c1)   // the last chunk: the lane's dims of the row gated, in place
-#pragma unroll 1
-                    for (int i = 0; i < 2 * NDT; i++) {
-                        const int d = (ws * NDT + (i >> 1)) * 8 + 2 * t + (i & 1);
-                        att_out(out, xs, row + d, ss, (out[row + d] / Ln) * sigm(gate[d]));
-                    }
-            }
+            fa_fold<HD, NDT>(proj, out, xs, ss, nh, rw, ws * NDT, dims, c, c + 1 == c1, M, L, m, l, o);
         }
         ts = te;
     }

@@ -182,11 +182,11 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
     for (int ts = t0; ts < tend;) {
         int pmax;
         const int te = faw_run(tok_slot, tok_pos, ts, tend, pmax);
-        int pos[2], tok[2], head[2];   // the lane's rows g, g + 8 of its warp's 16 (pos −1: not of this run)
+        fa_rows rw;   // the lane's rows g, g + 8 of its warp's 16 (pos −1: not of this run)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = 16 * wq + g + 8 * r, tk = tokw + row / G;
-            tok[r] = tk, head[r] = j * G + row % G, pos[r] = tk >= ts && tk < te ? tok_pos[tk] : -1;
+            rw.tok[r] = tk, rw.head[r] = j * G + row % G, rw.pos[r] = tk >= ts && tk < te ? tok_pos[tk] : -1;
         }
         float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
         const int c1 = pmax / GPU_ATT_CHUNK + 1;
@@ -218,7 +218,7 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
                     for (int e = 0; e < 4; e++) {
                         const int key = 8 * n + 2 * t + (e & 1);
                         const float v = f8 ? __fmul_rn(__fmul_rn(sa[4 * n + e], sm.ks[s][key]), scale) : __fmul_rn(sa[4 * n + e], scale);
-                        sc[n][e] = base + key <= pos[e >> 1] ? v : -INFINITY;
+                        sc[n][e] = base + key <= rw.pos[e >> 1] ? v : -INFINITY;
                     }
                 float mx[2], cf[2], mu[2];
                 fa_tile_max(sc, mx);
@@ -244,31 +244,7 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
                 mmw_arrive(&sm.empty[s]);
             }
             // the chunk into the running state (k_fa's walk: O in core, f32), the last one's output gated
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (pos[r] < 0) continue;
-                const float Mo = M[r], Lo = L[r];
-                float Mn = Mo, Ln = Lo, dummy = 0.f;
-                att_fold(Mn, Ln, dummy, m[r], l[r], 0.f);
-                M[r] = Mn, L[r] = Ln;
-                const size_t row = (size_t)tok[r] * nh * FAW_HD + (size_t)head[r] * FAW_HD;
-                const float *gate = proj + (size_t)tok[r] * 2 * nh * FAW_HD + (size_t)head[r] * 2 * FAW_HD + FAW_HD;
-#pragma unroll
-                for (int n = 0; n < FAW_HD / 8; n++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int d = 8 * n + 2 * t + e2;
-                        float Mr = Mo, Lr = Lo, run = c ? out[row + d] : 0.f;
-                        att_fold(Mr, Lr, run, m[r], l[r], o[4 * n + 2 * r + e2]);
-                        out[row + d] = run;
-                    }
-                if (c + 1 == c1)
-#pragma unroll 1
-                    for (int i = 0; i < FAW_HD / 4; i++) {
-                        const int d = 8 * (i >> 1) + 2 * t + (i & 1);
-                        att_out(out, xs, row + d, ss, (out[row + d] / Ln) * sigm(gate[d]));
-                    }
-            }
+            fa_fold<FAW_HD, FAW_HD / 8>(proj, out, xs, ss, nh, rw, 0, true, c, c + 1 == c1, M, L, m, l, (const float(*)[4])o);
         }
         ts = te;
     }
