@@ -25,13 +25,7 @@
 // Included after flash.cu (sass/all.cu, sass/all_bf.cu); the other images trap (gpu_kernels.fa_w_min is 0 there).
 #include "mmw.cuh"
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && GPU_MM_PARTS == 1
-#define FAW_ON 1
-#else
-#define FAW_ON 0
-#endif
-
-#if FAW_ON
+#if MMW_ON   // (mmw.cuh: the sm_90a cubin's one-part image; FA_P is 1 there)
 #define FAW_HD GPU_FAW_HD
 static_assert(FAW_HD == 256 && GPU_FA_KT == 64 && GPU_FAW_NT == 384 && GPU_ATT_CHUNK % GPU_FA_KT == 0, "k_fa_w: four column blocks of 64 dims, "
               "tiles of 64 keys, a producer and two consumer warpgroups");
@@ -168,10 +162,9 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
             const int cc = 16 * (tid & 1) + u;
             const float4 x0 = ok ? __ldg((const float4 *)(qr + 8 * cc)) : make_float4(0.f, 0.f, 0.f, 0.f);
             const float4 x1 = ok ? __ldg((const float4 *)(qr + 8 * cc + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            const __nv_bfloat162 h0 = __floats2bfloat162_rn(x0.x, x0.y), h1 = __floats2bfloat162_rn(x0.z, x0.w), h2 = __floats2bfloat162_rn(x1.x, x1.y),
-                                 h3 = __floats2bfloat162_rn(x1.z, x1.w);
-            *(uint4 *)(sm.q[cw] + faw_at(r, cc)) =
-                make_uint4(*(const uint32_t *)&h0, *(const uint32_t *)&h1, *(const uint32_t *)&h2, *(const uint32_t *)&h3);
+            uint32_t h[1][4];
+            fa_afrag(make_float2(x0.x, x0.y), make_float2(x0.z, x0.w), make_float2(x1.x, x1.y), make_float2(x1.z, x1.w), h);
+            *(uint4 *)(sm.q[cw] + faw_at(r, cc)) = make_uint4(h[0][0], h[0][1], h[0][2], h[0][3]);
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(1 + cw));   // the warpgroup's rows staged
@@ -226,15 +219,11 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
                 fa_tile_p(f8, sc, sm.vs[s] + 2 * t, mu, cf, l);
 #pragma unroll
                 for (int i = 0; i < 128; i++) o[i] = __fmul_rn(o[i], cf[(i >> 1) & 1]);
-                uint32_t pa[GPU_FA_KT / 16][4];   // P's bf16 rounding in mma's A layout (fa_afrag's, FA_P 1)
+                uint32_t pa[GPU_FA_KT / 16][4];   // P's bf16 rounding in mma's A layout (fa_afrag, FA_P 1)
 #pragma unroll
-                for (int kk = 0; kk < GPU_FA_KT / 16; kk++) {
-                    const __nv_bfloat162 h0 = __floats2bfloat162_rn(sc[2 * kk][0], sc[2 * kk][1]), h1 = __floats2bfloat162_rn(sc[2 * kk][2], sc[2 * kk][3]),
-                                         h2 = __floats2bfloat162_rn(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                         h3 = __floats2bfloat162_rn(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-                    pa[kk][0] = *(const uint32_t *)&h0, pa[kk][1] = *(const uint32_t *)&h1, pa[kk][2] = *(const uint32_t *)&h2,
-                    pa[kk][3] = *(const uint32_t *)&h3;
-                }
+                for (int kk = 0; kk < GPU_FA_KT / 16; kk++)
+                    fa_afrag(make_float2(sc[2 * kk][0], sc[2 * kk][1]), make_float2(sc[2 * kk][2], sc[2 * kk][3]),
+                             make_float2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), make_float2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]), &pa[kk]);
                 faw_pin(o);
                 faw_fence();
 #pragma unroll
@@ -254,7 +243,7 @@ __device__ __forceinline__ void faw_consume(faw_smem &sm, const float *__restric
 extern "C" __global__ void __launch_bounds__(GPU_FAW_NT, 1)
     k_fa_w(const float *proj, const int *tok_pos, const int *tok_slot, const int *bt, int bt_stride, const void *kc, const void *vc, const float *ks,
            const float *vs, float *out, int nh, int kvh, float scale, __nv_bfloat16 *xs, int T, int fp8) {
-#if FAW_ON
+#if MMW_ON
     extern __shared__ uint8_t faw_raw[];
     faw_smem &sm = *(faw_smem *)(faw_raw + ((1024u - (mmw_sa(faw_raw) & 1023u)) & 1023u));
     const int tb = 128 / (nh / kvh), t0 = (int)(gridDim.x - 1 - blockIdx.x) * tb, tend = min(T, t0 + tb), wg = threadIdx.x >> 7;

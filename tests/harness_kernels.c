@@ -1142,7 +1142,7 @@ static void hk_attention(int kv) {
     }
     // k_fa_w (k_fa's walk on wgmma) where the image has it, on prompts of the cache's first T positions from 0: every output
     // k_fa's bits (else the error is INFINITY), both times and TFLOP/s (2 · nh · hd · T² of causal products) — the data
-    // for gpu_kernels.fa_w_min (forced on here: fa_w_min 1)
+    // for gpu_kernels.fa_w_min (forced on here: fa_w_min 1); HK_TIME's runs leave each kernel's outputs
     if (kv != GPU_KV_F32 && hk.k.fa_w_min && hk.k.parts == 1) {
         static const int Tw[] = {TP, 1024, 2048, P};
         CUdeviceptr c1 = hk_up(NULL, sizeof(float) * (size_t)P * nh * hd), c2 = hk_up(NULL, sizeof(float) * (size_t)P * nh * hd);
@@ -1151,11 +1151,9 @@ static void hk_attention(int kv) {
             const int T = Tw[i];
             double uf, uw;
             hk.k.fa_w_min = 0;
-            gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c1, nh, kvh, hd, scale, 0, T, 1);
             HK_TIME(uf, gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c1, nh, kvh, hd, scale, 0, T, 1));
             hk.k.fa_w_min = 1;
             const int took = gpu_fa_w_take(&hk.k, nh, kvh, hd, T, 1);
-            gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c2, nh, kvh, hd, scale, 0, T, 1);
             HK_TIME(uw, gpu_k_attention(&hk.k, hk.s, kv, projd, posd, slotd, btd, bts, kc, vc, ks, vs, c2, nh, kvh, hd, scale, 0, T, 1));
             hk.k.fa_w_min = keep;
             float *g1 = hk_down(c1, sizeof(float) * (size_t)T * nh * hd), *g2 = hk_down(c2, sizeof(float) * (size_t)T * nh * hd);
