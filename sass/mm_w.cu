@@ -17,15 +17,18 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_mm_w(gpu_lin_set s
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const int base = ((int)blockIdx.x - set.first[m]) * GPU_MMW_BM, t0 = blockIdx.y * GPU_MMW_BN, K = set.W[m].cols, wg = threadIdx.x >> 7;
     __syncthreads();   // the barriers initialised
-    if (wg == 0) {
-        const mmw_src w = {set.W[m], base + (int)threadIdx.x};
-        const int tok = t0 + (int)threadIdx.x < T ? t0 + (int)threadIdx.x : -1;
-        if (w.W.kind == GPU_W_FP8) mmw_produce<GPU_W_FP8>(w, xs, tok, K, raw, st, full, empty, NULL);
-        else mmw_produce<GPU_W_NVFP4>(w, xs, tok, K, raw, st, full, empty, NULL);   // (gpu_k_mm_w: FP8 and NVFP4 only)
+    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the tokens
+        mmw_regs_producer();
+        const int i = threadIdx.x & 127;
+        const mmw_src w = {set.W[m], base + i};
+        const int tok = t0 + i < T ? t0 + i : -1;
+        if (w.W.kind == GPU_W_FP8) mmw_produce<GPU_W_FP8>(w, xs, tok, K, raw, st, full, empty, NULL, wg == 0);
+        else mmw_produce<GPU_W_NVFP4>(w, xs, tok, K, raw, st, full, empty, NULL, wg == 0);   // (gpu_k_mm_w: FP8 and NVFP4 only)
         return;
     }
+    mmw_regs_consumer();
     GPU_DEP();
-    const int c = wg - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int c = wg - 2, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     float tot[64];
     mmw_consume(st, full, empty, K, c, tot);
     const gpu_mat &W = set.W[m];

@@ -15,14 +15,16 @@
 // they are copied, in both operands alike.
 //
 // A block: GPU_MMW_BM weight rows (the A tile; where they come from is the kernel's: mmw_src) × GPU_MMW_BN tokens.
-// Warpgroup 0 produces: thread i copies its share of the weights (FP8, NVFP4: row i of the tile; PLANES: rows g, g + 8
-// of the tile's 16-row block i / 16, words t = 2(i % 2), +1, as the file stores them) and token i of each 64-block by
-// cp.async into a raw ring of GPU_MMW_RAW 64-blocks (its own copies only: no barrier among producers), widens the
-// weights to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale:
-// mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble table) and writes weights and token to the stage in the order above,
-// then arrives on the stage's `full` barrier. Warpgroups 1 and 2 consume A rows [64(w − 1), +64) × all GPU_MMW_BN tokens
-// (mmw_consume): four wgmma m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its
-// group has landed; a class's sum is added to the total after its last group.
+// Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (its own copies only: no
+// barrier among producers): in warpgroup 0 thread i copies its share of the weights (FP8, NVFP4: row i of the tile;
+// PLANES: rows g, g + 8 of the tile's 16-row block i / 16, words t = 2(i % 2), +1, as the file stores them), widens them
+// to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale: mm_fp8x4,
+// mm_fp4x4, mm_plane_base + the nibble table) and writes them to the stage in the order above; in warpgroup 1 thread i
+// copies token i of each 64-block and writes it to the stage in the same order. Both arrive on the stage's `full`
+// barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
+// m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its group has landed; a
+// class's sum is added to the total after its last group. Registers (setmaxnreg): GPU_MMW_REG_P a producer thread,
+// GPU_MMW_REG_C a consumer thread (its 64 sums and 64 partial sums).
 #pragma once
 #include "mm.cuh"
 
@@ -40,8 +42,17 @@ struct __align__(1024) mmw_stage {
 };
 #define MMW_RAW_BYTES (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B)
 static_assert(GPU_MMW_STAGES * sizeof(mmw_stage) + GPU_MMW_RAW * MMW_RAW_BYTES + 1024 == GPU_MMW_SMEM, "k_mm_w: gpu_abi.h's plan");
-static_assert(GPU_MMW_BM == 128 && GPU_MMW_BN == 128 && GPU_MMW_NT == 384, "mmw: a producer thread per row and token; m64n128 steps");
+static_assert(GPU_MMW_BM == 128 && GPU_MMW_BN == 128 && GPU_MMW_NT == 512, "mmw: a producer thread per row and one per token; m64n128 steps");
 static_assert(GPU_MMW_RAW_A >= 48 + 16 && GPU_MMW_RAW_B >= 128 + 16, "mmw: a raw weight share (FP8 64, NVFP4 36, PLANES 48 bytes), a token");
+
+// The warpgroups' register budgets (setmaxnreg; the block's 65,536 registers: 2 · 128 · P + 2 · 128 · C).
+#define GPU_MMW_REG_P 88
+#define GPU_MMW_REG_C 168
+static_assert(256 * GPU_MMW_REG_P + 256 * GPU_MMW_REG_C <= 65536 && GPU_MMW_REG_P % 8 == 0 && GPU_MMW_REG_C % 8 == 0, "mmw: registers");
+#define MMW_STR2(x) #x
+#define MMW_STR(x) MMW_STR2(x)
+__device__ __forceinline__ void mmw_regs_producer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 " MMW_STR(GPU_MMW_REG_P) ";"); }
+__device__ __forceinline__ void mmw_regs_consumer() { asm volatile("setmaxnreg.inc.sync.aligned.u32 " MMW_STR(GPU_MMW_REG_C) ";"); }
 
 __device__ __forceinline__ uint32_t mmw_sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mmw_bar_init(uint64_t *b, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(mmw_sa(b)), "r"(n)); }
@@ -84,7 +95,7 @@ template <int KIND>
 __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB, uint8_t *raw,
                                           bool weights, bool tokens) {
     if (j >= KB) return;
-    const int kb = mmg_kb(j, KB), i = threadIdx.x;   // (producer threads 0..127)
+    const int kb = mmg_kb(j, KB), i = threadIdx.x & 127;   // (thread i of either producer warpgroup)
     if (weights) {
         uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
         const bool va = w.row < w.W.rows;
@@ -113,13 +124,12 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 
     }
 }
 
-// The producer's step j: raw slot j % GPU_MMW_RAW (landed) → stage st in wgmma's order (see the top). lut: the planes'
-// nibble table (mm_plane_lut).
+// The weight producer's step j: its raw share of slot j % GPU_MMW_RAW (landed) → its stage rows in wgmma's order (see
+// the top). lut: the planes' nibble table (mm_plane_lut).
 template <int KIND>
-__device__ __forceinline__ void mmw_fill(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
-    const int i = threadIdx.x;
+__device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
+    const int i = threadIdx.x & 127;
     const uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
-    const uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
     if (KIND == GPU_W_PLANES) {   // pair P = 8q + 2t + h → piece 2q + h, word t: this thread's rows, words 2tp, 2tp + 1
         const int g = (i >> 1) & 7, tp = i & 1;
         const uint4 cw = *(const uint4 *)ra;   // x: (g, 2tp) tile 0, y: tile 1, z: (g, 2tp + 1) tile 0, w: tile 1
@@ -162,6 +172,13 @@ __device__ __forceinline__ void mmw_fill(const uint8_t *raw, int j, mmw_stage &s
             *(uint4 *)(ar + (((2 * q + 1) ^ (i & 7)) << 4)) = make_uint4(hi[q], hi[4 + q], hi[8 + q], hi[12 + q]);
         }
     }
+}
+
+// The token producer's step j: token i's raw 64-block → its stage row in wgmma's order (see the top).
+template <int KIND>
+__device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage &st) {
+    const int i = threadIdx.x & 127;
+    const uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
     uint32_t x[32];   // the token's pairs P = 0..31 → piece c = 2q + h, word t
 #pragma unroll
     for (int c = 0; c < 8; c++) {
@@ -177,32 +194,33 @@ __device__ __forceinline__ void mmw_fill(const uint8_t *raw, int j, mmw_stage &s
     }
 }
 
-// Warpgroup 0's part (threads 0..127): every 64-block of K through the raw ring into the stages. The weights' first
-// copies go out before GPU_DEP (weights never change after boot), the tokens' after it.
+// A producer warpgroup's part: every 64-block of K through the raw ring into the stages, warpgroup 0 the weights
+// (weights: before any GPU_DEP — they never change after boot — and never waiting for it), warpgroup 1 the tokens
+// (after GPU_DEP). Each waits for its own copies only and arrives on the stage's `full` barrier when its half is in.
 template <int KIND>
 __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, uint8_t *raw, mmw_stage *st,
-                                            uint64_t *full, uint64_t *empty, const uint32_t *lut) {
+                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
     const int KB = K / 64;
-    for (int j = 0; j < GPU_MMW_RAW - 1; j++) mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, true, false);
-    GPU_DEP();
+    if (!weights) GPU_DEP();
     for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
-        mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, false, true);
+        mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, weights, !weights);
         mm_cp_commit();
     }
     for (int j = 0; j < KB; j++) {
         const int s = j % GPU_MMW_STAGES;
-        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, KB, raw, true, true);   // into the raw slot step j − 1 read
+        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, KB, raw, weights, !weights);   // into the raw slot step j − 1 read
         mm_cp_commit();
         mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this thread's own) landed
         if (j >= GPU_MMW_STAGES) mmw_wait(&empty[s], (j / GPU_MMW_STAGES - 1) & 1);
-        mmw_fill<KIND>(raw, j, st[s], lut);
+        if (weights) mmw_fill_a<KIND>(raw, j, st[s], lut);
+        else mmw_fill_b<KIND>(raw, j, st[s]);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores seen by the consumers' wgmma
         mmw_arrive(&full[s]);
     }
     mm_cp_wait<0>();
 }
 
-// Warpgroup 1 + c's part: tot[4n + e] = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K,
+// Warpgroup 2 + c's part: tot[4n + e] = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K,
 // in k_mm_g's order (before the kind's scale). Returns when every stage it read is released.
 __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64]) {
     const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
@@ -231,10 +249,10 @@ __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint6
 }
 
 // The block's shared state: the stages (1,024-aligned in the dynamic shared memory) and the raw ring after them; the
-// barriers initialised (full: the 128 producers arrive; empty: the 256 consumers). Every thread calls it.
+// barriers initialised (full: the 256 producers arrive; empty: the 256 consumers). Every thread calls it.
 __device__ __forceinline__ mmw_stage *mmw_setup(uint8_t *smem, uint64_t *full, uint64_t *empty) {
     if (threadIdx.x == 0)
-        for (int s = 0; s < GPU_MMW_STAGES; s++) mmw_bar_init(&full[s], 128), mmw_bar_init(&empty[s], 256);
+        for (int s = 0; s < GPU_MMW_STAGES; s++) mmw_bar_init(&full[s], 256), mmw_bar_init(&empty[s], 256);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     return (mmw_stage *)(smem + ((1024u - (mmw_sa(smem) & 1023u)) & 1023u));
 }

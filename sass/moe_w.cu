@@ -4,8 +4,8 @@
 // k_moe_up_g128 / k_moe_dn_g128 and their epilogues, so the same bits. CPU twin: ref_moe (moet.c).
 //
 // k_moe_up_w: grid (items bound, I / 64), GPU_MMW_NT threads, GPU_MMW_SMEM bytes of dynamic shared memory. A block's A
-// tile is rows [64·blockIdx.y, +64) of the item's gate (A rows 0..63: consumer warpgroup 1) and of its up (64..127:
-// warpgroup 2) over K = H, times the item's pairs' tokens of xs; warpgroup 2 hands up · its scale to warpgroup 1 through
+// tile is rows [64·blockIdx.y, +64) of the item's gate (A rows 0..63: consumer warpgroup 2) and of its up (64..127:
+// warpgroup 3) over K = H, times the item's pairs' tokens of xs; warpgroup 3 hands up · its scale to warpgroup 1 through
 // shared memory (the stages, every one consumed), which writes h = SiLU(gate · scale) · (up · scale) as moe_up_g does.
 // k_moe_dn_w: grid (items bound, H / 128): rows [128·blockIdx.y, +128) of the item's down over K = I, times the pairs'
 // rows of hs, into ye [pair][H].
@@ -36,19 +36,21 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     const gpu_mat G = experts[3 * x], U = experts[3 * x + 1];
     const int base = blockIdx.y * 64, H = G.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
     __syncthreads();   // the pairs, the table and the barriers
-    if (wg == 0) {
+    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the tokens
+        mmw_regs_producer();
         const int p = pair[i], tok = p >= 0 ? p / K : -1;
         if (G.kind == GPU_W_PLANES) {   // 16-row blocks 0..3 of the tile from gate, 4..7 from up
             const int nb = i >> 4;
             const mmw_src w = {nb < 4 ? G : U, base + 16 * (nb & 3)};
-            mmw_produce<GPU_W_PLANES>(w, xs, tok, H, raw, st, full, empty, lut);
+            mmw_produce<GPU_W_PLANES>(w, xs, tok, H, raw, st, full, empty, lut, wg == 0);
         } else {   // NVFP4 (gpu_moe_shape: planes and NVFP4 only): rows 0..63 gate, 64..127 up
             const mmw_src w = {i < 64 ? G : U, base + (i & 63)};
-            mmw_produce<GPU_W_NVFP4>(w, xs, tok, H, raw, st, full, empty, lut);
+            mmw_produce<GPU_W_NVFP4>(w, xs, tok, H, raw, st, full, empty, lut, wg == 0);
         }
         return;
     }
-    const int c = wg - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    mmw_regs_consumer();
+    const int c = wg - 2, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     float tot[64];
     mmw_consume(st, full, empty, H, c, tot);
     float *xch = (float *)st;   // [64][128]: up's sums, each consumer thread's 64 in a column
@@ -92,12 +94,14 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     const gpu_mat D = experts[3 * x + 2];
     const int base = blockIdx.y * GPU_MMW_BM, I = D.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
     __syncthreads();
-    if (wg == 0) {
-        if (D.kind == GPU_W_PLANES) mmw_produce<GPU_W_PLANES>(mmw_src{D, base + 16 * (i >> 4)}, hs, pair[i], I, raw, st, full, empty, lut);
-        else mmw_produce<GPU_W_NVFP4>(mmw_src{D, base + i}, hs, pair[i], I, raw, st, full, empty, lut);
+    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the rows of hs
+        mmw_regs_producer();
+        if (D.kind == GPU_W_PLANES) mmw_produce<GPU_W_PLANES>(mmw_src{D, base + 16 * (i >> 4)}, hs, pair[i], I, raw, st, full, empty, lut, wg == 0);
+        else mmw_produce<GPU_W_NVFP4>(mmw_src{D, base + i}, hs, pair[i], I, raw, st, full, empty, lut, wg == 0);
         return;
     }
-    const int c = wg - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    mmw_regs_consumer();
+    const int c = wg - 2, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     float tot[64];
     mmw_consume(st, full, empty, I, c, tot);
     const float post = mm_post(D);
