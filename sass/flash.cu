@@ -394,14 +394,15 @@ __device__ __forceinline__ void fa_fold(const float *__restrict__ proj, float *_
         const size_t row = (size_t)rw.tok[r] * nh * HD + (size_t)rw.head[r] * HD;
         const float *gate = proj + (size_t)rw.tok[r] * 2 * nh * HD + (size_t)rw.head[r] * 2 * HD + HD;
 #pragma unroll
-        for (int n = 0; n < NDT; n++)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                const int d = (n0 + n) * 8 + 2 * t + e2;
-                float Mr = Mo, Lr = Lo, run = c ? out[row + d] : 0.f;   // the running O, kept in core
-                att_fold(Mr, Lr, run, m[r], l[r], o[n][2 * r + e2]);
-                out[row + d] = run;
-            }
+        for (int n = 0; n < NDT; n++) {
+            const int d = (n0 + n) * 8 + 2 * t;   // the lane's dims d, d + 1 (8-byte aligned: HD and d even)
+            float2 run = c ? *(const float2 *)(out + row + d) : make_float2(0.f, 0.f);   // the running O, kept in core
+            float Mr = Mo, Lr = Lo;
+            att_fold(Mr, Lr, run.x, m[r], l[r], o[n][2 * r]);
+            Mr = Mo, Lr = Lo;
+            att_fold(Mr, Lr, run.y, m[r], l[r], o[n][2 * r + 1]);
+            *(float2 *)(out + row + d) = run;
+        }
         if (last)   // the last chunk: the lane's dims of the row gated, in place
 #pragma unroll 1
             for (int i = 0; i < 2 * NDT; i++) {
