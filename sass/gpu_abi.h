@@ -148,10 +148,11 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MMG32_BLOCKS 2
 // k_mm_w (sass/mm_w.cu; the sm_90a cubin's one-part image only): prompt products of FP8 and NVFP4
 // weights on wgmma in tiles of GPU_MMW_BM rows × GPU_MMW_BN tokens, GPU_MMW_NT threads (two producer
-// warpgroups, the weights' and the tokens', two consumer warpgroups of 64 rows each), GPU_MMW_STAGES widened 64-blocks and
-// GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row, GPU_MMW_RAW_B a token: 16 past what they
-// hold, so eight lanes' 16-byte reads meet eight bank groups) in flight; GPU_MMW_SMEM of dynamic
-// shared memory (1 KiB of it to align the stages to 1,024 bytes, wgmma's 128B swizzle).
+// warpgroups, the weights' and the tokens', two consumer warpgroups of 64 rows each), GPU_MMW_STAGES
+// widened 64-blocks and GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row, GPU_MMW_RAW_B a
+// token: 16 past what they hold, so eight lanes' 16-byte reads meet eight bank groups) in flight;
+// GPU_MMW_SMEM of dynamic shared memory (1 KiB of it to align the stages to 1,024 bytes, wgmma's
+// 128B swizzle).
 #define GPU_MMW_BM 128
 #define GPU_MMW_BN 128
 #define GPU_MMW_NT 512

@@ -88,9 +88,9 @@ struct mmw_src {
     int row;
 };
 
-// The producer's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: its weights (FP8 64
-// bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of codes and the 16-row block's
-// 32 scale bytes of the 64-block) and token `tok` of xs ([·][K]; -1: none, zeros).
+// A producer thread's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: with weights its
+// share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of codes and
+// the 16-row block's 32 scale bytes of the 64-block), with tokens token `tok` of xs ([·][K]; -1: none, zeros).
 template <int KIND>
 __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB, uint8_t *raw,
                                           bool weights, bool tokens) {

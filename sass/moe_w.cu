@@ -5,7 +5,7 @@
 //
 // k_moe_up_w: grid (items bound, I / 64), GPU_MMW_NT threads, GPU_MMW_SMEM bytes of dynamic shared memory. A block's A
 // tile is rows [64·blockIdx.y, +64) of the item's gate (A rows 0..63: consumer warpgroup 2) and of its up (64..127:
-// warpgroup 3) over K = H, times the item's pairs' tokens of xs; warpgroup 3 hands up · its scale to warpgroup 1 through
+// warpgroup 3) over K = H, times the item's pairs' tokens of xs; warpgroup 3 hands up · its scale to warpgroup 2 through
 // shared memory (the stages, every one consumed), which writes h = SiLU(gate · scale) · (up · scale) as moe_up_g does.
 // k_moe_dn_w: grid (items bound, H / 128): rows [128·blockIdx.y, +128) of the item's down over K = I, times the pairs'
 // rows of hs, into ye [pair][H].
