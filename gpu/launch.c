@@ -150,21 +150,24 @@ static int gpu_mt_ok(const gpu_lin_set *set) {
     return 1;
 }
 
-// k_mm_v (bulk 0) or k_mm_t (bulk 1, gpu_mt_ok): runs of row tiles per block, GPU_MM_V_BLOCKS
-// blocks per multiprocessor, the ring of weights and the tokens' parts in dynamic shared memory
-// (it must fit the device: asserted); the same bits.
+// k_mm_v (bulk 0), k_mm_t (bulk 1, gpu_mt_ok) or k_mm_v2 (bulk 2: GPU_MM_TOK_V + 1 to
+// GPU_MM_TOK_V2 tokens, read from xs): runs of row tiles per block, GPU_MM_V_BLOCKS (GPU_MT_BLOCKS,
+// GPU_MM_V2_BLOCKS) blocks per multiprocessor, the ring of weights and (k_mm_v, k_mm_t) the tokens'
+// parts in dynamic shared memory (it must fit the device: asserted); the same bits.
 static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int bulk) {
-    size_t smem = (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
-    const int room = gpu_smem_room(k, bulk ? K_MM_T : K_MM_V, smem);   // (the kernel's opt-in, taken once)
-    MOET_ASSERT(T >= 1 && T <= GPU_MM_TOK_V && (!bulk || gpu_mt_ok(set)) && room, "k_mm_%c: %d tokens, %zu bytes of shared memory",
-                bulk ? 't' : 'v', T, smem);
+    const int fn = bulk == 2 ? K_MM_V2 : bulk ? K_MM_T : K_MM_V;
+    size_t smem = bulk == 2 ? GPU_MM_RING_BYTES : (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
+    const int room = gpu_smem_room(k, fn, smem);   // (the kernel's opt-in, taken once)
+    MOET_ASSERT(T >= 1 && T <= (bulk == 2 ? GPU_MM_TOK_V2 : GPU_MM_TOK_V) && (bulk != 1 || gpu_mt_ok(set)) && room,
+                "%s: %d tokens, %zu bytes of shared memory", gpu_kernel_names[fn], T, smem);
     long long tiles = 0;
     for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
-    int per = (int)gpu_cdiv(tiles, (long long)(bulk ? GPU_MT_BLOCKS : GPU_MM_V_BLOCKS) * (k->sms > 0 ? k->sms : 1));
+    const int bpm = bulk == 2 ? GPU_MM_V2_BLOCKS : bulk ? GPU_MT_BLOCKS : GPU_MM_V_BLOCKS;
+    int per = (int)gpu_cdiv(tiles, (long long)bpm * (k->sms > 0 ? k->sms : 1));
     set->pad[0] = per;
     set->first[0] = 0;
     for (int i = 0; i < set->n; i++) set->first[i + 1] = set->first[i] + (int)gpu_cdiv(gpu_cdiv(set->W[i].rows, 16), per);
-    gpu_launch(k, bulk ? K_MM_T : K_MM_V, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,
+    gpu_launch(k, fn, (gpu_dim){set->first[set->n], 1, 1, "(runs of row tiles of every matrix, 1, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS((void *)set, &xs, &T));
 }
 
@@ -267,6 +270,14 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         }
         int bulk = !fp8 && bytes >= GPU_MT_MIN_BYTES && gpu_mt_ok(set) && gpu_smem_room(k, K_MM_T, smem - GPU_MM_RING_BYTES + GPU_MT_RING);
         gpu_k_mm_stream(k, s, set, xs, T, bulk);
+        return;
+    }
+    // k_mm_v2 for steps of GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens (a batch of decoding sequences):
+    // k_mm_v's ring, the tokens read from xs (the kernel harness on the H200 at 16 tokens, against
+    // _b / _p: attention q|k|v 18.6 against 25.6 / 25.0 µs, GDN in-projections 19.2 against 30.0 /
+    // 26.4, the lm_head 397.0 against 594.5 / 519.0; batch-16 decode 1,869–1,875 → 1,971–1,982 tok/s)
+    if (k->mm_v2 && T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(k, K_MM_V2, GPU_MM_RING_BYTES)) {
+        gpu_k_mm_stream(k, s, set, xs, T, 2);
         return;
     }
     sh = gpu_mm_pick(k, set, T);

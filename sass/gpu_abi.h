@@ -121,6 +121,10 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 #define GPU_MM_TOK_V 4
 #define GPU_MM_RING_BYTES 49152
 #define GPU_MM_V_BLOCKS 3
+// k_mm_v2: k_mm_v's steps for GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens (two n-tiles), the tokens
+// read from global memory (L1), the ring alone in shared memory; GPU_MM_V2_BLOCKS a multiprocessor.
+#define GPU_MM_TOK_V2 16
+#define GPU_MM_V2_BLOCKS 2
 // k_mm_t: k_mm_v's row tiles, the weights through a ring of GPU_MT_RING bytes of stages of at
 // most GPU_MT_STAGE_BYTES (sass/mm.cuh: mt_kbc) that bulk copies fill, at most GPU_MT_STAGES of
 // them (their mbarriers are static), GPU_MT_BLOCKS blocks per multiprocessor.

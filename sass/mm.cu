@@ -9,6 +9,7 @@
 // gpu_k_mm picks the shape by T; every shape gives the same bits (the order depends on K alone):
 //   k_mm_v  T ≤ GPU_MM_TOK_V, the weights' ring and the tokens' parts in dynamic shared memory:
 //           grid (runs of set.pad[0] row tiles of 16 per matrix), set.first[] in runs;
+//   k_mm_v2 T ≤ GPU_MM_TOK_V2 (gpu_kernels.mm_v2): k_mm_v's grid and ring, the tokens read from xs;
 //   k_mm_d  T ≤ 8: grid (Σ_i ceil(O_i / 16), ceil(T / 8)), one n-tile of 8 tokens, four 64-blocks
 //           of weights in flight per warp;
 //   k_mm_b  T ≤ GPU_MM_TOK_B: grid (Σ_i ceil(O_i / 16), ceil(T / 32)), four n-tiles;
@@ -86,7 +87,7 @@ MM_DENSE(k_mm_p, 2, 4, 1, false, 1)
 // loads of the next tile are on their way while the warps' sums of this one meet in shared memory
 // (double-buffered: one barrier per tile). The same steps and order as mm_core: the same bits as
 // every other shape.
-template <int KIND>
+template <int KIND, int NT>
 __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile, const __nv_bfloat16 *__restrict__ xs, __nv_bfloat16 *xsm,
                                           uint8_t *ring, int T, float *red, uint32_t *lut, float *__restrict__ y, int ldy) {
     constexpr int R = mm_cp_slots<KIND>::ring, SB = mm_cp_slots<KIND>::bytes;
@@ -100,10 +101,12 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
         if (j < njob && kb < KB) mm_cp_issue<KIND>(W, 16 * (tile0 + j / nk), kb, g, t, ring + j * SB);
         mm_cp_commit();
     }
-    // the weights are on their way: wait for the activations, then copy them in
+    // the weights are on their way: wait for the activations, then (one n-tile) copy them in
     GPU_DEP();
-    const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
-    for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+    if (NT == 1) {
+        const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
+        for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+    }
     mm_plane_lut(lut);
     __syncthreads();
     // the steps walked by counters, not divisions: this step's (slot, 64-block class cq, tile ti),
@@ -111,14 +114,23 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     int slot = 0, cq = 0, ti = 0, iq = R % nk, it = R / nk;
     mm_cp_src src;
     if (it < ntile) mm_cp_tile<KIND>(W, 16 * (tile0 + it), g, t, src);
-    // this lane's B column in each part, at 64-block 0 (k = its first of q = 0): token g, or the
-    // last token for lanes g ≥ T — an output column depends on its own B column alone, and
-    // columns past T are never stored, so those lanes read real values instead of being zeroed
-    const int gt = g < T ? g : T - 1;
-    const __nv_bfloat16 *xp[GPU_MM_PARTS];
+    // this lane's B column in each part and n-tile, at 64-block 0 (k = its first of q = 0): token
+    // 8n + g, or the last token for lanes past T — an output column depends on its own B column
+    // alone, and columns past T are never stored, so those lanes read real values instead of
+    // being zeroed. One n-tile: the copy in shared memory; more: xs itself (L1 keeps it).
+    const __nv_bfloat16 *xp[NT][GPU_MM_PARTS];
 #pragma unroll
-    for (int s = 0; s < GPU_MM_PARTS; s++) xp[s] = xsm + ((size_t)s * T + gt) * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int n = 0; n < NT; n++) {
+        const int gt = 8 * n + g < T ? 8 * n + g : T - 1;
+#pragma unroll
+        for (int s = 0; s < GPU_MM_PARTS; s++)
+            xp[n][s] = (NT == 1 ? xsm : xs) + ((size_t)s * T + gt) * K + (KIND == GPU_W_PLANES ? 4 * t : 16 * t);
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[n][c] = 0.f;
     for (int j = 0; j < njob; j++) {   // uniform over the block: every warp has the same steps
         const int kb = w + GPU_MM_WARPS * cq;
         uint8_t *sl = ring + slot * SB;
@@ -129,12 +141,16 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q : 4 * q);
-                uint2 b[GPU_MM_PARTS];
+                uint2 b[NT][GPU_MM_PARTS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xp[s] + ko);
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int s = 0; s < GPU_MM_PARTS; s++)
+                        b[n][s] = NT == 1 ? *(const uint2 *)(xp[n][s] + ko) : __ldg((const uint2 *)(xp[n][s] + ko));
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
-                mm_acc(acc, a, b);
+#pragma unroll
+                for (int n = 0; n < NT; n++) mm_acc(acc[n], a, b[n]);
             }
         }
         // step j + R into the slot just read (its values are used above: the read is done)
@@ -142,36 +158,55 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
         mm_cp_commit();
         if (++iq == nk && ++it < ntile) iq = 0, mm_cp_tile<KIND>(W, 16 * (tile0 + it), g, t, src);
         if (++slot == R) slot = 0;
-        if (++cq == nk) {   // the tile's last step: the warps' sums meet
-            float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
+        if (++cq == nk) {   // the tile's last step: the warps' sums meet (mm_reduce's layout, ONE)
+            float *rb = red + (ti & 1) * GPU_MM_WARPS * 128 * NT;
 #pragma unroll
-            for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[c], acc[c] = 0.f;
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) rb[((w * NT + n) * 4 + c) * 32 + lane] = acc[n][c], acc[n][c] = 0.f;
             __syncthreads();
-            const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
-            if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
+            for (int e = threadIdx.x; e < 16 * T; e += GPU_MM_NT) {
+                const int r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
+                if (row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, NT, true>(rb, 0, r, m) * post;
+            }
             cq = 0, ti++;
         }
     }
     mm_cp_wait<0>();   // nothing left in flight into shared memory at exit
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
-    __shared__ uint32_t lut[16];
-    __shared__ float red[2 * GPU_MM_WARPS * 128];
+// A block's run of row tiles (set.pad[0] a block) of its matrix through mm_stream.
+template <int NT>
+__device__ __forceinline__ void mm_stream_set(const gpu_lin_set &set, const __nv_bfloat16 *__restrict__ xs, int T, float *red, uint32_t *lut) {
     int m = 0;
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const gpu_mat W = set.W[m];
     const int per = set.pad[0], ntile_all = (W.rows + 15) / 16;
     const int tile0 = ((int)blockIdx.x - set.first[m]) * per, ntile = min(per, ntile_all - tile0);
     uint8_t *ring = mm_smem;                                            // GPU_MM_RING_BYTES
-    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MM_RING_BYTES);   // [GPU_MM_PARTS][T][K]
+    __nv_bfloat16 *xsm = (__nv_bfloat16 *)(mm_smem + GPU_MM_RING_BYTES);   // (one n-tile) [GPU_MM_PARTS][T][K]
     float *__restrict__ y = (float *)set.y[m];
     switch (W.kind) {
-    case GPU_W_FP8: mm_stream<GPU_W_FP8>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
-    case GPU_W_BF16: mm_stream<GPU_W_BF16>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
-    default: mm_stream<GPU_W_PLANES>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_FP8: mm_stream<GPU_W_FP8, NT>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_NVFP4: mm_stream<GPU_W_NVFP4, NT>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    case GPU_W_BF16: mm_stream<GPU_W_BF16, NT>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
+    default: mm_stream<GPU_W_PLANES, NT>(W, tile0, ntile, xs, xsm, ring, T, red, lut, y, set.ldy[m]); break;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V_BLOCKS) k_mm_v(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    __shared__ uint32_t lut[16];
+    __shared__ float red[2 * GPU_MM_WARPS * 128];
+    mm_stream_set<1>(set, xs, T, red, lut);
+}
+
+// k_mm_v2: k_mm_v's steps for GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens (two n-tiles of 8), their B
+// fragments read from xs (global, through L1) instead of a copy: the ring alone in dynamic shared
+// memory, GPU_MM_V2_BLOCKS blocks per multiprocessor. The same bits as every other shape.
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V2_BLOCKS) k_mm_v2(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    __shared__ uint32_t lut[16];
+    __shared__ float red[2 * GPU_MM_WARPS * 128 * 2];
+    mm_stream_set<2>(set, xs, T, red, lut);
 }
 
 // ---- decode, the weights through the copy engine (k_mm_t) ----------------------------------------

@@ -302,8 +302,8 @@ static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x
     return err;
 }
 
-// Every shape a step of T tokens can take through k_mm (_b, _p, k_mm_g and k_mm_g32 whatever T) against the
-// one it takes (ms's outputs hold its result): the same bits, and their times.
+// Every shape a step of T tokens can take through k_mm (_b, _p, k_mm_g and k_mm_g32 whatever T; k_mm_v2 up to
+// GPU_MM_TOK_V2 tokens) against the one it takes (ms's outputs hold its result): the same bits, and their times.
 static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *shape, const char *fmt) {
     size_t ob = 0;
     for (int i = 0; i < ms->n; i++) ob += sizeof(float) * (size_t)T * ms->W[i].rows;
@@ -313,7 +313,8 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     static const char *const name[4] = {"_b", "_p", "_g", "_g32"};
     double us[4];
     int same = 1;
-    const int g0 = hk.k.mm_g_min, g32 = hk.k.mm_g32_max;
+    const int g0 = hk.k.mm_g_min, g32 = hk.k.mm_g32_max, v2 = hk.k.mm_v2;
+    hk.k.mm_v2 = 0;   // (_g, _g32 through gpu_k_mm: not k_mm_v2's steps)
     for (int sh = 0; sh < 4; sh++) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
         if (sh >= 2) hk.k.mm_g_min = 1, hk.k.mm_g32_max = sh == 3 ? T : 0;   // (_g, _g32: k_mm_g or k_mm_g32 from any tokens)
@@ -329,8 +330,21 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
         else HK_TIME(us[sh], gpu_k_mm(&hk.k, hk.s, ms, xs, T));
         hk.k.mm_g_min = g0, hk.k.mm_g32_max = g32;
     }
-    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs, _g32 %.1f µs; bits %s\n", "k_mm shapes", shape, fmt, us[0], us[1], us[2], us[3],
-           same ? "equal" : "DIFFERENT");
+    hk.k.mm_v2 = v2;
+    double uv = 0;   // k_mm_v2 where the step's tokens allow it
+    if (T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(&hk.k, K_MM_V2, GPU_MM_RING_BYTES)) {
+        for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
+        gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, 2);
+        CU_CHECK(cu.cuStreamSynchronize(hk.s));
+        for (size_t i = 0, o = 0; i < (size_t)ms->n; o += (size_t)T * ms->W[i].rows, i++)
+            CU_CHECK(cu.cuMemcpyDtoH(h1 + o, ms->y[i], sizeof(float) * (size_t)T * ms->W[i].rows));
+        const int eq = !memcmp(h0, h1, ob);
+        CHECK(eq, "k_mm_v2 %s: not the bits of the shape the step takes", shape);
+        same &= eq;
+        HK_TIME(uv, gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, 2));
+    }
+    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs, _g32 %.1f µs, _v2 %.1f µs (0: not run); bits %s\n", "k_mm shapes", shape, fmt,
+           us[0], us[1], us[2], us[3], uv, same ? "equal" : "DIFFERENT");
     free(h0), free(h1);
 }
 
@@ -349,7 +363,7 @@ static void hk_linear(void) {
         {"GDN out", 1, 512, {CK_W_FP8}, {H}, c->value_dim},
         {"router|shared g|u|gate", 4, 512, {CK_W_BF16, CK_W_NVFP4, CK_W_NVFP4, CK_W_BF16}, {c->n_experts, c->shared_inter, c->shared_inter, 1}, H},
         {"shared down", 1, 512, {CK_W_NVFP4}, {H}, c->shared_inter},
-        {"lm_head", 1, 4, {CK_W_NVFP4}, {c->vocab}, H},
+        {"lm_head", 1, 16, {CK_W_NVFP4}, {c->vocab}, H},
         // long streams of one format (64 MiB of FP8, 64 MiB of BF16): a kernel's rate once its
         // start and end no longer count
         {"stream", 1, 4, {CK_W_FP8}, {32768}, H},

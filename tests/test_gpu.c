@@ -743,6 +743,38 @@ static void kernel_mm_stream(gpu_engine *g) {
         free(ref);
         for (int v = 0; v < 3; v++) free(h[v]);
     }
+    // k_mm_v2 (GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens, two n-tiles read from xs) against k_mm_b,
+    // the same sets: the same bits (lanes past T read the last token's column), within the bound
+    enum { TV = GPU_MM_TOK_V2 };
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const int n = sets[si].n, K = sets[si].K;
+        kt_set ks;
+        if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, TV)) return;
+        float *h[2], *ref = malloc(sizeof(float) * TV * ks.outs);
+        for (int v = 0; v < 2; v++) h[v] = malloc(sizeof(float) * TV * ks.outs);
+        int same = 1;
+        double err = 0;
+        for (int T = TM + 1; T <= TV; T++) {
+            gpu_k_mm_split(&g->k, g->compute, ks.xd, K, K, T, ks.xs);
+            for (int v = 0; v < 2; v++) {
+                kt_set_clear(g, &ks, T);
+                if (v == 0) gpu_k_mm_stream(&g->k, g->compute, &ks.set, ks.xs, T, 2);
+                else gpu_k_mm_fixed(&g->k, g->compute, &ks.set, ks.xs, T, 1);
+                kt_set_get(g, &ks, T, h[v]);
+            }
+            const size_t tot = kt_set_ref(g, &ks, T, ref);
+            same &= !memcmp(h[0], h[1], sizeof(float) * tot);
+            double e1 = check_nerr(h[0], ref, tot);
+            err = e1 > err ? e1 : err;
+        }
+        CHECK(same, "k_mm_v2 / k_mm_b: different bits (set %zu)", si);
+        CHECK(err < GPU_TOL_LINEAR, "k_mm_v2 set %zu: normalised error %.3g vs ref_linear", si, err);
+        printf("k_mm_v2 set %zu (%d matrices, %zu rows, K %d, T %d..%d): %s k_mm_b, error vs ref_linear %.2g%s\n", si, n, ks.outs, K, TM + 1, TV,
+               same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
+        kt_set_free(&ks);
+        free(ref);
+        for (int v = 0; v < 2; v++) free(h[v]);
+    }
 }
 
 // The tensor-core products widen every stored code exactly: a matrix whose row r holds one code
