@@ -150,13 +150,18 @@ static int gpu_mt_ok(const gpu_lin_set *set) {
     return 1;
 }
 
+// The dynamic shared memory of gpu_k_mm_stream's kernel for a step of T tokens (bulk as there).
+static size_t gpu_mm_stream_smem(const gpu_kernels *k, const gpu_lin_set *set, int T, int bulk) {
+    return bulk == 2 ? GPU_MM_RING_BYTES : (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
+}
+
 // k_mm_v (bulk 0), k_mm_t (bulk 1, gpu_mt_ok) or k_mm_v2 (bulk 2: GPU_MM_TOK_V + 1 to
 // GPU_MM_TOK_V2 tokens, read from xs): runs of row tiles per block, GPU_MM_V_BLOCKS (GPU_MT_BLOCKS,
 // GPU_MM_V2_BLOCKS) blocks per multiprocessor, the ring of weights and (k_mm_v, k_mm_t) the tokens'
 // parts in dynamic shared memory (it must fit the device: asserted); the same bits.
 static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int bulk) {
     const int fn = bulk == 2 ? K_MM_V2 : bulk ? K_MM_T : K_MM_V;
-    size_t smem = bulk == 2 ? GPU_MM_RING_BYTES : (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
+    const size_t smem = gpu_mm_stream_smem(k, set, T, bulk);
     const int room = gpu_smem_room(k, fn, smem);   // (the kernel's opt-in, taken once)
     MOET_ASSERT(T >= 1 && T <= (bulk == 2 ? GPU_MM_TOK_V2 : GPU_MM_TOK_V) && (bulk != 1 || gpu_mt_ok(set)) && room,
                 "%s: %d tokens, %zu bytes of shared memory", gpu_kernel_names[fn], T, smem);
@@ -260,15 +265,14 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     // K = 4,096; a GB10 block takes 99 KiB: there such a step takes k_mm_d, the same bits).
     // Static and dynamic shared memory together past 48 KiB need the kernel's opt-in: taken once,
     // up to the device's limit less room for the kernel's static arrays (red, lut: ~8 KiB).
-    size_t smem = GPU_MM_RING_BYTES + (size_t)2 * k->parts * T * set->W[0].cols;
-    if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, smem)) {
+    if (T <= GPU_MM_TOK_V && gpu_smem_room(k, K_MM_V, gpu_mm_stream_smem(k, set, T, 0))) {
         double bytes = 0;
         int fp8 = 0;
         for (int i = 0; i < set->n; i++) {
             bytes += set->W[i].kind == GPU_W_PLANES ? (double)set->W[i].rows * set->W[i].cols / 4 : (double)set->W[i].rows * (double)set->W[i].row_bytes;
             fp8 |= set->W[i].kind == GPU_W_FP8;
         }
-        int bulk = !fp8 && bytes >= GPU_MT_MIN_BYTES && gpu_mt_ok(set) && gpu_smem_room(k, K_MM_T, smem - GPU_MM_RING_BYTES + GPU_MT_RING);
+        int bulk = !fp8 && bytes >= GPU_MT_MIN_BYTES && gpu_mt_ok(set) && gpu_smem_room(k, K_MM_T, gpu_mm_stream_smem(k, set, T, 1));
         gpu_k_mm_stream(k, s, set, xs, T, bulk);
         return;
     }
@@ -276,7 +280,7 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
     // k_mm_v's ring, the tokens read from xs (the kernel harness on the H200 at 16 tokens, against
     // _b / _p: attention q|k|v 18.6 against 25.6 / 25.0 µs, GDN in-projections 19.2 against 30.0 /
     // 26.4, the lm_head 397.0 against 594.5 / 519.0; batch-16 decode 1,869–1,875 → 1,971–1,982 tok/s)
-    if (k->mm_v2 && T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(k, K_MM_V2, GPU_MM_RING_BYTES)) {
+    if (k->mm_v2 && T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(k, K_MM_V2, gpu_mm_stream_smem(k, set, T, 2))) {
         gpu_k_mm_stream(k, s, set, xs, T, 2);
         return;
     }

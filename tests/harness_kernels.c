@@ -332,7 +332,7 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     }
     hk.k.mm_v2 = v2;
     double uv = 0;   // k_mm_v2 where the step's tokens allow it
-    if (T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(&hk.k, K_MM_V2, GPU_MM_RING_BYTES)) {
+    if (T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(&hk.k, K_MM_V2, gpu_mm_stream_smem(&hk.k, ms, T, 2))) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
         gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, 2);
         CU_CHECK(cu.cuStreamSynchronize(hk.s));
