@@ -390,10 +390,16 @@ struct mm_ring {
 // U: the 64-blocks whose weights are in flight at once (a ring of mm_ring<KIND, U>::n; the next
 // is loaded as soon as one is multiplied). SB: xs is in shared memory (plain loads), else global
 // (read-only loads). DEP: the kernel has not yet passed GPU_DEP (sass/common.cuh): the first
-// weights are requested, then it waits for the activations.
-template <int KIND, int NM, int RT, int NT, int U0, bool SB, bool DEP>
+// weights are requested, then it waits for the activations. pre: what the block does once the
+// first weights are requested and before they are multiplied (the experts' _d shape: the item's
+// tokens staged, the table filled, a block barrier), so that those loads and its own overlap;
+// every thread of the block calls mm_core, so pre may hold a barrier.
+struct mm_nop {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int KIND, int NM, int RT, int NT, int U0, bool SB, bool DEP, class Pre = mm_nop>
 __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
-                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
+                                        const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4], Pre pre = Pre()) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int KB = K / 64;
     constexpr int NTL = NM * RT, S = GPU_MM_WARPS, U = mm_ring<KIND, U0>::n;
@@ -410,6 +416,7 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
 #pragma unroll
             for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], w + S * u, g, t, ring[u][i]);
     if (DEP) GPU_DEP();
+    pre();
     for (int kb0 = w; kb0 < KB; kb0 += S * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -479,14 +486,16 @@ struct mm_red {
 };
 
 // Runs mm_core for the matrices' kind (every matrix of one call has the same kind).
-template <int NM, int RT, int NT, int U, bool SB = false, bool DEP = false>
+template <int NM, int RT, int NT, int U, bool SB = false, bool DEP = false, class Pre = mm_nop>
 __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
-                                       const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4]) {
+                                       const int brow[NT], int nact, const uint32_t *lut, float acc[NM * RT][NT][4], Pre pre = Pre()) {
+    // (pre inside mm_core for the planes alone: the wider rings of the other kinds beside the
+    // experts' staging spilled registers, and their down products ran 11-14 % slower)
     switch (M[0].kind) {
-    case GPU_W_FP8: mm_core<GPU_W_FP8, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_NVFP4: mm_core<GPU_W_NVFP4, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    case GPU_W_BF16: mm_core<GPU_W_BF16, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
-    default: mm_core<GPU_W_PLANES, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_FP8: pre(), mm_core<GPU_W_FP8, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_NVFP4: pre(), mm_core<GPU_W_NVFP4, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    case GPU_W_BF16: pre(), mm_core<GPU_W_BF16, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc); break;
+    default: mm_core<GPU_W_PLANES, NM, RT, NT, U, SB, DEP>(M, row0, K, xs, ss, brow, nact, lut, acc, pre); break;
     }
 }
 

@@ -90,10 +90,10 @@ __device__ __forceinline__ void moe_dn_out(const float *red, int base, int cnt, 
 
 // moe_up's and moe_dn's passes over nrb row blocks, each matrix kind its own loop (one mm_core in
 // the loop: its registers, not those of four kinds' inlined side by side).
-template <int KIND, int RT, int NT, int U, bool ONE>
+template <int KIND, int RT, int NT, int U, bool ONE, class Pre>
 __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
                                             const __nv_bfloat16 *xj, size_t ss, int H, int I, size_t PI, int nrb, const uint32_t *lut,
-                                            float *red, __nv_bfloat16 *__restrict__ hs) {
+                                            float *red, __nv_bfloat16 *__restrict__ hs, Pre pre) {
     const int nact = (cnt + 7) / 8;
 #pragma unroll 1
     for (int j = 0; j < nrb; j++) {
@@ -104,17 +104,19 @@ __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_core<KIND, 2, RT, NT, U, NT == 1, false>(M, row0, H, xj, ss, brow, nact, lut, acc);
+        mm_core<KIND, 2, RT, NT, U, NT == 1, false>(M, row0, H, xj, ss, brow, nact, lut, acc, [&] {
+            if (j == 0) pre();   // (the first row block's weights requested)
+        });
         if (j) __syncthreads();   // the last row block's sums all read out of red before it is written again
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
         moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
     }
 }
 
-template <int KIND, int RT, int NT, int U, bool ONE>
+template <int KIND, int RT, int NT, int U, bool ONE, class Pre>
 __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
                                             const __nv_bfloat16 *hj, size_t ss, int I, int H, int nrb, const uint32_t *lut, float *red,
-                                            float *__restrict__ ye) {
+                                            float *__restrict__ ye, Pre pre) {
     const int nact = (cnt + 7) / 8;
 #pragma unroll 1
     for (int b = 0; b < nrb; b++) {
@@ -125,7 +127,9 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_core<KIND, 1, RT, NT, U, NT == 1, false>(&D, row0, I, hj, ss, brow, nact, lut, acc);
+        mm_core<KIND, 1, RT, NT, U, NT == 1, false>(&D, row0, I, hj, ss, brow, nact, lut, acc, [&] {
+            if (b == 0) pre();
+        });
         if (b) __syncthreads();   // as in moe_up_rows
         mm_reduce<RT, NT, ONE>(acc, red, nact);
         moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
@@ -148,15 +152,17 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
     const int H = experts[3 * x].cols, kind = experts[3 * x].kind, g = (threadIdx.x & 31) >> 2;
     int brow[NT];
     __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
-    if (NT == 1) {   // _d: the item's tokens (≤ 8, distinct) staged in shared memory, [3][cnt][H]
-        mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
-        brow[0] = g < cnt ? g : -1;
-    } else {
+    if (NT == 1) brow[0] = g < cnt ? g : -1;
+    else
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
-    }
-    mm_plane_lut(lut);
-    __syncthreads();
+    // once the first row block's weights are requested (mm_core's pre): _d's item tokens (≤ 8,
+    // distinct) staged in shared memory, [3][cnt][H], and the planes' table
+    auto stage = [&] {
+        if (NT == 1) mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
+        mm_plane_lut(lut);
+        __syncthreads();
+    };
     const __nv_bfloat16 *xj = NT == 1 ? xl : xs;
     const size_t ss = NT == 1 ? (size_t)cnt * H : (size_t)T * H, PI = (size_t)P * I;
     if constexpr (NRB == 1) {   // one row block: straight through (fewer registers than the loops below)
@@ -166,17 +172,24 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_any<2, RT, NT, U, NT == 1>(M, row0, H, xj, ss, brow, nact, lut, acc);
+        mm_any<2, RT, NT, U, NT == 1>(M, row0, H, xj, ss, brow, nact, lut, acc, stage);
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
         moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
         return;
     }
     const int nb = NRB ? NRB : nrb;   // (NRB 0: the launch's count)
+    // stage as mm_core's pre for the planes, before it for the other kinds (mm_any's note)
     switch (kind) {
-    case GPU_W_FP8: moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
-    case GPU_W_NVFP4: moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
-    case GPU_W_BF16: moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
-    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs); break;
+    case GPU_W_FP8:
+        stage(), moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        break;
+    case GPU_W_NVFP4:
+        stage(), moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        break;
+    case GPU_W_BF16:
+        stage(), moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        break;
+    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, stage); break;
     }
 }
 
@@ -194,15 +207,16 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
     const int I = experts[3 * x + 2].cols, kind = experts[3 * x + 2].kind, g = (threadIdx.x & 31) >> 2;
     int brow[NT];
     __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
-    if (NT == 1) {   // _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
-        mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
-        brow[0] = g < cnt ? g : -1;
-    } else {
+    if (NT == 1) brow[0] = g < cnt ? g : -1;
+    else
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
-    }
-    mm_plane_lut(lut);
-    __syncthreads();
+    // (as moe_up's) _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
+    auto stage = [&] {
+        if (NT == 1) mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
+        mm_plane_lut(lut);
+        __syncthreads();
+    };
     const __nv_bfloat16 *hj = NT == 1 ? hl : hs;
     const size_t ss = NT == 1 ? (size_t)cnt * I : (size_t)P * I;
     if constexpr (NRB == 1) {   // as in moe_up
@@ -212,17 +226,23 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_any<1, RT, NT, U, NT == 1>(&D, row0, I, hj, ss, brow, nact, lut, acc);
+        mm_any<1, RT, NT, U, NT == 1>(&D, row0, I, hj, ss, brow, nact, lut, acc, stage);
         mm_reduce<RT, NT, ONE>(acc, red, nact);
         moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
         return;
     }
     const int nb = NRB ? NRB : nrb;
     switch (kind) {
-    case GPU_W_FP8: moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
-    case GPU_W_NVFP4: moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
-    case GPU_W_BF16: moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
-    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye); break;
+    case GPU_W_FP8:
+        stage(), moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        break;
+    case GPU_W_NVFP4:
+        stage(), moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        break;
+    case GPU_W_BF16:
+        stage(), moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        break;
+    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, stage); break;
     }
 }
 
