@@ -367,7 +367,7 @@ static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, i
 // fit: the caller then launches the three kernels.
 static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, int K, int T, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr g,
                        CUdeviceptr u, CUdeviceptr h, int n, CUdeviceptr hs, CUdeviceptr map) {
-    size_t smem = sizeof(float) * (size_t)T * (E + K);
+    size_t smem = sizeof(float) * (size_t)T * K;
     if (T < 1 || T > GPU_ROUTE_T || !gpu_smem_room(k, K_ROUTE, smem)) return 0;
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
                 "k_route: top-%d of %d experts", K, E);
@@ -382,15 +382,28 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
 }
 
 // The row blocks a block of the _d shape takes (its item's activations staged once for them, the
-// same bits with any): k->moe_nrb, or the most of 1, 2, 4, 8 that dividing rb row blocks leaves
-// GPU_MOE_NRB_FILL blocks per multiprocessor for the step's items bound (a decode step of one
-// token: 8 items × 32 row blocks, each its own block).
+// same bits with any): k->moe_nrb, or the most of 1, 2, 4, 8 (2 where the 2-bit planes' own
+// kernels take the step: GPU_MOE_NRB_DG) that dividing rb row blocks leaves GPU_MOE_NRB_FILL
+// blocks per multiprocessor for the step's items bound (a decode step of one token: 8 items × 32
+// row blocks, each its own block).
+// (GPU_MOE_NRB_DG: H200, full-size synthetic model, decode at depth 64 in one lease, capped at 8 /
+// 4 / 2: batch 64 4,164.8-4,192.5 / 4,286.9-4,306.4 / 4,308.0-4,316.3 tok/s, batch 32
+// 2,967.0-2,984.5 / 2,976.9-2,984.6 / 3,026.6-3,029.8, batch 16 the same: 2 already)
 #define GPU_MOE_NRB_FILL 8
+#define GPU_MOE_NRB_DG 2
 static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
     if (k->moe_nrb > 0) return k->moe_nrb;
+    const int most = k->moe_kind == GPU_W_PLANES && k->moe_dg ? GPU_MOE_NRB_DG : 8;
     int nrb = 1;
-    while (nrb < 8 && rb % (2 * nrb) == 0 && (long long)items * (rb / (2 * nrb)) >= (long long)GPU_MOE_NRB_FILL * (k->sms > 0 ? k->sms : 1)) nrb *= 2;
+    while (nrb < most && rb % (2 * nrb) == 0 && (long long)items * (rb / (2 * nrb)) >= (long long)GPU_MOE_NRB_FILL * (k->sms > 0 ? k->sms : 1)) nrb *= 2;
     return nrb;
+}
+
+// Which of the 2-bit planes' own kernels a _d step of P pairs and more than one row block a block
+// takes (they trap on any other kind): 4 k_moe_*_dg4, 3 k_moe_*_dg, 0 neither (k_moe_*_d).
+static int gpu_moe_dg(const gpu_kernels *k, long long P) {
+    if (k->moe_kind != GPU_W_PLANES || !k->moe_dg) return 0;
+    return P <= k->moe_dg4_max ? 4 : 3;
 }
 
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
@@ -420,9 +433,11 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_up[sh];
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
     int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    const int fn = sh ? K_MOE_UP_P : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;   // (_d1: one row block a block, straight through)
-    // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * k->parts * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
+    // (_d1: one row block a block, straight through; _dg / _dg4: 2-bit plane experts alone, gpu_moe_dg)
+    const int dg = sh == 0 && nrb > 1 ? gpu_moe_dg(k, P) : 0;
+    const int fn = sh ? K_MOE_UP_P : dg ? (dg == 4 ? K_MOE_UP_DG4 : K_MOE_UP_DG) : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;
+    // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory (_dg reads them through L1)
+    size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_up_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I, &nrb));
@@ -445,9 +460,10 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_dn[sh];
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
     int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    const int fn = sh ? K_MOE_DN_P : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
-    // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory
-    size_t smem = sh == 0 ? (size_t)2 * k->parts * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
+    const int dg = sh == 0 && nrb > 1 ? gpu_moe_dg(k, P) : 0;
+    const int fn = sh ? K_MOE_DN_P : dg ? (dg == 4 ? K_MOE_DN_DG4 : K_MOE_DN_DG) : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
+    // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory (_dg reads them through L1)
+    size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
                GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H, &nrb));
@@ -460,7 +476,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
 static void gpu_k_router(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, int K, CUdeviceptr sel, CUdeviceptr selw, int T) {
     MOET_ASSERT(E >= 1 && E <= GPU_ROUTER_MAX_E && K >= 1 && K <= GPU_ROUTER_MAX_K && K <= E,
                 "k_router: top-%d of %d experts (at most %d of %d)", K, E, GPU_ROUTER_MAX_K, GPU_ROUTER_MAX_E);
-    gpu_launch(k, K_ROUTER, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_ROUTER_NT, sizeof(float) * (size_t)E, s,
+    gpu_launch(k, K_ROUTER, (gpu_dim){T, 1, 1, "(tokens, 1, 1)"}, GPU_ROUTER_NT, 0, s,
                GPU_ARGS(&logits, &E, &K, &sel, &selw));
 }
 

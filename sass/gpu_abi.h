@@ -68,7 +68,7 @@ GPU_ABI_ASSERT(GPU_FA_WALK_W / GPU_FA_WALK_SPLIT * 16 * 4 <= 2 * GPU_FA_KT * 2, 
 // k_attn_prep: 4 warps, one head at a time each.
 #define GPU_PREP_NT 128
 // k_router: the most experts a token may choose (a shared array of their weights), and the most
-// experts (their probabilities are dynamic shared memory, E floats).
+// experts (each lane holds E / 32 of their probabilities in registers: sass/router.cu).
 #define GPU_ROUTER_NT 32
 #define GPU_ROUTER_SUM_NT 256   // the block whose summation order k_router keeps (sass/router.cu)
 #define GPU_ROUTER_MAX_K 64
@@ -178,6 +178,7 @@ GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token")
 // expert (one n-tile, staged in shared memory).
 #define GPU_MOE_CAP_D 8
 #define GPU_MOE_D_PPE 16
+#define GPU_MOE_DG4_MAX 256   // pairs of a step up to which the planes' _d shape takes k_moe_*_dg4 (gpu_kernels.moe_dg4_max)
 
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };

@@ -9,8 +9,8 @@
 //
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
 // GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
-// a block past the step's item count returns at once; a block of _d takes nrb row blocks
-// (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
+// a block past the step's item count returns at once; a block of _d (or _dg / _dg4: 2-bit planes
+// alone, gpu_kernels.moe_dg) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
 // _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
 // shared memory; k_moe_dn_d four row tiles per warp), _g beyond for planes and NVFP4 experts where
 // its shared memory fits (items of ≤ GPU_MMG_BN pairs, mm.cuh: mmg_run; grid (items bound, ceil(I / (GPU_MMG_BM / 2))) for up,
@@ -90,7 +90,7 @@ __device__ __forceinline__ void moe_dn_out(const float *red, int base, int cnt, 
 
 // moe_up's and moe_dn's passes over nrb row blocks, each matrix kind its own loop (one mm_core in
 // the loop: its registers, not those of four kinds' inlined side by side).
-template <int KIND, int RT, int NT, int U, bool ONE, class Pre>
+template <int KIND, int RT, int NT, int U, bool ONE, bool SB, class Pre>
 __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
                                             const __nv_bfloat16 *xj, size_t ss, int H, int I, size_t PI, int nrb, const uint32_t *lut,
                                             float *red, __nv_bfloat16 *__restrict__ hs, Pre pre) {
@@ -104,7 +104,7 @@ __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_core<KIND, 2, RT, NT, U, NT == 1, false>(M, row0, H, xj, ss, brow, nact, lut, acc, [&] {
+        mm_core<KIND, 2, RT, NT, U, SB, false>(M, row0, H, xj, ss, brow, nact, lut, acc, [&] {
             if (j == 0) pre();   // (the first row block's weights requested)
         });
         if (j) __syncthreads();   // the last row block's sums all read out of red before it is written again
@@ -113,7 +113,7 @@ __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts,
     }
 }
 
-template <int KIND, int RT, int NT, int U, bool ONE, class Pre>
+template <int KIND, int RT, int NT, int U, bool ONE, bool SB, class Pre>
 __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts, int x, const int *perm, int first, int cnt, const int *brow,
                                             const __nv_bfloat16 *hj, size_t ss, int I, int H, int nrb, const uint32_t *lut, float *red,
                                             float *__restrict__ ye, Pre pre) {
@@ -127,7 +127,7 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_core<KIND, 1, RT, NT, U, NT == 1, false>(&D, row0, I, hj, ss, brow, nact, lut, acc, [&] {
+        mm_core<KIND, 1, RT, NT, U, SB, false>(&D, row0, I, hj, ss, brow, nact, lut, acc, [&] {
             if (b == 0) pre();
         });
         if (b) __syncthreads();   // as in moe_up_rows
@@ -140,7 +140,7 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
 // [16RT·(nrb·blockIdx.y + j), +16RT) of both for j < nrb (the item's tokens staged once for nrb row
 // blocks; each row's sums as in a block of its own), written as its three bf16 parts hs [3][P][I]
 // (what k_moe_dn reads). An item holds at most 8·NT pairs (the _d shape: GPU_MOE_CAP_D).
-template <int RT, int NT, int U, bool ONE, int NRB>
+template <int RT, int NT, int U, bool ONE, int NRB, int KF = -1>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
                                        const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I, int nrb) {
     GPU_DEP();
@@ -150,21 +150,23 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2], P = T * K;
     const int H = experts[3 * x].cols, kind = experts[3 * x].kind, g = (threadIdx.x & 31) >> 2;
+    if (KF >= 0 && kind != KF) __trap();   // (a kernel of one kind launched on another: the launcher's error, loudly)
     int brow[NT];
     __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
-    if (NT == 1) brow[0] = g < cnt ? g : -1;
+    constexpr bool SB = NT == 1 && KF < 0;   // the tokens staged (_dg, _dg4: read from xs, through L1)
+    if (SB) brow[0] = g < cnt ? g : -1;
     else
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] / K : -1;
     // once the first row block's weights are requested (mm_core's pre): _d's item tokens (≤ 8,
     // distinct) staged in shared memory, [3][cnt][H], and the planes' table
     auto stage = [&] {
-        if (NT == 1) mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
+        if (SB) mm_stage(xl, xs, (size_t)T * H, H, cnt, [&](int j) { return perm[first + j] / K; });
         mm_plane_lut(lut);
         __syncthreads();
     };
-    const __nv_bfloat16 *xj = NT == 1 ? xl : xs;
-    const size_t ss = NT == 1 ? (size_t)cnt * H : (size_t)T * H, PI = (size_t)P * I;
+    const __nv_bfloat16 *xj = SB ? xl : xs;
+    const size_t ss = SB ? (size_t)cnt * H : (size_t)T * H, PI = (size_t)P * I;
     if constexpr (NRB == 1) {   // one row block: straight through (fewer registers than the loops below)
         const gpu_mat M[2] = {experts[3 * x], experts[3 * x + 1]};
         const int base = blockIdx.y * RT * 16, nact = (cnt + 7) / 8;
@@ -172,30 +174,34 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_any<2, RT, NT, U, NT == 1>(M, row0, H, xj, ss, brow, nact, lut, acc, stage);
+        mm_any<2, RT, NT, U, SB>(M, row0, H, xj, ss, brow, nact, lut, acc, stage);
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
         moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
         return;
     }
     const int nb = NRB ? NRB : nrb;   // (NRB 0: the launch's count)
+    if constexpr (KF == GPU_W_PLANES) {
+        moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, stage);
+        return;
+    }
     // stage as mm_core's pre for the planes, before it for the other kinds (mm_any's note)
     switch (kind) {
     case GPU_W_FP8:
-        stage(), moe_up_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        stage(), moe_up_rows<GPU_W_FP8, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
         break;
     case GPU_W_NVFP4:
-        stage(), moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        stage(), moe_up_rows<GPU_W_NVFP4, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
         break;
     case GPU_W_BF16:
-        stage(), moe_up_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
+        stage(), moe_up_rows<GPU_W_BF16, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, mm_nop());
         break;
-    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, stage); break;
+    default: moe_up_rows<GPU_W_PLANES, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, xj, ss, H, I, PI, nb, lut, red, hs, stage); break;
     }
 }
 
 // ye[p, j] = down_x[j] · h[p] for the item's pairs p, rows j in [16RT·(nrb·blockIdx.y + b), +16RT)
 // for b < nrb (as moe_up's row blocks).
-template <int RT, int NT, int U, bool ONE, int NRB>
+template <int RT, int NT, int U, bool ONE, int NRB, int KF = -1>
 __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
                                        const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H, int nrb) {
     GPU_DEP();
@@ -205,20 +211,22 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2];
     const int I = experts[3 * x + 2].cols, kind = experts[3 * x + 2].kind, g = (threadIdx.x & 31) >> 2;
+    if (KF >= 0 && kind != KF) __trap();   // (as moe_up's)
     int brow[NT];
     __nv_bfloat16 *hl = (__nv_bfloat16 *)mm_smem;
-    if (NT == 1) brow[0] = g < cnt ? g : -1;
+    constexpr bool SB = NT == 1 && KF < 0;   // (as moe_up's)
+    if (SB) brow[0] = g < cnt ? g : -1;
     else
 #pragma unroll
         for (int n = 0; n < NT; n++) brow[n] = 8 * n + g < cnt ? perm[first + 8 * n + g] : -1;
     // (as moe_up's) _d: the item's pairs' h (≤ 8) staged in shared memory, [3][cnt][I]
     auto stage = [&] {
-        if (NT == 1) mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
+        if (SB) mm_stage(hl, hs, (size_t)P * I, I, cnt, [&](int j) { return perm[first + j]; });
         mm_plane_lut(lut);
         __syncthreads();
     };
-    const __nv_bfloat16 *hj = NT == 1 ? hl : hs;
-    const size_t ss = NT == 1 ? (size_t)cnt * I : (size_t)P * I;
+    const __nv_bfloat16 *hj = SB ? hl : hs;
+    const size_t ss = SB ? (size_t)cnt * I : (size_t)P * I;
     if constexpr (NRB == 1) {   // as in moe_up
         const gpu_mat D = experts[3 * x + 2];
         const int base = blockIdx.y * RT * 16, nact = (cnt + 7) / 8;
@@ -226,48 +234,59 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_any<1, RT, NT, U, NT == 1>(&D, row0, I, hj, ss, brow, nact, lut, acc, stage);
+        mm_any<1, RT, NT, U, SB>(&D, row0, I, hj, ss, brow, nact, lut, acc, stage);
         mm_reduce<RT, NT, ONE>(acc, red, nact);
         moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
         return;
     }
     const int nb = NRB ? NRB : nrb;
+    if constexpr (KF == GPU_W_PLANES) {
+        moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, stage);
+        return;
+    }
     switch (kind) {
     case GPU_W_FP8:
-        stage(), moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        stage(), moe_dn_rows<GPU_W_FP8, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
         break;
     case GPU_W_NVFP4:
-        stage(), moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        stage(), moe_dn_rows<GPU_W_NVFP4, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
         break;
     case GPU_W_BF16:
-        stage(), moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
+        stage(), moe_dn_rows<GPU_W_BF16, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, mm_nop());
         break;
-    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, stage); break;
+    default: moe_dn_rows<GPU_W_PLANES, RT, NT, U, ONE, SB>(experts, x, perm, first, cnt, brow, hj, ss, I, H, nb, lut, red, ye, stage); break;
     }
 }
 
 // The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
-// in flight, ONE: the warps' sums meet in one shared buffer. _d stages 2·GPU_MM_PARTS·min(T,
-// GPU_MOE_CAP_D)·width bytes of dynamic shared memory and caps its registers for two blocks per
-// multiprocessor.
-#define MOE_UP(name, RT, NT, U, ONE, MINB, NRB)                                                                                  \
+// in flight, ONE: the warps' sums meet in one shared buffer, KF: the experts' one kind (-1: any,
+// by the matrices' kind). _d stages 2·GPU_MM_PARTS·min(T, GPU_MOE_CAP_D)·width bytes of dynamic
+// shared memory and caps its registers for two blocks per multiprocessor; _dg and _dg4 are _d for
+// 2-bit planes alone, the tokens read through L1 (no shared memory staged), whose one code path
+// fits three blocks a multiprocessor (_dg, 80 registers) or four (_dg4, 64 and a few spilled; the
+// four kinds' paths of one kernel take 128). The same steps in each: the same bits.
+#define MOE_UP(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
                                                                  __nv_bfloat16 *__restrict__ hs, int I, int nrb) {                    \
-        moe_up<RT, NT, U, ONE, NRB>(experts, map, items_bound, K, xs, T, hs, I, nrb);                                          \
+        moe_up<RT, NT, U, ONE, NRB, KF>(experts, map, items_bound, K, xs, T, hs, I, nrb);                    \
     }
-MOE_UP(k_moe_up_d, 1, 1, 4, true, 2, 0)
-MOE_UP(k_moe_up_d1, 1, 1, 4, true, 2, 1)
-MOE_UP(k_moe_up_p, 2, 4, 1, false, 1, 1)
-#define MOE_DN(name, RT, NT, U, ONE, MINB, NRB)                                                                                  \
+MOE_UP(k_moe_up_d, 1, 1, 4, true, 2, 0, -1)
+MOE_UP(k_moe_up_d1, 1, 1, 4, true, 2, 1, -1)
+MOE_UP(k_moe_up_p, 2, 4, 1, false, 1, 1, -1)
+MOE_UP(k_moe_up_dg, 1, 1, 4, true, 3, 0, GPU_W_PLANES)
+MOE_UP(k_moe_up_dg4, 1, 1, 4, true, 4, 0, GPU_W_PLANES)
+#define MOE_DN(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
                                                                  float *__restrict__ ye, int H, int nrb) {                            \
-        moe_dn<RT, NT, U, ONE, NRB>(experts, map, items_bound, hs, P, ye, H, nrb);                                             \
+        moe_dn<RT, NT, U, ONE, NRB, KF>(experts, map, items_bound, hs, P, ye, H, nrb);                       \
     }
-MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2, 0)
-MOE_DN(k_moe_dn_d1, 4, 1, 1, true, 2, 1)
-MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1)
+MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2, 0, -1)
+MOE_DN(k_moe_dn_d1, 4, 1, 1, true, 2, 1, -1)
+MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1, -1)
+MOE_DN(k_moe_dn_dg, 4, 1, 1, true, 3, 0, GPU_W_PLANES)
+MOE_DN(k_moe_dn_dg4, 4, 1, 1, true, 4, 0, GPU_W_PLANES)
 
 // ---- prompts: an item's pairs through shared memory (mm.cuh: mmg_run) ----------------------------
 //

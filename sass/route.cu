@@ -6,8 +6,8 @@
 // The same functions as the three kernels, so the same bits; one launch instead of three.
 // CPU twins: ref_route, ref_silu_mul (moet.c); the grouping is checked as k_moe_sort's.
 // Launch (gpu_k_route): one block of 32·max(T, ⌈E / 32⌉) threads (≤ GPU_MOE_SORT_NT: a warp per
-// token, a thread per expert for the grouping's scans); dynamic shared memory T·(E + K)
-// floats (each routing warp's probabilities and chosen weights). In: logits [T, E], g, u [T·SI]. Out: sel, selw [T, K],
+// token, a thread per expert for the grouping's scans); dynamic shared memory T·K floats (each
+// routing warp's chosen weights). In: logits [T, E], g, u [T·SI]. Out: sel, selw [T, K],
 // h [T·SI] and its parts hs [3][T·SI], map (k_moe_sort's).
 #include "mm.cuh"
 
@@ -17,9 +17,9 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_route(const floa
                                                                       float *__restrict__ h, int n, __nv_bfloat16 *__restrict__ hs,
                                                                       int *__restrict__ map, int items_bound, int cap) {
     GPU_DEP();
-    extern __shared__ float pr[];   // [T][E] probabilities, then [T][K] the chosen ones'
+    extern __shared__ float pr[];   // [T][K] the chosen experts' probabilities
     const int w = threadIdx.x >> 5;
-    if (w < T) route_token(logits, E, K, sel, selw, w, pr + (size_t)w * E, pr + (size_t)T * E + (size_t)w * K);
+    if (w < T) route_token(logits, E, K, sel, selw, w, pr + (size_t)w * K);
     for (int i = threadIdx.x; i < n; i += blockDim.x) silu_mul_at(g, u, h, n, hs, i);
     __syncthreads();   // sel of every token, written above by this block, before the grouping reads it
     moe_sort_block(sel, T * K, E, map, items_bound, cap);

@@ -922,7 +922,7 @@ static void kernel_misc(gpu_engine *g) {
     enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
     moet_err e = {{0}};
     arena plan = arena_measure("kernel test"), d;
-    for (int i = 0; i < 20; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
+    for (int i = 0; i < 26; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = H, .row_bytes = 2 * H}, "w");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = DV, .row_bytes = 2 * DV}, "w");
     if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -993,6 +993,35 @@ static void kernel_misc(gpu_engine *g) {
                    route_same && act_same && map_same ? "bit for bit" : "DIFFER");
             free(gu), free(gs2), free(ma), free(mb), free(gw2), free(ha), free(hb), free(pa), free(pb);
         }
+        free(lg), free(p);
+    }
+    // the router at 1,000 experts too (32 a lane: its other register form), each size with a token
+    // whose logits hold a NaN (every probability NaN: the lowest experts not yet chosen, as
+    // ref_route takes them; its weights NaN, not compared)
+    for (int ei = 0; ei < 2; ei++) {
+        enum { T2 = 5, TN = 1 };
+        const int E2 = ei ? 1000 : E;
+        float *lg = malloc(sizeof(float) * T2 * E2), *p = malloc(sizeof(float) * E2), w[KT], gw[T2 * KT];
+        int sel[KT], gs[T2 * KT], same = 1;
+        double werr = 0;
+        for (int i = 0; i < T2 * E2; i++) lg[i] = 2.0f * kt_normal();
+        lg[TN * E2 + 7] = NAN;
+        CUdeviceptr ld = kt_dev(&d, lg, (size_t)T2 * E2), sd = kt_dev(&d, NULL, T2 * KT), wd = kt_dev(&d, NULL, T2 * KT);
+        gpu_k_router(&g->k, g->compute, ld, E2, KT, sd, wd, T2);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(gs, sd, sizeof gs));
+        CU_CHECK(cu.cuMemcpyDtoH(gw, wd, sizeof gw));
+        for (int t = 0; t < T2; t++) {
+            memcpy(p, lg + (size_t)t * E2, sizeof(float) * E2);
+            ref_route(p, E2, KT, sel, w);
+            for (int k = 0; k < KT; k++) {
+                same &= sel[k] == gs[t * KT + k];
+                if (t != TN) werr = fmax(werr, fabs(w[k] - gw[t * KT + k]));
+            }
+        }
+        CHECK(same, "k_router (E %d, a token of NaN probabilities): the chosen experts differ from ref_route", E2);
+        CHECK(werr < 3e-7, "k_router (E %d): weight error %.3g", E2, werr);
+        printf("k_router [%d tokens, E %d, top-%d, one with a NaN logit]: same experts, weights within %.2g of ref_route\n", T2, E2, KT, werr);
         free(lg), free(p);
     }
     // residual add + zero-centred RMSNorm
@@ -2496,6 +2525,60 @@ static void kernel_fa_w(gpu_engine *g) {
     arena_release(&d);
 }
 
+// E random experts of one stored kind — gate and up [I, H], down [H, I] — on a device arena with
+// room for nbuf buffers of `bytes` more, their table (gpu_mat [3E]) at ex; kt_experts_free
+// releases both sides.
+enum { KT_EXPERTS_MAX = 16 };
+typedef struct {
+    arena d;
+    CUdeviceptr ex;
+    int E;
+    uint8_t *buf[6 * KT_EXPERTS_MAX];   // the host copies' codes and scales
+} kt_experts;
+
+static int kt_experts_make(kt_experts *k, int kind, int E, int I, int H, int nbuf, size_t bytes) {
+    MOET_ASSERT(E <= KT_EXPERTS_MAX, "%d test experts", E);
+    ck_mat m[3 * KT_EXPERTS_MAX];
+    gpu_mat tab[3 * KT_EXPERTS_MAX];
+    k->E = E;
+    for (int x = 0; x < E; x++)
+        m[3 * x] = kt_random_mat(kind, I, H, &k->buf[6 * x], &k->buf[6 * x + 1]),
+        m[3 * x + 1] = kt_random_mat(kind, I, H, &k->buf[6 * x + 2], &k->buf[6 * x + 3]),
+        m[3 * x + 2] = kt_random_mat(kind, H, I, &k->buf[6 * x + 4], &k->buf[6 * x + 5]);
+    arena a = arena_measure("kernel test");
+    for (int i = 0; i < 3 * E; i++) gpu_put(&a, &m[i], "expert");
+    arena_take(&a, sizeof(gpu_mat) * 3 * (size_t)E, 256, "table");
+    for (int i = 0; i < nbuf; i++) arena_take(&a, bytes, 256, "buffer");
+    moet_err e = {{0}};
+    if (arena_init_kind(&k->d, "kernel test", ARENA_DEVICE, a.used, &e)) {
+        CHECK(0, "%s", e.msg);
+        for (int i = 0; i < 6 * E; i++) free(k->buf[i]);
+        return -1;
+    }
+    for (int i = 0; i < 3 * E; i++) tab[i] = gpu_put(&k->d, &m[i], "expert");
+    k->ex = (uintptr_t)arena_take(&k->d, sizeof(gpu_mat) * 3 * (size_t)E, 256, "table");
+    CU_CHECK(cu.cuMemcpyHtoD(k->ex, tab, sizeof(gpu_mat) * 3 * (size_t)E));
+    return 0;
+}
+
+static void kt_experts_free(kt_experts *k) {
+    for (int i = 0; i < 6 * k->E; i++) free(k->buf[i]);
+    arena_release(&k->d);
+}
+
+// sel [T, K]: K distinct experts of E a token, at random; first0: expert 0 every token's first.
+static void kt_random_sel(int32_t *sel, int T, int K, int E, int first0) {
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int x, dup;
+            do {
+                x = first0 && k == 0 ? 0 : (int)(kt_next() % E), dup = 0;
+                for (int j = 0; j < k; j++) dup |= sel[t * K + j] == x;
+            } while (dup);
+            sel[t * K + k] = x;
+        }
+}
+
 // The experts' prompt shapes _g (items of up to GPU_MMG_BN pairs) and _g128 (GPU_MMG_BN128, one
 // part) on the same step, bit for bit: random NVFP4 and plane experts (E 16, [I 128, H 256]), 256
 // tokens choosing 4 each (64 pairs an expert on average), grouped (k_moe_sort) and multiplied
@@ -2503,35 +2586,17 @@ static void kernel_fa_w(gpu_engine *g) {
 static void kernel_moe_g128(gpu_engine *g) {
     enum { E = 16, I = 128, H = 256, T = 256, K = 4, P = T * K };
     for (int kind = CK_W_NVFP4; kind <= CK_W_PLANES; kind += CK_W_PLANES - CK_W_NVFP4) {
-        uint8_t *buf[6 * E];
-        ck_mat m[3 * E];
-        for (int x = 0; x < E; x++)
-            m[3 * x] = kt_random_mat(kind, I, H, &buf[6 * x], &buf[6 * x + 1]), m[3 * x + 1] = kt_random_mat(kind, I, H, &buf[6 * x + 2], &buf[6 * x + 3]),
-                  m[3 * x + 2] = kt_random_mat(kind, H, I, &buf[6 * x + 4], &buf[6 * x + 5]);
-        arena a = arena_measure("kernel test"), d;
-        for (int i = 0; i < 3 * E; i++) gpu_put(&a, &m[i], "expert");
-        for (int i = 0; i < 12; i++) arena_take(&a, sizeof(float) * (size_t)P * (H > I ? H : I) * 2, 256, "buffer");
-        moet_err e = {{0}};
-        if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, a.used, &e)) { CHECK(0, "%s", e.msg); return; }
-        gpu_mat tab[3 * E];
-        for (int i = 0; i < 3 * E; i++) tab[i] = gpu_put(&d, &m[i], "expert");
+        kt_experts xp;
+        if (kt_experts_make(&xp, kind, E, I, H, 12, sizeof(float) * (size_t)P * (H > I ? H : I) * 2)) return;
+        arena *d = &xp.d;
         int32_t sel[P];
-        for (int t = 0; t < T; t++)   // K distinct experts a token
-            for (int k = 0; k < K; k++) {
-                int x, dup;
-                do {
-                    x = (int)(kt_next() % E), dup = 0;
-                    for (int j = 0; j < k; j++) dup |= sel[t * K + j] == x;
-                } while (dup);
-                sel[t * K + k] = x;
-            }
+        kt_random_sel(sel, T, K, E, 0);
         float *x = malloc(sizeof(float) * T * H);
         for (int i = 0; i < T * H; i++) x[i] = kt_normal();
-        CUdeviceptr ex = (uintptr_t)arena_take(&d, sizeof tab, 256, "table"), sd = (uintptr_t)arena_take(&d, sizeof sel, 256, "sel");
-        CU_CHECK(cu.cuMemcpyHtoD(ex, tab, sizeof tab));
+        CUdeviceptr ex = xp.ex, sd = (uintptr_t)arena_take(d, sizeof sel, 256, "sel");
         CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof sel));
-        CUdeviceptr xd = kt_dev(&d, x, (size_t)T * H), xs = kt_dev(&d, NULL, (size_t)T * H * 2), map = kt_dev(&d, NULL, gpu_moe_map_ints(P, E));
-        CUdeviceptr hs = kt_dev(&d, NULL, (size_t)P * I * 2), ye = kt_dev(&d, NULL, (size_t)P * H);
+        CUdeviceptr xd = kt_dev(d, x, (size_t)T * H), xs = kt_dev(d, NULL, (size_t)T * H * 2), map = kt_dev(d, NULL, gpu_moe_map_ints(P, E));
+        CUdeviceptr hs = kt_dev(d, NULL, (size_t)P * I * 2), ye = kt_dev(d, NULL, (size_t)P * H);
         gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
         const int kind0 = g->k.moe_kind, g0 = g->k.moe_g_min, g1280 = g->k.moe_g128_min, w0 = g->k.moe_w;
         g->k.moe_kind = kind == CK_W_NVFP4 ? GPU_W_NVFP4 : GPU_W_PLANES, g->k.moe_g_min = 1;
@@ -2575,8 +2640,62 @@ static void kernel_moe_g128(gpu_engine *g) {
                P, E, same ? "bit for bit" : "DIFFERENT from");
         for (int v = 0; v < 3; v++) free(hh[v]), free(yy[v]);
         free(x);
-        for (int i = 0; i < 6 * E; i++) free(buf[i]);
-        arena_release(&d);
+        kt_experts_free(&xp);
+    }
+}
+
+// The experts of decode steps (the _d shape's items) through the 2-bit planes' own kernels
+// (gpu_kernels.moe_dg: k_moe_*_dg, and k_moe_*_dg4 up to moe_dg4_max pairs) against k_moe_up_d /
+// k_moe_dn_d: h's parts and the down products bit for bit, steps of 3, 8 and 24 tokens (12 to 96
+// pairs over 16 experts), 2, 3 and 4 row blocks a block (3: blocks whose last row blocks are cut
+// short); NVFP4 experts, which never take them, the same with the switch on.
+static void kernel_moe_dg(gpu_engine *g) {
+    enum { E = 16, I = 256, H = 256, K = 4, TMAX = 24, PMAX = TMAX * K, NV = 7 };
+    static const int kinds[2] = {CK_W_PLANES, CK_W_NVFP4}, steps[3] = {3, 8, TMAX}, nrbs[3] = {2, 3, 4};
+    static const char *const kname[2] = {"planes", "nvfp4"};
+    for (int ki = 0; ki < 2; ki++) {
+        const int kind = kinds[ki];
+        kt_experts xp;
+        if (kt_experts_make(&xp, kind, E, I, H, 12, sizeof(float) * (size_t)PMAX * (H > I ? H : I) * 2)) return;
+        arena *d = &xp.d;
+        CUdeviceptr ex = xp.ex, sd = (uintptr_t)arena_take(d, 4 * PMAX, 256, "sel");
+        CUdeviceptr xd = kt_dev(d, NULL, (size_t)TMAX * H), xs = kt_dev(d, NULL, (size_t)TMAX * H * 2), map = kt_dev(d, NULL, gpu_moe_map_ints(PMAX, E));
+        CUdeviceptr hs = kt_dev(d, NULL, (size_t)PMAX * I * 2), ye = kt_dev(d, NULL, (size_t)PMAX * H);
+        const size_t nh = 2 * (size_t)g->k.parts * PMAX * I, ny = sizeof(float) * (size_t)PMAX * H;
+        uint8_t *hh[NV], *yy[NV];
+        for (int v = 0; v < NV; v++) hh[v] = malloc(nh), yy[v] = malloc(ny);
+        const int kind0 = g->k.moe_kind, q0 = g->k.moe_dg, m0 = g->k.moe_dg4_max, n0 = g->k.moe_nrb;
+        g->k.moe_kind = kind == CK_W_NVFP4 ? GPU_W_NVFP4 : GPU_W_PLANES;
+        for (int si = 0; si < 3; si++) {
+            const int T = steps[si], P = T * K;
+            int32_t sel[PMAX];
+            kt_random_sel(sel, T, K, E, T == TMAX);   // at 24 tokens expert 0 every token's first: 24 pairs, three items
+            float x[TMAX * H];
+            for (int i = 0; i < T * H; i++) x[i] = kt_normal();
+            CU_CHECK(cu.cuMemcpyHtoD(sd, sel, 4 * (size_t)P));
+            CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)T * H));
+            gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
+            CHECK(gpu_moe_shape(&g->k, P, E) == 0, "kernel_moe_dg: %d pairs take the _d shape", P);
+            for (int v = 0; v < NV; v++) {   // v 0: k_moe_*_d at 4 row blocks a block; then _dg, then _dg4, each at 2, 3 and 4
+                g->k.moe_dg = v > 0, g->k.moe_dg4_max = v > 3 ? P : 0, g->k.moe_nrb = v ? nrbs[(v - 1) % 3] : 4;
+                CU_CHECK(cu.cuMemsetD8Async(hs, 0xff, nh, g->compute));
+                CU_CHECK(cu.cuMemsetD8Async(ye, 0xff, ny, g->compute));
+                gpu_k_moe_sort(&g->k, g->compute, sd, P, E, map);
+                gpu_k_moe_up(&g->k, g->compute, ex, map, E, K, xs, T, H, hs, I);
+                gpu_k_moe_dn(&g->k, g->compute, ex, map, E, hs, P, I, ye, H);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                CU_CHECK(cu.cuMemcpyDtoH(hh[v], hs, nh));
+                CU_CHECK(cu.cuMemcpyDtoH(yy[v], ye, ny));
+            }
+            int same = 1;
+            for (int v = 1; v < NV; v++) same &= !memcmp(hh[0], hh[v], nh) && !memcmp(yy[0], yy[v], ny);
+            CHECK(same, "k_moe_*_dg, _dg4 (%s, %d tokens, %d pairs): not k_moe_*_d's bits", kname[ki], T, P);
+            printf("k_moe_*_dg, _dg4 (%s, %d pairs over %d experts; 2, 3 and 4 row blocks a block): h and the down products %s k_moe_*_d's\n",
+                   kname[ki], P, E, same ? "bit for bit" : "DIFFERENT from");
+        }
+        g->k.moe_kind = kind0, g->k.moe_dg = q0, g->k.moe_dg4_max = m0, g->k.moe_nrb = n0;
+        for (int v = 0; v < NV; v++) free(hh[v]), free(yy[v]);
+        kt_experts_free(&xp);
     }
 }
 
@@ -2600,6 +2719,7 @@ static void kernels_act(void) {
     kernel_widen_codes(&g);
     kernel_mm_g128(&g);
     kernel_moe_g128(&g);
+    kernel_moe_dg(&g);
     kernel_fa_w(&g);
     gpu_free(&g);
     ck_close(&m);
@@ -2648,6 +2768,7 @@ int main(void) {
             kernel_misc(&g);
             kernel_argmax(&g);
             kernel_gdn(&g);
+            kernel_moe_dg(&g);
             gpu_free(&g);
             ck_close(&m);
         }
