@@ -399,12 +399,9 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
     return nrb;
 }
 
-// Which of the 2-bit planes' own kernels a _d step of P pairs and more than one row block a block
-// takes (they trap on any other kind): 4 k_moe_*_dg4, 3 k_moe_*_dg, 0 neither (k_moe_*_d).
-static int gpu_moe_dg(const gpu_kernels *k, long long P) {
-    if (k->moe_kind != GPU_W_PLANES || !k->moe_dg) return 0;
-    return P <= k->moe_dg4_max ? 4 : 3;
-}
+// Whether a _d step of more than one row block a block takes the 2-bit planes' own kernels
+// k_moe_*_dg4 (they trap on any other kind), not k_moe_*_d.
+static int gpu_moe_dg(const gpu_kernels *k) { return k->moe_kind == GPU_W_PLANES && k->moe_dg; }
 
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
 // fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (gpu_smem_exact).
@@ -433,10 +430,10 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_up[sh];
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
     int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    // (_d1: one row block a block, straight through; _dg / _dg4: 2-bit plane experts alone, gpu_moe_dg)
-    const int dg = sh == 0 && nrb > 1 ? gpu_moe_dg(k, P) : 0;
-    const int fn = sh ? K_MOE_UP_P : dg ? (dg == 4 ? K_MOE_UP_DG4 : K_MOE_UP_DG) : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;
-    // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory (_dg reads them through L1)
+    // (_d1: one row block a block, straight through; _dg4: 2-bit plane experts alone, gpu_moe_dg)
+    const int dg = sh == 0 && nrb > 1 && gpu_moe_dg(k);
+    const int fn = sh ? K_MOE_UP_P : dg ? K_MOE_UP_DG4 : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;
+    // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory (_dg4 reads them through L1)
     size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_up_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,
@@ -460,9 +457,9 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_dn[sh];
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
     int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    const int dg = sh == 0 && nrb > 1 ? gpu_moe_dg(k, P) : 0;
-    const int fn = sh ? K_MOE_DN_P : dg ? (dg == 4 ? K_MOE_DN_DG4 : K_MOE_DN_DG) : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
-    // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory (_dg reads them through L1)
+    const int dg = sh == 0 && nrb > 1 && gpu_moe_dg(k);
+    const int fn = sh ? K_MOE_DN_P : dg ? K_MOE_DN_DG4 : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
+    // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory (_dg4 reads them through L1)
     size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_dn_d: %zu bytes of staged activations", smem);
     gpu_launch(k, fn, (gpu_dim){bound, gpu_cdiv(rb, nrb), 1, "(items bound, row blocks, 1)"}, GPU_MM_NT, smem, s,

@@ -178,7 +178,6 @@ GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token")
 // expert (one n-tile, staged in shared memory).
 #define GPU_MOE_CAP_D 8
 #define GPU_MOE_D_PPE 16
-#define GPU_MOE_DG4_MAX 256   // pairs of a step up to which the planes' _d shape takes k_moe_*_dg4 (gpu_kernels.moe_dg4_max)
 
 // Stored weight kinds; the values are format/checkpoint.c's CK_W_* (checked there).
 enum { GPU_W_BF16 = 0, GPU_W_F16 = 1, GPU_W_F32 = 2, GPU_W_FP8 = 3, GPU_W_NVFP4 = 4, GPU_W_PLANES = 5 };

@@ -87,7 +87,7 @@ __device__ __forceinline__ uint32_t mm_plane_bits(uint32_t c) { return (c < 2u ?
 
 // A scale byte s as the exponent of a bf16 pair: level ±1 · 2^(s − 127) has exponent field s.
 // (s = 0 gives ±0 for ±1 where the reference has ±2^-127: a difference of < 1e-38 · x.)
-__device__ __forceinline__ uint32_t mm_plane_base(uint32_t s) { return (s << 7) | (s << 23); }
+__device__ __forceinline__ uint32_t mm_plane_base(uint32_t s) { return s * 0x00800080u; }   // (s << 7) | (s << 23): s < 256, no carries
 
 __device__ __forceinline__ void mm_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -426,6 +426,109 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
                 if (kb + S * U < KB)
 #pragma unroll
                     for (int i = 0; i < NTL; i++) mm_load<KIND>(M[i / RT], row0[i % RT], kb + S * U, g, t, ring[u][i]);
+            }
+        }
+    }
+}
+
+// ---- the 2-bit planes at one n-tile of tokens read through L1 (the experts' _dg4 kernels) -----------
+//
+// mm_core_pl<NM, RT, U>: mm_core<GPU_W_PLANES, NM, RT, 1, U, false, false>'s steps, products and
+// sums in the same order (the same bits) for row tiles row0 + 16r (r < RT) of each of the NM
+// matrices, in fewer instructions a weight: at 1 to 8 tokens an expert the shape is bound by issue,
+// not by bytes (ncu, H200, batch 16: 0.71 warp instructions a cycle a scheduler, DRAM 16 % busy).
+// Each matrix's codes and scales addressed from a pointer set once (a step's offsets by kb and the
+// row tile alone), the token's row of xs likewise; a scale byte's bf16 exponent pair by one
+// multiply (mm_plane_base); the table offsets of a code word's nibbles for its four steps by two
+// shifts and masks (mm_pl_idx), then a byte permute a lookup. 1,600 / 752 instructions in
+// k_moe_up_dg4 / k_moe_dn_dg4 where mm_core's planes path gave 2,040 / 1,040. A lane whose token
+// slot is empty (brow < 0) reads row 0 of xs instead of zeros: its products fill only that slot's
+// column of the C fragment, which no caller reads (mm_at: slots m < cnt).
+
+// The table offsets (4 · nibble) of a code word's 8 nibbles: byte q of e for nibble 2q (codes j = 0,
+// 1 of step q), byte q of o for nibble 2q + 1 (codes 2, 3).
+__device__ __forceinline__ void mm_pl_idx(uint32_t wd, uint32_t &e, uint32_t &o) { e = (wd << 2) & 0x3c3c3c3cu, o = (wd >> 2) & 0x3c3c3c3cu; }
+
+// Step q's A fragment (as mm_widen<GPU_W_PLANES>): ea, oa the offsets of row g's word, eb, ob of
+// row g + 8's; ba, bb their scale block's exponent pairs (block q / 2).
+__device__ __forceinline__ void mm_pl_widen(uint32_t ea, uint32_t oa, uint32_t eb, uint32_t ob, uint32_t ba, uint32_t bb, int q,
+                                            const uint32_t *lut, uint32_t a[4]) {
+    const uint8_t *tb = (const uint8_t *)lut;
+    const uint32_t sel = 0x4440u + q;
+    a[0] = ba + *(const uint32_t *)(tb + __byte_perm(ea, 0, sel)), a[2] = ba + *(const uint32_t *)(tb + __byte_perm(oa, 0, sel));
+    a[1] = bb + *(const uint32_t *)(tb + __byte_perm(eb, 0, sel)), a[3] = bb + *(const uint32_t *)(tb + __byte_perm(ob, 0, sel));
+}
+
+template <int NM, int RT, int U, class Pre>
+__device__ __forceinline__ void mm_core_pl(const gpu_mat *M, int row0, int K, const __nv_bfloat16 *__restrict__ xs, size_t ss,
+                                           int brow, const uint32_t *lut, float acc[NM * RT][1][4], Pre pre) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int KB = K / 64;
+    // HB: scale blocks whose steps' activations are loaded at once — both (one round trip) for one
+    // part, one at a time for three (the registers)
+    constexpr int NTL = NM * RT, S = GPU_MM_WARPS, HB = GPU_MM_PARTS == 1 ? 2 : 1;
+#pragma unroll
+    for (int i = 0; i < NTL; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][0][c] = 0.f;
+    // tile i's 64-block kb (format/PLANES.md §3, as mm_load): this lane's 8 code bytes at cw[m] + r·cr +
+    // 256 kb, its rows' scale bytes at cs[m] + r·sr + 32 kb + {0, 8, 16, 24} (g b0, g + 8 b0, g b1, g + 8 b1),
+    // m = i / RT the matrix, r = i % RT its row tile (row tiles 16 rows apart: cr, sr bytes)
+    const uint8_t *cw[NM], *cs[NM];
+    const int cr = KB * 256, sr = K / 2;
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const size_t nb = row0 / 16;
+        cw[m] = (const uint8_t *)M[m].w + ((nb * KB * 8 + g) * 4 + t) * 8;
+        cs[m] = (const uint8_t *)M[m].scale + nb * (K / 32) * 16 + g;
+    }
+    // the token's row of each part at k = 16q + 4t of 64-block 0
+    const __nv_bfloat16 *xp = xs + (size_t)(brow >= 0 ? brow : 0) * K + 4 * t;
+    uint2 code[U][NTL];
+    uint32_t sc[U][NTL];
+    auto load = [&](int u, int kb) {
+#pragma unroll
+        for (int i = 0; i < NTL; i++) {
+            const int m = i / RT, r = i % RT;
+            code[u][i] = __ldg((const uint2 *)(cw[m] + (size_t)(r * cr + kb * 256)));
+            const uint8_t *s = cs[m] + (size_t)(r * sr + kb * 32);
+            sc[u][i] = (uint32_t)__ldg(s) | ((uint32_t)__ldg(s + 8) << 8) | ((uint32_t)__ldg(s + 16) << 16) | ((uint32_t)__ldg(s + 24) << 24);
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (w + S * u < KB) load(u, w + S * u);
+    pre();
+    for (int kb0 = w; kb0 < KB; kb0 += S * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = kb0 + S * u;
+            if (kb < KB) {
+#pragma unroll
+                for (int h0 = 0; h0 < 2; h0 += HB) {
+                    uint2 b[2 * HB][GPU_MM_PARTS];   // the steps 2h0 .. 2(h0 + HB) − 1's activations at once
+#pragma unroll
+                    for (int q = 0; q < 2 * HB; q++)
+#pragma unroll
+                        for (int s = 0; s < GPU_MM_PARTS; s++) b[q][s] = __ldg((const uint2 *)(xp + s * ss + (size_t)kb * 64 + 16 * (2 * h0 + q)));
+#pragma unroll
+                    for (int i = 0; i < NTL; i++) {
+                        uint32_t ea, oa, eb, ob;
+                        mm_pl_idx(code[u][i].x, ea, oa), mm_pl_idx(code[u][i].y, eb, ob);
+                        const uint32_t sw = sc[u][i];
+#pragma unroll
+                        for (int h = h0; h < h0 + HB; h++) {   // scale block h: steps 2h, 2h + 1
+                            const uint32_t ba = mm_plane_base(__byte_perm(sw, 0, 0x4440u + 2 * h)), bb = mm_plane_base(__byte_perm(sw, 0, 0x4441u + 2 * h));
+#pragma unroll
+                            for (int qq = 0; qq < 2; qq++) {
+                                uint32_t a[4];
+                                mm_pl_widen(ea, oa, eb, ob, ba, bb, 2 * h + qq, lut, a);
+                                mm_acc(acc[i][0], a, b[2 * (h - h0) + qq]);
+                            }
+                        }
+                    }
+                }
+                if (kb + S * U < KB) load(u, kb + S * U);
             }
         }
     }

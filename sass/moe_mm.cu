@@ -9,8 +9,8 @@
 //
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
 // GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
-// a block past the step's item count returns at once; a block of _d (or _dg / _dg4: 2-bit planes
-// alone, gpu_kernels.moe_dg) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
+// a block past the step's item count returns at once; a block of _d (or _dg4: 2-bit planes alone,
+// gpu_kernels.moe_dg) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
 // _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
 // shared memory; k_moe_dn_d four row tiles per warp), _g beyond for planes and NVFP4 experts where
 // its shared memory fits (items of ≤ GPU_MMG_BN pairs, mm.cuh: mmg_run; grid (items bound, ceil(I / (GPU_MMG_BM / 2))) for up,
@@ -104,9 +104,11 @@ __device__ __forceinline__ void moe_up_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_core<KIND, 2, RT, NT, U, SB, false>(M, row0, H, xj, ss, brow, nact, lut, acc, [&] {
+        auto first_pre = [&] {
             if (j == 0) pre();   // (the first row block's weights requested)
-        });
+        };
+        if constexpr (KIND == GPU_W_PLANES && NT == 1 && !SB) mm_core_pl<2, RT, U>(M, base, H, xj, ss, brow[0], lut, acc, first_pre);
+        else mm_core<KIND, 2, RT, NT, U, SB, false>(M, row0, H, xj, ss, brow, nact, lut, acc, first_pre);
         if (j) __syncthreads();   // the last row block's sums all read out of red before it is written again
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
         moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
@@ -127,9 +129,11 @@ __device__ __forceinline__ void moe_dn_rows(const gpu_mat *__restrict__ experts,
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_core<KIND, 1, RT, NT, U, SB, false>(&D, row0, I, hj, ss, brow, nact, lut, acc, [&] {
+        auto first_pre = [&] {
             if (b == 0) pre();
-        });
+        };
+        if constexpr (KIND == GPU_W_PLANES && NT == 1 && !SB) mm_core_pl<1, RT, U>(&D, base, I, hj, ss, brow[0], lut, acc, first_pre);
+        else mm_core<KIND, 1, RT, NT, U, SB, false>(&D, row0, I, hj, ss, brow, nact, lut, acc, first_pre);
         if (b) __syncthreads();   // as in moe_up_rows
         mm_reduce<RT, NT, ONE>(acc, red, nact);
         moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
@@ -153,7 +157,7 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
     if (KF >= 0 && kind != KF) __trap();   // (a kernel of one kind launched on another: the launcher's error, loudly)
     int brow[NT];
     __nv_bfloat16 *xl = (__nv_bfloat16 *)mm_smem;
-    constexpr bool SB = NT == 1 && KF < 0;   // the tokens staged (_dg, _dg4: read from xs, through L1)
+    constexpr bool SB = NT == 1 && KF < 0;   // the tokens staged (_dg4: read from xs, through L1)
     if (SB) brow[0] = g < cnt ? g : -1;
     else
 #pragma unroll
@@ -261,10 +265,10 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 // The shapes (above): RT row tiles of 16 per warp, NT n-tiles of 8 pairs, U 64-blocks of weights
 // in flight, ONE: the warps' sums meet in one shared buffer, KF: the experts' one kind (-1: any,
 // by the matrices' kind). _d stages 2·GPU_MM_PARTS·min(T, GPU_MOE_CAP_D)·width bytes of dynamic
-// shared memory and caps its registers for two blocks per multiprocessor; _dg and _dg4 are _d for
-// 2-bit planes alone, the tokens read through L1 (no shared memory staged), whose one code path
-// fits three blocks a multiprocessor (_dg, 80 registers) or four (_dg4, 64 and a few spilled; the
-// four kinds' paths of one kernel take 128). The same steps in each: the same bits.
+// shared memory and caps its registers for two blocks per multiprocessor; _dg4 is _d for 2-bit
+// planes alone (mm.cuh: mm_core_pl), the tokens read through L1 (no shared memory staged), whose
+// one code path fits four blocks a multiprocessor (64 registers, up a few spilled; the four kinds'
+// paths of one kernel take 128). The same steps in each: the same bits.
 #define MOE_UP(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
@@ -274,7 +278,6 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 MOE_UP(k_moe_up_d, 1, 1, 4, true, 2, 0, -1)
 MOE_UP(k_moe_up_d1, 1, 1, 4, true, 2, 1, -1)
 MOE_UP(k_moe_up_p, 2, 4, 1, false, 1, 1, -1)
-MOE_UP(k_moe_up_dg, 1, 1, 4, true, 3, 0, GPU_W_PLANES)
 MOE_UP(k_moe_up_dg4, 1, 1, 4, true, 4, 0, GPU_W_PLANES)
 #define MOE_DN(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
@@ -285,7 +288,6 @@ MOE_UP(k_moe_up_dg4, 1, 1, 4, true, 4, 0, GPU_W_PLANES)
 MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2, 0, -1)
 MOE_DN(k_moe_dn_d1, 4, 1, 1, true, 2, 1, -1)
 MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1, -1)
-MOE_DN(k_moe_dn_dg, 4, 1, 1, true, 3, 0, GPU_W_PLANES)
 MOE_DN(k_moe_dn_dg4, 4, 1, 1, true, 4, 0, GPU_W_PLANES)
 
 // ---- prompts: an item's pairs through shared memory (mm.cuh: mmg_run) ----------------------------

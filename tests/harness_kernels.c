@@ -770,13 +770,13 @@ static void hk_experts(int kind) {
         }
         hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280, hk.k.moe_w = w0;
         // the _d shape's row blocks per block (gpu_moe_nrb): the same bits with any, their times; for
-        // 2-bit planes each kernel set (k_moe_*_d, and the planes' own k_moe_*_dg, _dg4: three, four
-        // blocks a multiprocessor; one row block a block takes k_moe_*_d1 in each), each against the
-        // bits of the shape taken
-        for (int set = kind == CK_W_PLANES ? 2 : 0; taken == 0 && set >= 0; set--) {
-            static const char *const dname[3] = {"k_moe_*_d", "k_moe_*_dg", "k_moe_*_dg4"};
-            const int q0 = hk.k.moe_dg, m0 = hk.k.moe_dg4_max, bound = gpu_moe_items_bound(P, E);
-            hk.k.moe_dg = set > 0, hk.k.moe_dg4_max = set == 2 ? P : 0;
+        // 2-bit planes each kernel set (k_moe_*_d, and the planes' own k_moe_*_dg4, four blocks a
+        // multiprocessor; one row block a block takes k_moe_*_d1 in each), each against the bits of
+        // the shape taken
+        for (int set = kind == CK_W_PLANES ? 1 : 0; taken == 0 && set >= 0; set--) {
+            static const char *const dname[2] = {"k_moe_*_d", "k_moe_*_dg4"};
+            const int q0 = hk.k.moe_dg, bound = gpu_moe_items_bound(P, E);
+            hk.k.moe_dg = set > 0;
             printf("%-18s %-46s %-12s row blocks a block (up, down by gpu_moe_nrb: %d, %d):", dname[set], shape,
                    hk_kind(kind), gpu_moe_nrb(&hk.k, bound, I / 16), gpu_moe_nrb(&hk.k, bound, H / 64));
             for (int nrb = 1; nrb <= 8; nrb *= 2) {
@@ -786,7 +786,7 @@ static void hk_experts(int kind) {
                 CHECK(eq, "%s %s T=%d, %d row blocks a block: not the bits of gpu_moe_nrb's", dname[set], hk_kind(kind), T, nrb);
                 printf(" %d: %.1f, %.1f µs%s", nrb, tu, td, eq ? "" : " (DIFFERENT bits)");
             }
-            hk.k.moe_nrb = 0, hk.k.moe_dg = q0, hk.k.moe_dg4_max = m0;
+            hk.k.moe_nrb = 0, hk.k.moe_dg = q0;
             printf("\n");
         }
         if (ran[0] + ran[1] + ran[2] + ran[3] > 1) {
