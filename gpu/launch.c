@@ -399,8 +399,8 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
     return nrb;
 }
 
-// Whether a _d step of more than one row block a block takes the 2-bit planes' own kernels
-// k_moe_*_dg4 (they trap on any other kind), not k_moe_*_d.
+// Whether a _d step takes the 2-bit planes' own kernels (they trap on any other kind):
+// k_moe_*_dg4 at more than one row block a block, k_moe_*_dg1 at one, not k_moe_*_d, _d1.
 static int gpu_moe_dg(const gpu_kernels *k) { return k->moe_kind == GPU_W_PLANES && k->moe_dg; }
 
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
@@ -430,9 +430,9 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_up[sh];
     MOET_ASSERT(gpu_multiple(I, 16 * rt), "k_moe_up: I = %d", I);
     int rb = I / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    // (_d1: one row block a block, straight through; _dg4: 2-bit plane experts alone, gpu_moe_dg)
-    const int dg = sh == 0 && nrb > 1 && gpu_moe_dg(k);
-    const int fn = sh ? K_MOE_UP_P : dg ? K_MOE_UP_DG4 : nrb > 1 ? K_MOE_UP_D : K_MOE_UP_D1;
+    // (_d1, _dg1: one row block a block, straight through; _dg4, _dg1: 2-bit plane experts alone, gpu_moe_dg)
+    const int dg = sh == 0 && gpu_moe_dg(k);
+    const int fn = sh ? K_MOE_UP_P : nrb > 1 ? (dg ? K_MOE_UP_DG4 : K_MOE_UP_D) : dg ? K_MOE_UP_DG1 : K_MOE_UP_D1;
     // _d stages an item's tokens (distinct: at most min(T, GPU_MOE_CAP_D)) in shared memory (_dg4 reads them through L1)
     size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (T < GPU_MOE_CAP_D ? T : GPU_MOE_CAP_D) * H : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_up_d: %zu bytes of staged activations", smem);
@@ -457,8 +457,8 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int rt = gpu_moe_rt_dn[sh];
     MOET_ASSERT(gpu_multiple(H, 16 * rt), "k_moe_dn: H = %d", H);
     int rb = H / (16 * rt), nrb = sh == 0 ? gpu_moe_nrb(k, bound, rb) : 1;
-    const int dg = sh == 0 && nrb > 1 && gpu_moe_dg(k);
-    const int fn = sh ? K_MOE_DN_P : dg ? K_MOE_DN_DG4 : nrb > 1 ? K_MOE_DN_D : K_MOE_DN_D1;
+    const int dg = sh == 0 && gpu_moe_dg(k);
+    const int fn = sh ? K_MOE_DN_P : nrb > 1 ? (dg ? K_MOE_DN_DG4 : K_MOE_DN_D) : dg ? K_MOE_DN_DG1 : K_MOE_DN_D1;
     // _d stages an item's pairs' h (at most GPU_MOE_CAP_D) in shared memory (_dg4 reads them through L1)
     size_t smem = sh == 0 && !dg ? (size_t)2 * k->parts * (P < GPU_MOE_CAP_D ? P : GPU_MOE_CAP_D) * I : 0;
     MOET_ASSERT(gpu_smem_room(k, fn, smem), "k_moe_dn_d: %zu bytes of staged activations", smem);

@@ -331,6 +331,10 @@ __device__ __forceinline__ void mm_widen(const mm_raw &r, int q, const uint32_t 
 template <int KIND>
 __device__ __forceinline__ void mm_cp_fetch(const uint8_t *slots, int g, mm_raw &r) { mm_cp_fetch<KIND>(slots, threadIdx.x, g, r); }
 
+// The planes' nibble table's declaration: 16 words at a shared address that is a multiple of 256
+// (mm_core_pl forms a lookup's address by replacing its low byte).
+#define MM_PL_LUT(name) __shared__ __align__(256) uint32_t name[16]
+
 // Fills the planes' nibble table (16 words); the caller synchronises.
 __device__ __forceinline__ void mm_plane_lut(uint32_t *lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = mm_plane_bits(threadIdx.x & 3u) | (mm_plane_bits(threadIdx.x >> 2) << 16);
@@ -449,14 +453,21 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
 // 1 of step q), byte q of o for nibble 2q + 1 (codes 2, 3).
 __device__ __forceinline__ void mm_pl_idx(uint32_t wd, uint32_t &e, uint32_t &o) { e = (wd << 2) & 0x3c3c3c3cu, o = (wd >> 2) & 0x3c3c3c3cu; }
 
+// The table's word at offset byte q of e: its shared-memory address is the table's la (a multiple
+// of 256, MM_PL_LUT) with that byte as its low byte — one byte permute, no add.
+__device__ __forceinline__ uint32_t mm_pl_lut(uint32_t e, uint32_t la, int q) {
+    uint32_t v;
+    // volatile: the table is read only after the barrier that publishes it (mm_core_pl's pre)
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(__byte_perm(e, la, 0x7650u + q)));
+    return v;
+}
+
 // Step q's A fragment (as mm_widen<GPU_W_PLANES>): ea, oa the offsets of row g's word, eb, ob of
-// row g + 8's; ba, bb their scale block's exponent pairs (block q / 2).
-__device__ __forceinline__ void mm_pl_widen(uint32_t ea, uint32_t oa, uint32_t eb, uint32_t ob, uint32_t ba, uint32_t bb, int q,
-                                            const uint32_t *lut, uint32_t a[4]) {
-    const uint8_t *tb = (const uint8_t *)lut;
-    const uint32_t sel = 0x4440u + q;
-    a[0] = ba + *(const uint32_t *)(tb + __byte_perm(ea, 0, sel)), a[2] = ba + *(const uint32_t *)(tb + __byte_perm(oa, 0, sel));
-    a[1] = bb + *(const uint32_t *)(tb + __byte_perm(eb, 0, sel)), a[3] = bb + *(const uint32_t *)(tb + __byte_perm(ob, 0, sel));
+// row g + 8's; ba, bb their scale block's exponent pairs (block q / 2); la the table's address.
+__device__ __forceinline__ void mm_pl_widen(uint32_t ea, uint32_t oa, uint32_t eb, uint32_t ob, uint32_t ba, uint32_t bb, int q, uint32_t la,
+                                            uint32_t a[4]) {
+    a[0] = ba + mm_pl_lut(ea, la, q), a[2] = ba + mm_pl_lut(oa, la, q);
+    a[1] = bb + mm_pl_lut(eb, la, q), a[3] = bb + mm_pl_lut(ob, la, q);
 }
 
 template <int NM, int RT, int U, class Pre>
@@ -464,6 +475,8 @@ __device__ __forceinline__ void mm_core_pl(const gpu_mat *M, int row0, int K, co
                                            int brow, const uint32_t *lut, float acc[NM * RT][1][4], Pre pre) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int KB = K / 64;
+    const uint32_t la = (uint32_t)__cvta_generic_to_shared(lut);
+    if (la & 255u) __trap();   // (the table not where MM_PL_LUT puts it: the caller's declaration, loudly)
     // HB: scale blocks whose steps' activations are loaded at once — both (one round trip) for one
     // part, one at a time for three (the registers)
     constexpr int NTL = NM * RT, S = GPU_MM_WARPS, HB = GPU_MM_PARTS == 1 ? 2 : 1;
@@ -522,7 +535,7 @@ __device__ __forceinline__ void mm_core_pl(const gpu_mat *M, int row0, int K, co
 #pragma unroll
                             for (int qq = 0; qq < 2; qq++) {
                                 uint32_t a[4];
-                                mm_pl_widen(ea, oa, eb, ob, ba, bb, 2 * h + qq, lut, a);
+                                mm_pl_widen(ea, oa, eb, ob, ba, bb, 2 * h + qq, la, a);
                                 mm_acc(acc[i][0], a, b[2 * (h - h0) + qq]);
                             }
                         }

@@ -10,7 +10,7 @@
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
 // GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
 // a block past the step's item count returns at once; a block of _d (or _dg4: 2-bit planes alone,
-// gpu_kernels.moe_dg) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
+// gpu_kernels.moe_dg; at nrb 1 _d1, _dg1) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
 // _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
 // shared memory; k_moe_dn_d four row tiles per warp), _g beyond for planes and NVFP4 experts where
 // its shared memory fits (items of ≤ GPU_MMG_BN pairs, mm.cuh: mmg_run; grid (items bound, ceil(I / (GPU_MMG_BM / 2))) for up,
@@ -148,7 +148,7 @@ template <int RT, int NT, int U, bool ONE, int NRB, int KF = -1>
 __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound, int K,
                                        const __nv_bfloat16 *__restrict__ xs, int T, __nv_bfloat16 *__restrict__ hs, int I, int nrb) {
     GPU_DEP();
-    __shared__ uint32_t lut[16];
+    MM_PL_LUT(lut);
     __shared__ float red[mm_red<2 * RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
@@ -178,7 +178,8 @@ __device__ __forceinline__ void moe_up(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[2 * RT][NT][4];
-        mm_any<2, RT, NT, U, SB>(M, row0, H, xj, ss, brow, nact, lut, acc, stage);
+        if constexpr (KF == GPU_W_PLANES) mm_core_pl<2, RT, U>(M, base, H, xj, ss, brow[0], lut, acc, stage);
+        else mm_any<2, RT, NT, U, SB>(M, row0, H, xj, ss, brow, nact, lut, acc, stage);
         mm_reduce<2 * RT, NT, ONE>(acc, red, nact);
         moe_up_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(M[0]), mm_post(M[1]), I, PI, hs);
         return;
@@ -209,7 +210,7 @@ template <int RT, int NT, int U, bool ONE, int NRB, int KF = -1>
 __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, const int *__restrict__ map, int items_bound,
                                        const __nv_bfloat16 *__restrict__ hs, int P, float *__restrict__ ye, int H, int nrb) {
     GPU_DEP();
-    __shared__ uint32_t lut[16];
+    MM_PL_LUT(lut);
     __shared__ float red[mm_red<RT, NT, ONE>::floats];
     if ((int)blockIdx.x >= map[0]) return;
     const int *item = map + 1 + 3 * blockIdx.x, *perm = map + 1 + 3 * items_bound;
@@ -238,7 +239,8 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 #pragma unroll
         for (int i = 0; i < RT; i++) row0[i] = base + 16 * i;
         float acc[RT][NT][4];
-        mm_any<1, RT, NT, U, SB>(&D, row0, I, hj, ss, brow, nact, lut, acc, stage);
+        if constexpr (KF == GPU_W_PLANES) mm_core_pl<1, RT, U>(&D, base, I, hj, ss, brow[0], lut, acc, stage);
+        else mm_any<1, RT, NT, U, SB>(&D, row0, I, hj, ss, brow, nact, lut, acc, stage);
         mm_reduce<RT, NT, ONE>(acc, red, nact);
         moe_dn_out<RT, NT, ONE>(red, base, cnt, perm, first, mm_post(D), H, ye);
         return;
@@ -268,7 +270,8 @@ __device__ __forceinline__ void moe_dn(const gpu_mat *__restrict__ experts, cons
 // shared memory and caps its registers for two blocks per multiprocessor; _dg4 is _d for 2-bit
 // planes alone (mm.cuh: mm_core_pl), the tokens read through L1 (no shared memory staged), whose
 // one code path fits four blocks a multiprocessor (64 registers, up a few spilled; the four kinds'
-// paths of one kernel take 128). The same steps in each: the same bits.
+// paths of one kernel take 128), and _dg1 is _dg4 at one row block a block (_d1's). The same steps
+// in each: the same bits.
 #define MOE_UP(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, int K, const __nv_bfloat16 *__restrict__ xs, int T, \
@@ -279,6 +282,7 @@ MOE_UP(k_moe_up_d, 1, 1, 4, true, 2, 0, -1)
 MOE_UP(k_moe_up_d1, 1, 1, 4, true, 2, 1, -1)
 MOE_UP(k_moe_up_p, 2, 4, 1, false, 1, 1, -1)
 MOE_UP(k_moe_up_dg4, 1, 1, 4, true, 4, 0, GPU_W_PLANES)
+MOE_UP(k_moe_up_dg1, 1, 1, 4, true, 4, 1, GPU_W_PLANES)
 #define MOE_DN(name, RT, NT, U, ONE, MINB, NRB, KF)                                                                              \
     extern "C" __global__ void __launch_bounds__(GPU_MM_NT, MINB) name(const gpu_mat *__restrict__ experts, const int *__restrict__ map,   \
                                                                  int items_bound, const __nv_bfloat16 *__restrict__ hs, int P,        \
@@ -289,6 +293,7 @@ MOE_DN(k_moe_dn_d, 4, 1, 1, true, 2, 0, -1)
 MOE_DN(k_moe_dn_d1, 4, 1, 1, true, 2, 1, -1)
 MOE_DN(k_moe_dn_p, 2, 4, 1, false, 1, 1, -1)
 MOE_DN(k_moe_dn_dg4, 4, 1, 1, true, 4, 0, GPU_W_PLANES)
+MOE_DN(k_moe_dn_dg1, 4, 1, 1, true, 4, 1, GPU_W_PLANES)
 
 // ---- prompts: an item's pairs through shared memory (mm.cuh: mmg_run) ----------------------------
 //

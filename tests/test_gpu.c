@@ -2647,13 +2647,14 @@ static void kernel_moe_g128(gpu_engine *g) {
 }
 
 // The experts of decode steps (the _d shape's items) through the 2-bit planes' own kernels
-// (gpu_kernels.moe_dg: k_moe_*_dg4, sass/mm.cuh mm_core_pl) against k_moe_up_d /
-// k_moe_dn_d: h's parts and the down products bit for bit, steps of 3, 8 and 24 tokens (12 to 96
-// pairs over 16 experts), 2, 3 and 4 row blocks a block (3: blocks whose last row blocks are cut
-// short); NVFP4 experts, which never take them, the same with the switch on.
+// (gpu_kernels.moe_dg: k_moe_*_dg1 at one row block a block, k_moe_*_dg4 at more; sass/mm.cuh
+// mm_core_pl) against k_moe_up_d / k_moe_dn_d: h's parts and the down products bit for bit, steps
+// of 3, 8 and 24 tokens (12 to 96 pairs over 16 experts), 1, 2, 3 and 4 row blocks a block (3:
+// blocks whose last row blocks are cut short); NVFP4 experts, which never take them, the same with
+// the switch on.
 static void kernel_moe_dg(gpu_engine *g) {
-    enum { E = 16, I = 256, H = 256, K = 4, TMAX = 24, PMAX = TMAX * K, NV = 4 };
-    static const int kinds[2] = {CK_W_PLANES, CK_W_NVFP4}, steps[3] = {3, 8, TMAX}, nrbs[3] = {2, 3, 4};
+    enum { E = 16, I = 256, H = 256, K = 4, TMAX = 24, PMAX = TMAX * K, NV = 5 };
+    static const int kinds[2] = {CK_W_PLANES, CK_W_NVFP4}, steps[3] = {3, 8, TMAX}, nrbs[4] = {1, 2, 3, 4};
     static const char *const kname[2] = {"planes", "nvfp4"};
     for (int ki = 0; ki < 2; ki++) {
         const int kind = kinds[ki];
@@ -2678,7 +2679,7 @@ static void kernel_moe_dg(gpu_engine *g) {
             CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)T * H));
             gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
             CHECK(gpu_moe_shape(&g->k, P, E) == 0, "kernel_moe_dg: %d pairs take the _d shape", P);
-            for (int v = 0; v < NV; v++) {   // v 0: k_moe_*_d at 4 row blocks a block; then _dg4 at 2, 3 and 4
+            for (int v = 0; v < NV; v++) {   // v 0: k_moe_*_d at 4 row blocks a block; then _dg1 (1), _dg4 at 2, 3 and 4
                 g->k.moe_dg = v > 0, g->k.moe_nrb = v ? nrbs[v - 1] : 4;
                 CU_CHECK(cu.cuMemsetD8Async(hs, 0xff, nh, g->compute));
                 CU_CHECK(cu.cuMemsetD8Async(ye, 0xff, ny, g->compute));
@@ -2691,8 +2692,8 @@ static void kernel_moe_dg(gpu_engine *g) {
             }
             int same = 1;
             for (int v = 1; v < NV; v++) same &= !memcmp(hh[0], hh[v], nh) && !memcmp(yy[0], yy[v], ny);
-            CHECK(same, "k_moe_*_dg4 (%s, %d tokens, %d pairs): not k_moe_*_d's bits", kname[ki], T, P);
-            printf("k_moe_*_dg4 (%s, %d pairs over %d experts; 2, 3 and 4 row blocks a block): h and the down products %s k_moe_*_d's\n",
+            CHECK(same, "k_moe_*_dg1, _dg4 (%s, %d tokens, %d pairs): not k_moe_*_d's bits", kname[ki], T, P);
+            printf("k_moe_*_dg1, _dg4 (%s, %d pairs over %d experts; 1, 2, 3 and 4 row blocks a block): h and the down products %s k_moe_*_d's\n",
                    kname[ki], P, E, same ? "bit for bit" : "DIFFERENT from");
         }
         g->k.moe_kind = kind0, g->k.moe_dg = q0, g->k.moe_nrb = n0;
