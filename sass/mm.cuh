@@ -444,8 +444,9 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
 // Each matrix's codes and scales addressed from a pointer set once (a step's offsets by kb and the
 // row tile alone), the token's row of xs likewise; a scale byte's bf16 exponent pair by one
 // multiply (mm_plane_base); the table offsets of a code word's nibbles for its four steps by two
-// shifts and masks (mm_pl_idx), then a byte permute a lookup. 1,600 / 752 instructions in
-// k_moe_up_dg4 / k_moe_dn_dg4 where mm_core's planes path gave 2,040 / 1,040. A lane whose token
+// shifts and masks (mm_pl_idx), then a byte permute a lookup that is its shared-memory address
+// too (mm_pl_lut). 1,472 / 688 instructions in k_moe_up_dg4 / k_moe_dn_dg4 where mm_core's planes
+// path gave 2,040 / 1,040 (cuobjdump). A lane whose token
 // slot is empty (brow < 0) reads row 0 of xs instead of zeros: its products fill only that slot's
 // column of the C fragment, which no caller reads (mm_at: slots m < cnt).
 
