@@ -117,6 +117,12 @@ struct mm_raw {
     uint32_t s;             // NVFP4: the two block-scale bytes (g, g+8); PLANES: four scale bytes (g b0, g+8 b0, g b1, g+8 b1)
 };
 
+// A planes lane's four scale bytes of a 64-block (format/PLANES.md §3), s at row g's first: (g b0,
+// g + 8 b0, g b1, g + 8 b1), byte 0 first — mm_raw.s.
+__device__ __forceinline__ uint32_t mm_pl_scales(const uint8_t *s) {
+    return (uint32_t)__ldg(s) | ((uint32_t)__ldg(s + 8) << 8) | ((uint32_t)__ldg(s + 16) << 16) | ((uint32_t)__ldg(s + 24) << 24);
+}
+
 template <int KIND>
 __device__ __forceinline__ void mm_load(const gpu_mat &W, int row0, int kb, int g, int t, mm_raw &r) {
     const uint8_t *w = (const uint8_t *)W.w;
@@ -146,8 +152,7 @@ __device__ __forceinline__ void mm_load(const gpu_mat &W, int row0, int kb, int 
         const int KB = K / 64, nb = row0 / 16;
         uint2 c = __ldg((const uint2 *)(w + ((((size_t)nb * KB + kb) * 8 + g) * 4 + t) * 8));
         r.r0 = make_uint4(c.x, c.y, 0, 0);
-        const uint8_t *sc = (const uint8_t *)W.scale + ((size_t)nb * (K / 32) + 2 * (size_t)kb) * 16 + g;
-        r.s = (uint32_t)__ldg(sc) | ((uint32_t)__ldg(sc + 8) << 8) | ((uint32_t)__ldg(sc + 16) << 16) | ((uint32_t)__ldg(sc + 24) << 24);
+        r.s = mm_pl_scales((const uint8_t *)W.scale + ((size_t)nb * (K / 32) + 2 * (size_t)kb) * 16 + g);
     }
 }
 
@@ -446,9 +451,9 @@ __device__ __forceinline__ void mm_core(const gpu_mat *M, const int *row0, int K
 // multiply (mm_plane_base); the table offsets of a code word's nibbles for its four steps by two
 // shifts and masks (mm_pl_idx), then a byte permute a lookup that is its shared-memory address
 // too (mm_pl_lut). 1,472 / 688 instructions in k_moe_up_dg4 / k_moe_dn_dg4 where mm_core's planes
-// path gave 2,040 / 1,040 (cuobjdump). A lane whose token
-// slot is empty (brow < 0) reads row 0 of xs instead of zeros: its products fill only that slot's
-// column of the C fragment, which no caller reads (mm_at: slots m < cnt).
+// path gave 2,040 / 1,040 (cuobjdump). A lane whose token slot is empty (brow < 0) reads row 0 of
+// xs instead of zeros: its products fill only that slot's column of the C fragment, which no
+// caller reads (mm_at: slots m < cnt).
 
 // The table offsets (4 · nibble) of a code word's 8 nibbles: byte q of e for nibble 2q (codes j = 0,
 // 1 of step q), byte q of o for nibble 2q + 1 (codes 2, 3).
@@ -505,8 +510,7 @@ __device__ __forceinline__ void mm_core_pl(const gpu_mat *M, int row0, int K, co
         for (int i = 0; i < NTL; i++) {
             const int m = i / RT, r = i % RT;
             code[u][i] = __ldg((const uint2 *)(cw[m] + (size_t)(r * cr + kb * 256)));
-            const uint8_t *s = cs[m] + (size_t)(r * sr + kb * 32);
-            sc[u][i] = (uint32_t)__ldg(s) | ((uint32_t)__ldg(s + 8) << 8) | ((uint32_t)__ldg(s + 16) << 16) | ((uint32_t)__ldg(s + 24) << 24);
+            sc[u][i] = mm_pl_scales(cs[m] + (size_t)(r * sr + kb * 32));
         }
     };
 #pragma unroll
