@@ -131,6 +131,7 @@ typedef struct {
     int mm_g32_max;        // tokens up to which a step that takes k_mm_g takes k_mm_g32 instead (0: never)
     int mm_g128_min;       // tokens from which such a step takes k_mm_g128 where the products read one part (0: never)
     int mm_w_min;          // ... and k_mm_w for its FP8 and NVFP4 matrices (the sm_90a cubin only; 0: never)
+    int mm_w_small;        // ... and up to this many tokens too (steps of decoding sequences; 0: none)
     int fa_w_min;          // tokens from which a prompt step's attention takes k_fa_w (the sm_90a cubin, one part; 0: never)
     int moe_w;             // the experts' _g128 items through k_moe_up_w / k_moe_dn_w (the sm_90a cubin only; 0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
@@ -193,6 +194,13 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // 306 / 354, 117 / 153; at 2,048 570 / 606, 166 / 193, 119 / 124, 33 / 43 (every set faster);
     // at 1,024 325 / 314, 87 / 103, 116 / 65, 19 / 23 (the four sets 44 µs slower in all).
     k->mm_w_min = d->cc_major == 9 && d->cc_minor == 0 ? 2048 : 0;
+    // ... and for steps of up to 128 tokens (a batch of decoding sequences) where they would take
+    // k_mm_g's tiles (the largest sets: GDN in-projections, attention q|k|v, the lm_head; the same
+    // bits): moet bench on the H200, full-size synthetic model, depth 64, one lease, up to 0 / 128 /
+    // 256 tokens: batch 64 4,789.7-4,813.3 / 4,995.7 / 5,012.5-5,015.8 tok/s, batch 128
+    // 5,368.9-5,377.4 / 5,905.7 / 5,917.5-5,926.9, batch 256 6,487.4-6,488.5 / 6,494.0 /
+    // 6,358.5-6,360.1 (its one 128-token tile against k_mm_g32's four of 32 at 128 tokens)
+    k->mm_w_small = k->mm_w_min ? 128 : 0;
     // k_moe_up_w / k_moe_dn_w for every _g128 step there, and _g128 from 64 pairs per expert with
     // them: on the H200 (the harness's k_moe_* shapes rows, Qwen3.6's experts) at 2,048 tokens (64
     // pairs per expert) _w against _g, up + down, 1,342 / 1,518 µs with planes, 1,276 / 1,443 with

@@ -222,10 +222,11 @@ static int gpu_smem_exact(gpu_kernels *k, int fn, size_t bytes) {
 }
 
 // Whether a step of T tokens takes k_mm_w for the set's FP8 and NVFP4 matrices (the rest, if any, in
-// a launch of their own: the same bits either way): one part, k->mm_w_min tokens or more, a matrix of
-// those kinds in the set, and the kernel's GPU_MMW_SMEM of shared memory (gpu_smem_exact).
+// a launch of their own: the same bits either way): one part, k->mm_w_min tokens or more or up to
+// k->mm_w_small, a matrix of those kinds in the set, and the kernel's GPU_MMW_SMEM of shared memory
+// (gpu_smem_exact). (gpu_k_mm asks only for steps that would take k_mm_g's tiles.)
 static int gpu_mm_w_take(gpu_kernels *k, const gpu_lin_set *set, int T) {
-    if (k->parts != 1 || !k->mm_w_min || T < k->mm_w_min) return 0;
+    if (k->parts != 1 || !k->mm_w_min || (T < k->mm_w_min && T > k->mm_w_small)) return 0;
     int any = 0;
     for (int i = 0; i < set->n; i++) any |= set->W[i].kind == GPU_W_FP8 || set->W[i].kind == GPU_W_NVFP4;
     return any && gpu_smem_exact(k, K_MM_W, GPU_MMW_SMEM);

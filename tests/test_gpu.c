@@ -2044,7 +2044,8 @@ static void moe_shapes(void) {
           "gpu_mm_pick: k_mm_g128 from mm_g128_min tokens on one part where k_mm_g would be taken, and only there");
     k.mm_g128_min = 0;
     CHECK(gpu_mm_pick(&k, &gdn, 8192) == 3, "gpu_mm_pick: k_mm_g128 never with mm_g128_min 0");
-    // k_mm_w (gpu_mm_w_take): one part, from mm_w_min tokens, a set with an FP8 or NVFP4 matrix, its shared memory opted in
+    // k_mm_w (gpu_mm_w_take): one part, from mm_w_min tokens or up to mm_w_small, a set with an FP8 or NVFP4 matrix, its shared
+    // memory opted in
     {
         gpu_lin_set bf = {0};
         bf.n = 1, bf.W[0].rows = 256, bf.W[0].kind = GPU_W_BF16;
@@ -2052,10 +2053,17 @@ static void moe_shapes(void) {
         const int on = gpu_mm_w_take(&k, &gdn, 512) && gpu_mm_w_take(&k, &ao, 8192) && !gpu_mm_w_take(&k, &gdn, 511) && !gpu_mm_w_take(&k, &bf, 8192);
         k.parts = GPU_MM_SPLITS;
         const int three = gpu_mm_w_take(&k, &gdn, 8192);
+        k.parts = 1, k.mm_w_small = 128;
+        const int small = gpu_mm_w_take(&k, &gdn, 128) && gpu_mm_w_take(&k, &gdn, 64) && !gpu_mm_w_take(&k, &gdn, 129) &&
+                          !gpu_mm_w_take(&k, &gdn, 511) && !gpu_mm_w_take(&k, &bf, 64);
+        k.parts = GPU_MM_SPLITS;
+        const int three_small = gpu_mm_w_take(&k, &gdn, 64);
         k.parts = 1, k.mm_w_min = 0;
-        const int off = gpu_mm_w_take(&k, &gdn, 8192);
-        CHECK(on && !three && !off, "gpu_mm_w_take: from mm_w_min tokens on one part for sets with FP8 / NVFP4 matrices, never on three parts "
-              "or with mm_w_min 0");
+        const int off = gpu_mm_w_take(&k, &gdn, 8192) || gpu_mm_w_take(&k, &gdn, 64);
+        k.mm_w_small = 0;
+        CHECK(on && !three && !off && small && !three_small,
+              "gpu_mm_w_take: from mm_w_min tokens and up to mm_w_small on one part for sets with FP8 / NVFP4 matrices, never on three "
+              "parts or with mm_w_min 0");
         k.smem_max[K_MM_W] = GPU_SMEM_DEFAULT;
     }
     // k_fa_w (gpu_fa_w_take): one part, from fa_w_min tokens, heads of GPU_FAW_HD with G dividing 64, 16 tokens a row on
