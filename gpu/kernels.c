@@ -34,7 +34,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_FA_W, "k_fa_w") X(K_ARGMAX, "k_argmax")                                                                                       \
-    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_V4, "k_mm_v4") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_DG4, "k_moe_up_dg4") X(K_MOE_DN_DG4, "k_moe_dn_dg4") X(K_MOE_UP_DG1, "k_moe_up_dg1") X(K_MOE_DN_DG1, "k_moe_dn_dg1") \
@@ -46,7 +46,7 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
 // reading hi alone (gpu_kernels.parts 1), by the same name.
-static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
+static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_DG4, K_MOE_DN_DG4,
                                         K_MOE_UP_DG1, K_MOE_DN_DG1};
@@ -135,9 +135,11 @@ typedef struct {
     int fa_w_min;          // tokens from which a prompt step's attention takes k_fa_w (the sm_90a cubin, one part; 0: never)
     int moe_w;             // the experts' _g128 items through k_moe_up_w / k_moe_dn_w (the sm_90a cubin only; 0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
+    int route_silu;        // k_route's SiLU · up in blocks past its first (0: its first block's)
     int moe_dg;            // 2-bit plane experts' _d shape through their own kernels, k_moe_*_dg4 (k_moe_*_dg1 at one
                            // row block a block; 0: k_moe_*_d, _d1)
     int mm_v2;             // dense products of GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens through k_mm_v2 (0: the split-K shapes)
+    int mm_v4;             // ... and of GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4 through k_mm_v4 (0: _b, _p)
     int prof;              // profiling on
     int n_ev;              // launches recorded in this step
     int ev_kernel[GPU_PROF_MAX];
@@ -214,6 +216,10 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // 1,688 at 16; the same bits)
     k->moe_d_ppe = GPU_MOE_D_PPE;
     k->mm_v2 = 1;
+    // k_mm_v4 for 17-32 tokens (the same bits as _b, _p): moet bench on the H200, full-size synthetic
+    // model, depth 64, one lease, twice each, without / with: batch 24 2,915.9-2,925.1 / 2,966.6-2,978.7
+    // tok/s, batch 32 3,323.6-3,339.5 / 3,396.7-3,408.4 (batch 1, 16, 64 the same within 0.3 %)
+    k->mm_v4 = 1;
     // (H200, full-size synthetic model, decode tok/s at depth 64 in one lease each: batch 16
     // k_moe_*_d 2,008-2,012 -> _dg4 2,189-2,190; with mm_core_pl, _dg4 against the same planes
     // path at three blocks a multiprocessor (k_moe_*_dg, 80 registers, since removed) for steps of
@@ -221,6 +227,10 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // block a block, _dg1 340.1-341.3 against k_moe_*_d1's 333.3-334.2 (before mm_core_pl _dg1 319
     // against 321-322))
     k->moe_dg = 1;
+    // (the same bench, without / with: batch 1 340.9-343.3 / 347.0-347.2, batch 16 2,433.5-2,445.1 /
+    // 2,564.1-2,565.4, batch 32 3,323.6-3,339.5 / 3,460.1-3,463.7, batch 64 5,003.1-5,025.9 /
+    // 5,023.5-5,034.5: block 0's routing no longer waits on the SiLU's T·768 elements)
+    k->route_silu = 1;
     k->sms = d->sms;
     return 0;
 }

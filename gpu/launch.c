@@ -152,22 +152,26 @@ static int gpu_mt_ok(const gpu_lin_set *set) {
 
 // The dynamic shared memory of gpu_k_mm_stream's kernel for a step of T tokens (bulk as there).
 static size_t gpu_mm_stream_smem(const gpu_kernels *k, const gpu_lin_set *set, int T, int bulk) {
+    if (bulk == 4) return GPU_MM_RING_BYTES + GPU_MM_V4_RED;
     return bulk == 2 ? GPU_MM_RING_BYTES : (bulk ? GPU_MT_RING : GPU_MM_RING_BYTES) + (size_t)2 * k->parts * T * set->W[0].cols;
 }
 
-// k_mm_v (bulk 0), k_mm_t (bulk 1, gpu_mt_ok) or k_mm_v2 (bulk 2: GPU_MM_TOK_V + 1 to
-// GPU_MM_TOK_V2 tokens, read from xs): runs of row tiles per block, GPU_MM_V_BLOCKS (GPU_MT_BLOCKS,
-// GPU_MM_V2_BLOCKS) blocks per multiprocessor, the ring of weights and (k_mm_v, k_mm_t) the tokens'
-// parts in dynamic shared memory (it must fit the device: asserted); the same bits.
+// k_mm_v (bulk 0), k_mm_t (bulk 1, gpu_mt_ok), k_mm_v2 (bulk 2: GPU_MM_TOK_V + 1 to
+// GPU_MM_TOK_V2 tokens, read from xs) or k_mm_v4 (bulk 4: GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4):
+// runs of row tiles per block, GPU_MM_V_BLOCKS (GPU_MT_BLOCKS, GPU_MM_V2_BLOCKS,
+// GPU_MM_V4_BLOCKS) blocks per multiprocessor, the ring of weights and (k_mm_v, k_mm_t) the
+// tokens' parts or (k_mm_v4) the warps' sums in dynamic shared memory (it must fit the device:
+// asserted); the same bits.
 static void gpu_k_mm_stream(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T, int bulk) {
-    const int fn = bulk == 2 ? K_MM_V2 : bulk ? K_MM_T : K_MM_V;
+    const int fn = bulk == 4 ? K_MM_V4 : bulk == 2 ? K_MM_V2 : bulk ? K_MM_T : K_MM_V;
+    const int tmax = bulk == 4 ? GPU_MM_TOK_V4 : bulk == 2 ? GPU_MM_TOK_V2 : GPU_MM_TOK_V;
     const size_t smem = gpu_mm_stream_smem(k, set, T, bulk);
     const int room = gpu_smem_room(k, fn, smem);   // (the kernel's opt-in, taken once)
-    MOET_ASSERT(T >= 1 && T <= (bulk == 2 ? GPU_MM_TOK_V2 : GPU_MM_TOK_V) && (bulk != 1 || gpu_mt_ok(set)) && room,
+    MOET_ASSERT(T >= 1 && T <= tmax && (bulk != 1 || gpu_mt_ok(set)) && room,
                 "%s: %d tokens, %zu bytes of shared memory", gpu_kernel_names[fn], T, smem);
     long long tiles = 0;
     for (int i = 0; i < set->n; i++) tiles += gpu_cdiv(set->W[i].rows, 16);
-    const int bpm = bulk == 2 ? GPU_MM_V2_BLOCKS : bulk ? GPU_MT_BLOCKS : GPU_MM_V_BLOCKS;
+    const int bpm = bulk == 4 ? GPU_MM_V4_BLOCKS : bulk == 2 ? GPU_MM_V2_BLOCKS : bulk ? GPU_MT_BLOCKS : GPU_MM_V_BLOCKS;
     int per = (int)gpu_cdiv(tiles, (long long)bpm * (k->sms > 0 ? k->sms : 1));
     set->pad[0] = per;
     set->first[0] = 0;
@@ -285,6 +289,11 @@ static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr x
         gpu_k_mm_stream(k, s, set, xs, T, 2);
         return;
     }
+    // k_mm_v4 for GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4 tokens: k_mm_v2's in four n-tiles
+    if (k->mm_v4 && T > GPU_MM_TOK_V2 && T <= GPU_MM_TOK_V4 && gpu_smem_room(k, K_MM_V4, gpu_mm_stream_smem(k, set, T, 4))) {
+        gpu_k_mm_stream(k, s, set, xs, T, 4);
+        return;
+    }
     sh = gpu_mm_pick(k, set, T);
     if (sh >= 3 && gpu_mm_w_take(k, set, T)) {   // k_mm_w where it would take k_mm_g's tiles
         gpu_k_mm_w(k, s, set, xs, T);
@@ -377,7 +386,10 @@ static int gpu_k_route(gpu_kernels *k, CUstream s, CUdeviceptr logits, int E, in
     // result depends on the block's size; on the H200 a batch-1 step's 40 launches took 0.483 ms
     // against 0.485 with 1,024 threads, one by one)
     const int nt = 32 * (T > gpu_cdiv(E, 32) ? T : gpu_cdiv(E, 32));
-    gpu_launch(k, K_ROUTE, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, nt, smem, s,
+    // the shared expert's SiLU · up over blocks of their own past block 0 (which routes and groups),
+    // an element a thread where GPU_ROUTE_SILU_BLOCKS allow (k->route_silu; 0: block 0 takes it)
+    const int sb = k->route_silu ? (int)(gpu_cdiv(n, nt) < GPU_ROUTE_SILU_BLOCKS ? gpu_cdiv(n, nt) : GPU_ROUTE_SILU_BLOCKS) : 0;
+    gpu_launch(k, K_ROUTE, (gpu_dim){1 + sb, 1, 1, "(1 + SiLU blocks, 1, 1)"}, nt, smem, s,
                GPU_ARGS(&logits, &E, &K, &T, &sel, &selw, &g, &u, &h, &n, &hs, &map, &bound, &cap));
     return 1;
 }

@@ -22,7 +22,10 @@
 // q̂ and k̂ [dk] (and, for the shared-memory state, S [dk, GPU_GDN_VC]).
 #include "gdn.cuh"
 
-// One warp's columns v0 + lane of head j of row r, the state in registers.
+// One warp's columns v0 + lane of head j of row r, the state in registers: requested before the
+// wait for the kernels before (GPU_DEP) — no kernel of the step writes a slot's state before its
+// layer's rule does, and the step's row metadata and the state as the last step (or the host)
+// left it are there before the step's first kernel.
 template <int DK>
 __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                               float Aexp, float dtb, float *__restrict__ Sg, float *__restrict__ o, int nk, int nv, int dv,
@@ -31,6 +34,7 @@ __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int
     float S[DK];
 #pragma unroll
     for (int d = 0; d < DK; d++) S[d] = live ? Sg[(size_t)d * dv + v] : 0.f;
+    GPU_DEP();
     const float qscale = 1.f / sqrtf((float)DK);
     const int key_dim = nk * DK, hk = j / (nv / nk);
     for (int t = t0; t < t0 + n; t++) {
@@ -56,7 +60,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const f
                                                                          const int *__restrict__ row_slot, const int *__restrict__ row_start,
                                                                          const int *__restrict__ row_len, const int *__restrict__ rows,
                                                                          float *__restrict__ S_hist, long long hist_stride) {
-    GPU_DEP();
+    // (the wait for the kernels before: gdn_rule_regs's, once its state is requested; the
+    // shared-memory path's below. Everything read before it — the row metadata, the weights — the
+    // step's kernels do not write.)
     extern __shared__ float sm[];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j = blockIdx.x, r = rows[blockIdx.y], v0 = (blockIdx.z * GPU_GDN_RULE_W + w) * GPU_GDN_VC;
@@ -73,6 +79,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const f
         default: gdn_rule_regs<128>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, t0, n, qs, ks, lane, Sh, hist_stride); return;
         }
     }
+    GPU_DEP();
     float *S = sm + (size_t)w * (dk * GPU_GDN_VC + 2 * dk);   // [dk, GPU_GDN_VC]
     float *qs = S + dk * GPU_GDN_VC, *ks = qs + dk;          // [dk] each
     const int live = v < dv, hk = j / (nv / nk), key_dim = nk * dk;

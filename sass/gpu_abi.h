@@ -125,6 +125,11 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 // read from global memory (L1), the ring alone in shared memory; GPU_MM_V2_BLOCKS a multiprocessor.
 #define GPU_MM_TOK_V2 16
 #define GPU_MM_V2_BLOCKS 2
+// k_mm_v4: k_mm_v2's steps for GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4 tokens (four n-tiles), its warps'
+// sums (GPU_MM_V4_RED bytes: two tiles' worth) after the ring in dynamic shared memory.
+#define GPU_MM_TOK_V4 32
+#define GPU_MM_V4_BLOCKS 2
+#define GPU_MM_V4_RED (2 * GPU_MM_WARPS * 128 * 4 * 4)
 // k_mm_t: k_mm_v's row tiles, the weights through a ring of GPU_MT_RING bytes of stages of at
 // most GPU_MT_STAGE_BYTES (sass/mm.cuh: mt_kbc) that bulk copies fill, at most GPU_MT_STAGES of
 // them (their mbarriers are static), GPU_MT_BLOCKS blocks per multiprocessor.
@@ -173,6 +178,8 @@ GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MM
 // expert's activation in one block (a warp per token's router).
 #define GPU_ROUTE_T 32
 GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token");
+// ... and at most this many blocks past its first for the shared expert's SiLU · up.
+#define GPU_ROUTE_SILU_BLOCKS 32
 // The routed experts' _d shape (steps of up to GPU_MM_TOK_B pairs, or of up to GPU_MOE_D_PPE pairs
 // per expert on average: gpu/launch.c gpu_moe_shape): items of at most GPU_MOE_CAP_D pairs of one
 // expert (one n-tile, staged in shared memory).

@@ -10,6 +10,7 @@
 //   k_mm_v  T ≤ GPU_MM_TOK_V, the weights' ring and the tokens' parts in dynamic shared memory:
 //           grid (runs of set.pad[0] row tiles of 16 per matrix), set.first[] in runs;
 //   k_mm_v2 T ≤ GPU_MM_TOK_V2 (gpu_kernels.mm_v2): k_mm_v's grid and ring, the tokens read from xs;
+//   k_mm_v4 T ≤ GPU_MM_TOK_V4 (gpu_kernels.mm_v4): the same in four n-tiles;
 //   k_mm_d  T ≤ 8: grid (Σ_i ceil(O_i / 16), ceil(T / 8)), one n-tile of 8 tokens, four 64-blocks
 //           of weights in flight per warp;
 //   k_mm_b  T ≤ GPU_MM_TOK_B: grid (Σ_i ceil(O_i / 16), ceil(T / 32)), four n-tiles;
@@ -207,6 +208,15 @@ extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V2_BLOCKS) k_mm_v
     __shared__ uint32_t lut[16];
     __shared__ float red[2 * GPU_MM_WARPS * 128 * 2];
     mm_stream_set<2>(set, xs, T, red, lut);
+}
+
+// k_mm_v4: k_mm_v2's for GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4 tokens (four n-tiles of 8), the warps'
+// sums in dynamic shared memory after the ring (GPU_MM_V4_RED bytes: four n-tiles' sums of two
+// tiles are more than a block's static arrays may take), GPU_MM_V4_BLOCKS blocks per
+// multiprocessor. The same bits as every other shape.
+extern "C" __global__ void __launch_bounds__(GPU_MM_NT, GPU_MM_V4_BLOCKS) k_mm_v4(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
+    __shared__ uint32_t lut[16];
+    mm_stream_set<4>(set, xs, T, (float *)(mm_smem + GPU_MM_RING_BYTES), lut);
 }
 
 // ---- decode, the weights through the copy engine (k_mm_t) ----------------------------------------

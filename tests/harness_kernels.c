@@ -303,7 +303,7 @@ static double hk_set_err(const gpu_lin_set *set, const ck_mat *W, const float *x
 }
 
 // Every shape a step of T tokens can take through k_mm (_b, _p, k_mm_g and k_mm_g32 whatever T; k_mm_v2 up to
-// GPU_MM_TOK_V2 tokens) against the one it takes (ms's outputs hold its result): the same bits, and their times.
+// GPU_MM_TOK_V2 tokens, k_mm_v4 up to GPU_MM_TOK_V4) against the one it takes (ms's outputs hold its result): the same bits, and their times.
 static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *shape, const char *fmt) {
     size_t ob = 0;
     for (int i = 0; i < ms->n; i++) ob += sizeof(float) * (size_t)T * ms->W[i].rows;
@@ -313,8 +313,8 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
     static const char *const name[4] = {"_b", "_p", "_g", "_g32"};
     double us[4];
     int same = 1;
-    const int g0 = hk.k.mm_g_min, g32 = hk.k.mm_g32_max, v2 = hk.k.mm_v2;
-    hk.k.mm_v2 = 0;   // (_g, _g32 through gpu_k_mm: not k_mm_v2's steps)
+    const int g0 = hk.k.mm_g_min, g32 = hk.k.mm_g32_max, v2 = hk.k.mm_v2, v4 = hk.k.mm_v4;
+    hk.k.mm_v2 = hk.k.mm_v4 = 0;   // (_g, _g32 through gpu_k_mm: not k_mm_v2's or k_mm_v4's steps)
     for (int sh = 0; sh < 4; sh++) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
         if (sh >= 2) hk.k.mm_g_min = 1, hk.k.mm_g32_max = sh == 3 ? T : 0;   // (_g, _g32: k_mm_g or k_mm_g32 from any tokens)
@@ -330,21 +330,22 @@ static void hk_mm_shapes(gpu_lin_set *ms, CUdeviceptr xs, int T, const char *sha
         else HK_TIME(us[sh], gpu_k_mm(&hk.k, hk.s, ms, xs, T));
         hk.k.mm_g_min = g0, hk.k.mm_g32_max = g32;
     }
-    hk.k.mm_v2 = v2;
-    double uv = 0;   // k_mm_v2 where the step's tokens allow it
-    if (T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 && gpu_smem_room(&hk.k, K_MM_V2, gpu_mm_stream_smem(&hk.k, ms, T, 2))) {
+    hk.k.mm_v2 = v2, hk.k.mm_v4 = v4;
+    double uv = 0;   // k_mm_v2 or k_mm_v4 where the step's tokens allow it
+    const int vb = T > GPU_MM_TOK_V && T <= GPU_MM_TOK_V2 ? 2 : T > GPU_MM_TOK_V2 && T <= GPU_MM_TOK_V4 ? 4 : 0;
+    if (vb && gpu_smem_room(&hk.k, vb == 4 ? K_MM_V4 : K_MM_V2, gpu_mm_stream_smem(&hk.k, ms, T, vb))) {
         for (int i = 0; i < ms->n; i++) CU_CHECK(cu.cuMemsetD8Async(ms->y[i], 0xff, sizeof(float) * (size_t)T * ms->W[i].rows, hk.s));
-        gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, 2);
+        gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, vb);
         CU_CHECK(cu.cuStreamSynchronize(hk.s));
         for (size_t i = 0, o = 0; i < (size_t)ms->n; o += (size_t)T * ms->W[i].rows, i++)
             CU_CHECK(cu.cuMemcpyDtoH(h1 + o, ms->y[i], sizeof(float) * (size_t)T * ms->W[i].rows));
         const int eq = !memcmp(h0, h1, ob);
-        CHECK(eq, "k_mm_v2 %s: not the bits of the shape the step takes", shape);
+        CHECK(eq, "k_mm_v%d %s: not the bits of the shape the step takes", vb, shape);
         same &= eq;
-        HK_TIME(uv, gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, 2));
+        HK_TIME(uv, gpu_k_mm_stream(&hk.k, hk.s, ms, xs, T, vb));
     }
-    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs, _g32 %.1f µs, _v2 %.1f µs (0: not run); bits %s\n", "k_mm shapes", shape, fmt,
-           us[0], us[1], us[2], us[3], uv, same ? "equal" : "DIFFERENT");
+    printf("%-18s %-46s %-12s _b %.1f µs, _p %.1f µs, _g %.1f µs, _g32 %.1f µs, _v%d %.1f µs (0: not run); bits %s\n", "k_mm shapes", shape, fmt,
+           us[0], us[1], us[2], us[3], vb ? vb : 2, uv, same ? "equal" : "DIFFERENT");
     free(h0), free(h1);
 }
 
@@ -387,8 +388,8 @@ static void hk_linear(void) {
             if (!strstr(fmt, hk_kind(W[i].kind))) snprintf(fmt + strlen(fmt), sizeof fmt - strlen(fmt), "%s%s", *fmt ? "+" : "", hk_kind(W[i].kind));
         }
         // 1 and 512 tokens, 4 (k_mm's largest step with the tokens in shared memory, k_mm_v), and
-        // 16, 64 and 128 (batches of decoding sequences: the shapes compared)
-        static const int Ts[] = {1, 4, 16, 64, 128, 512};
+        // 16, 32, 64 and 128 (batches of decoding sequences: the shapes compared)
+        static const int Ts[] = {1, 4, 16, 32, 64, 128, 512};
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= sets[si].T_max; ti++) {
             int T = Ts[ti];
             float *x = hk_normal((size_t)T * K, 1.0f);

@@ -743,37 +743,41 @@ static void kernel_mm_stream(gpu_engine *g) {
         free(ref);
         for (int v = 0; v < 3; v++) free(h[v]);
     }
-    // k_mm_v2 (GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens, two n-tiles read from xs) against k_mm_b,
-    // the same sets: the same bits (lanes past T read the last token's column), within the bound
-    enum { TV = GPU_MM_TOK_V2 };
-    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
-        const int n = sets[si].n, K = sets[si].K;
-        kt_set ks;
-        if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, TV)) return;
-        float *h[2], *ref = malloc(sizeof(float) * TV * ks.outs);
-        for (int v = 0; v < 2; v++) h[v] = malloc(sizeof(float) * TV * ks.outs);
-        int same = 1;
-        double err = 0;
-        for (int T = TM + 1; T <= TV; T++) {
-            gpu_k_mm_split(&g->k, g->compute, ks.xd, K, K, T, ks.xs);
-            for (int v = 0; v < 2; v++) {
-                kt_set_clear(g, &ks, T);
-                if (v == 0) gpu_k_mm_stream(&g->k, g->compute, &ks.set, ks.xs, T, 2);
-                else gpu_k_mm_fixed(&g->k, g->compute, &ks.set, ks.xs, T, 1);
-                kt_set_get(g, &ks, T, h[v]);
+    // k_mm_v2 (GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens, two n-tiles read from xs) and k_mm_v4
+    // (GPU_MM_TOK_V2 + 1 to GPU_MM_TOK_V4, four) against k_mm_b, the same sets: the same bits (lanes
+    // past T read the last token's column), within the bound
+    enum { TV = GPU_MM_TOK_V4 };
+    for (int vk = 0; vk < 2; vk++) {
+        const int bulk = vk ? 4 : 2, t0 = vk ? GPU_MM_TOK_V2 + 1 : TM + 1, t1 = vk ? GPU_MM_TOK_V4 : GPU_MM_TOK_V2;
+        for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+            const int n = sets[si].n, K = sets[si].K;
+            kt_set ks;
+            if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, TV)) return;
+            float *h[2], *ref = malloc(sizeof(float) * TV * ks.outs);
+            for (int v = 0; v < 2; v++) h[v] = malloc(sizeof(float) * TV * ks.outs);
+            int same = 1;
+            double err = 0;
+            for (int T = t0; T <= t1; T++) {
+                gpu_k_mm_split(&g->k, g->compute, ks.xd, K, K, T, ks.xs);
+                for (int v = 0; v < 2; v++) {
+                    kt_set_clear(g, &ks, T);
+                    if (v == 0) gpu_k_mm_stream(&g->k, g->compute, &ks.set, ks.xs, T, bulk);
+                    else gpu_k_mm_fixed(&g->k, g->compute, &ks.set, ks.xs, T, 1);
+                    kt_set_get(g, &ks, T, h[v]);
+                }
+                const size_t tot = kt_set_ref(g, &ks, T, ref);
+                same &= !memcmp(h[0], h[1], sizeof(float) * tot);
+                double e1 = check_nerr(h[0], ref, tot);
+                err = e1 > err ? e1 : err;
             }
-            const size_t tot = kt_set_ref(g, &ks, T, ref);
-            same &= !memcmp(h[0], h[1], sizeof(float) * tot);
-            double e1 = check_nerr(h[0], ref, tot);
-            err = e1 > err ? e1 : err;
+            CHECK(same, "k_mm_v%d / k_mm_b: different bits (set %zu)", bulk, si);
+            CHECK(err < GPU_TOL_LINEAR, "k_mm_v%d set %zu: normalised error %.3g vs ref_linear", bulk, si, err);
+            printf("k_mm_v%d set %zu (%d matrices, %zu rows, K %d, T %d..%d): %s k_mm_b, error vs ref_linear %.2g%s\n", bulk, si, n, ks.outs, K,
+                   t0, t1, same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
+            kt_set_free(&ks);
+            free(ref);
+            for (int v = 0; v < 2; v++) free(h[v]);
         }
-        CHECK(same, "k_mm_v2 / k_mm_b: different bits (set %zu)", si);
-        CHECK(err < GPU_TOL_LINEAR, "k_mm_v2 set %zu: normalised error %.3g vs ref_linear", si, err);
-        printf("k_mm_v2 set %zu (%d matrices, %zu rows, K %d, T %d..%d): %s k_mm_b, error vs ref_linear %.2g%s\n", si, n, ks.outs, K, TM + 1, TV,
-               same ? "bitwise equal to" : "DIFFERENT from", err, g->k.parts == 1 ? " (act bf16)" : "");
-        kt_set_free(&ks);
-        free(ref);
-        for (int v = 0; v < 2; v++) free(h[v]);
     }
 }
 
@@ -952,7 +956,8 @@ static void kernel_misc(gpu_engine *g) {
         CHECK(werr < 3e-7, "k_router: weight error %.3g", werr);
         printf("k_router [%d tokens, E %d, top-%d]: same experts, weights within %.2g of ref_route\n", T, E, KT, werr);
         // k_route on the first GPU_ROUTE_T tokens: the bits of k_router, k_silu_mul (h and its
-        // parts) and k_moe_sort (the same items; each item's pairs the same set)
+        // parts, with the SiLU in blocks of its own and in the first) and k_moe_sort (the same
+        // items; each item's pairs the same set)
         {
             enum { TR = GPU_ROUTE_T, SI = 512, P = TR * KT };
             size_t n = (size_t)TR * SI, mi = gpu_moe_map_ints(P, E);
@@ -987,6 +992,17 @@ static void kernel_misc(gpu_engine *g) {
                     map_same &= found;
                 }
             }
+            // and with the SiLU in its first block (gpu_kernels.route_silu off): the same h and parts
+            const int rs0 = g->k.route_silu;
+            g->k.route_silu = !rs0;
+            CU_CHECK(cu.cuMemsetD8(h2, 0xff, 4 * n));
+            CU_CHECK(cu.cuMemsetD8(p2, 0xff, 6 * n));
+            launched &= gpu_k_route(&g->k, g->compute, ld, E, KT, TR, s2, w2, gd, ud, h2, (int)n, p2, m2);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            g->k.route_silu = rs0;
+            CU_CHECK(cu.cuMemcpyDtoH(hb, h2, 4 * n));
+            CU_CHECK(cu.cuMemcpyDtoH(pb, p2, 6 * n));
+            act_same &= launched && !memcmp(ha, hb, 4 * n) && !memcmp(pa, pb, 6 * n);
             CHECK(launched, "k_route: a step of %d tokens did not launch", TR);
             CHECK(route_same, "k_route: its choices or weights differ from k_router's bits");
             CHECK(act_same, "k_route: the shared expert's h or its parts differ from k_silu_mul's bits");
