@@ -126,26 +126,44 @@ __device__ __forceinline__ void fa_mma3(float (*acc)[4], const uint32_t a[FA_P][
 }
 
 // One tile of keys (or values) [base, base + GPU_FA_KT) of KV head j into dst (bf16, fa_at's
-// layout) and its fp8 scales into sdst, by the whole block; positions past pmax are zeros.
+// layout) and its fp8 scales into sdst, by the whole block; positions past pmax are zeros. base is
+// a multiple of GPU_FA_KT, so the tile is FA_NP whole pages of the block table: their entries are
+// read first, all in flight together (kv_index's page per element, read after each copy was
+// issued — the copies clobber memory — made a chain of dependent loads), then every copy.
+#define FA_NP (GPU_FA_KT / GPU_KV_PAGE)
+static_assert(GPU_FA_KT % GPU_KV_PAGE == 0, "fa_load: a tile of keys is whole pages");
+__device__ __forceinline__ void fa_pages(const int *__restrict__ btr, int base, int pmax, int pg[FA_NP]) {
+#pragma unroll
+    for (int q = 0; q < FA_NP; q++) pg[q] = base + q * GPU_KV_PAGE <= pmax ? btr[base / GPU_KV_PAGE + q] : 0;   // pages past pmax: not read
+}
+// kv_index's offset of the tile's key `key` (pos = base + key), from the tile's pages.
+__device__ __forceinline__ size_t fa_kv_at(const int pg[FA_NP], int key, int kvd, int i) {
+    int p = pg[0];
+#pragma unroll
+    for (int q = 1; q < FA_NP; q++) p = key >= q * GPU_KV_PAGE ? pg[q] : p;   // a select chain: no indexed local array
+    return ((size_t)p * GPU_KV_PAGE + key % GPU_KV_PAGE) * kvd + i;
+}
 template <int HD>
 __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst, const void *__restrict__ src, const float *__restrict__ ssrc,
                                         const int *__restrict__ btr, int base, int pmax, int kvd, int kvh, int j) {
     constexpr int CPR = HD / 8;   // 16-byte chunks of a bf16 row
+    int pg[FA_NP];
+    fa_pages(btr, base, pmax, pg);
     for (int i = threadIdx.x; i < FA_KT * CPR; i += blockDim.x) {
         const int key = i / CPR, c = i % CPR, pos = base + key;
         const bool ok = pos <= pmax;
         __nv_bfloat16 *d = dst + fa_at<HD>(key, c);
         if (f8) {   // fp8: 8 bytes widened to 8 bf16, exactly (the cache's rounding saturates: no NaN code unless the key was NaN)
-            uint2 raw = ok ? __ldg((const uint2 *)((const uint8_t *)src + kv_index(btr, pos, kvd, j * HD) + c * 8)) : make_uint2(0u, 0u);
+            uint2 raw = ok ? __ldg((const uint2 *)((const uint8_t *)src + fa_kv_at(pg, key, kvd, j * HD) + c * 8)) : make_uint2(0u, 0u);
             *(uint4 *)d = make_uint4(mm_fp8x2(raw.x), mm_fp8x2(raw.x >> 16), mm_fp8x2(raw.y), mm_fp8x2(raw.y >> 16));
         } else {
-            mm_cp<16>(d, ok ? (const void *)((const __nv_bfloat16 *)src + kv_index(btr, pos, kvd, j * HD) + c * 8) : src, ok);
+            mm_cp<16>(d, ok ? (const void *)((const __nv_bfloat16 *)src + fa_kv_at(pg, key, kvd, j * HD) + c * 8) : src, ok);
         }
     }
     if (f8)
         for (int key = threadIdx.x; key < FA_KT; key += blockDim.x) {
             const int pos = base + key;
-            sdst[key] = pos <= pmax ? ssrc[kv_scale_index(btr, pos, kvh, j)] : 0.f;
+            sdst[key] = pos <= pmax ? ssrc[fa_kv_at(pg, key, kvh, j)] : 0.f;   // kv_scale_index's entry
         }
 }
 
@@ -236,6 +254,28 @@ __device__ __forceinline__ void fa_stage_q(uint4 *q, float *st, const float *__r
     __syncwarp();
 #pragma unroll 4
     for (int kk = 0; kk < HD / 16; kk++) {
+        const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
+        uint32_t a[FA_P][4];
+        fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
+#pragma unroll
+        for (int p = 0; p < FA_P; p++) q[(kk * FA_P + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
+    }
+}
+
+// The split form's one token's G rows (rows past G zero), as fa_stage_q gives them, by the whole
+// block: every thread's loads in flight at once (one round where one warp took several), then each
+// warp the fragments of its share of the k16 steps; the caller's barrier follows.
+template <int HD>
+__device__ __forceinline__ void fa_stage_q_block(uint4 *q, float *st, const float *__restrict__ proj, int nh, int G, int tk, int j) {
+    const int nw = blockDim.x / WARP, w = threadIdx.x / WARP, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < 16 * (HD / 4); i += blockDim.x) {
+        const int row = i / (HD / 4), d = (i % (HD / 4)) * 4;
+        *(float4 *)(st + row * HD + d) =
+            row < G ? __ldg((const float4 *)(proj + (size_t)tk * 2 * nh * HD + (size_t)(j * G + row) * 2 * HD + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    __syncthreads();   // every row in the scratch before any warp reads another's
+    for (int kk = w; kk < HD / 16; kk += nw) {
         const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
         uint32_t a[FA_P][4];
         fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
@@ -458,7 +498,7 @@ __device__ void fa_split(bool f8, const float *__restrict__ proj, const int *__r
     if (c * GPU_ATT_CHUNK > p) return;   // a chunk past the token
     const fa_smem<HD> sm(1);
     const fa_rows rw = fa_lane_rows(tok_pos, G, 1, tk, tk + 1, j);
-    if (w == 0) fa_stage_q<HD>(sm.q, (float *)sm.k, proj, nh, G, 1, tk, tk + 1, j);
+    fa_stage_q_block<HD>(sm.q, (float *)sm.k, proj, nh, G, tk, j);
     __syncthreads();   // the queries split (and seen by all) before the tiles are loaded over the scratch
     float m[2], l[2], o[NDT][4];
     fa_chunk<HD, S>(f8, sm, sm.q, sm.s, kc, vc, ks, vs, bt + (size_t)tok_slot[tk] * bt_stride, c * GPU_ATT_CHUNK, p, kvh * HD, kvh, j, scale, rw.pos,
