@@ -236,6 +236,18 @@ struct fa_rows {
     int tok[2], head[2], pos[2];
 };
 
+// k16 step kk of a warp's 16 query rows in st ([16][HD] f32) as A fragments, FA_P parts: the lane's
+// four registers of each part to q [HD/16][FA_P][32 lanes] uint4.
+template <int HD>
+__device__ __forceinline__ void fa_q_frag(uint4 *q, const float *st, int kk) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
+    uint32_t a[FA_P][4];
+    fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
+#pragma unroll
+    for (int p = 0; p < FA_P; p++) q[(kk * FA_P + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
+}
+
 // The warp's 16 queries as A fragments of each k16 step in their three bf16 parts (hi, mid, lo):
 // q [HD/16][FA_P][32 lanes] uint4, a lane's four registers of a step and part together (zeros where
 // no row), split once per run. The rows come through st (the warp's [16][HD] f32 of scratch: the
@@ -243,7 +255,7 @@ struct fa_rows {
 // before the tiles are loaded over it.
 template <int HD>
 __device__ __forceinline__ void fa_stage_q(uint4 *q, float *st, const float *__restrict__ proj, int nh, int G, int tpw, int tok0, int te, int j) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
 #pragma unroll 8
     for (int i = lane; i < 16 * (HD / 4); i += WARP) {
         const int row = i / (HD / 4), d = (i % (HD / 4)) * 4, tk = tok0 + row / G;
@@ -253,13 +265,7 @@ __device__ __forceinline__ void fa_stage_q(uint4 *q, float *st, const float *__r
     }
     __syncwarp();
 #pragma unroll 4
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
-        uint32_t a[FA_P][4];
-        fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
-#pragma unroll
-        for (int p = 0; p < FA_P; p++) q[(kk * FA_P + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
-    }
+    for (int kk = 0; kk < HD / 16; kk++) fa_q_frag<HD>(q, st, kk);
 }
 
 // The split form's one token's G rows (rows past G zero), as fa_stage_q gives them, by the whole
@@ -267,7 +273,7 @@ __device__ __forceinline__ void fa_stage_q(uint4 *q, float *st, const float *__r
 // warp the fragments of its share of the k16 steps; the caller's barrier follows.
 template <int HD>
 __device__ __forceinline__ void fa_stage_q_block(uint4 *q, float *st, const float *__restrict__ proj, int nh, int G, int tk, int j) {
-    const int nw = blockDim.x / WARP, w = threadIdx.x / WARP, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nw = blockDim.x / WARP, w = threadIdx.x / WARP;
 #pragma unroll 8
     for (int i = threadIdx.x; i < 16 * (HD / 4); i += blockDim.x) {
         const int row = i / (HD / 4), d = (i % (HD / 4)) * 4;
@@ -275,13 +281,7 @@ __device__ __forceinline__ void fa_stage_q_block(uint4 *q, float *st, const floa
             row < G ? __ldg((const float4 *)(proj + (size_t)tk * 2 * nh * HD + (size_t)(j * G + row) * 2 * HD + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     __syncthreads();   // every row in the scratch before any warp reads another's
-    for (int kk = w; kk < HD / 16; kk += nw) {
-        const float *q0 = st + g * HD + kk * 16 + 2 * t, *q1 = q0 + 8 * HD;
-        uint32_t a[FA_P][4];
-        fa_afrag(*(const float2 *)q0, *(const float2 *)q1, *(const float2 *)(q0 + 8), *(const float2 *)(q1 + 8), a);
-#pragma unroll
-        for (int p = 0; p < FA_P; p++) q[(kk * FA_P + p) * WARP + lane] = make_uint4(a[p][0], a[p][1], a[p][2], a[p][3]);
-    }
+    for (int kk = w; kk < HD / 16; kk += nw) fa_q_frag<HD>(q, st, kk);
 }
 
 // One chunk's tiles [base0, base0 + GPU_ATT_CHUNK) ∩ [0, pmax] for a tile of 16 rows (q: their
