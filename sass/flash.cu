@@ -136,12 +136,12 @@ __device__ __forceinline__ void fa_pages(const int *__restrict__ btr, int base, 
 #pragma unroll
     for (int q = 0; q < FA_NP; q++) pg[q] = base + q * GPU_KV_PAGE <= pmax ? btr[base / GPU_KV_PAGE + q] : 0;   // pages past pmax: not read
 }
-// kv_index's offset of the tile's key `key` (pos = base + key), from the tile's pages.
+// kv_index's offset of the tile's key `key` (pos = base + key: the same place in its page), from the tile's pages.
 __device__ __forceinline__ size_t fa_kv_at(const int pg[FA_NP], int key, int kvd, int i) {
     int p = pg[0];
 #pragma unroll
     for (int q = 1; q < FA_NP; q++) p = key >= q * GPU_KV_PAGE ? pg[q] : p;   // a select chain: no indexed local array
-    return ((size_t)p * GPU_KV_PAGE + key % GPU_KV_PAGE) * kvd + i;
+    return kv_page_index(p, key, kvd, i);
 }
 template <int HD>
 __device__ __forceinline__ void fa_load(bool f8, __nv_bfloat16 *dst, float *sdst, const void *__restrict__ src, const float *__restrict__ ssrc,

@@ -25,13 +25,14 @@ struct kv_fp8 {
     static __device__ __forceinline__ float get(T v) { return float(v); }
 };
 
+// Entry i of position p (of a row of w entries: [pages, GPU_KV_PAGE, w]) where p's page is `page`.
+__device__ __forceinline__ size_t kv_page_index(int page, int p, int w, int i) { return ((size_t)page * GPU_KV_PAGE + p % GPU_KV_PAGE) * w + i; }
+
 // Element (layer's pool) of position p, dimension i of a sequence through its block table row.
 // Pool layout per attention layer: [pages, GPU_KV_PAGE, kvd].
-__device__ __forceinline__ size_t kv_index(const int *__restrict__ bt, int p, int kvd, int i) {
-    return ((size_t)bt[p / GPU_KV_PAGE] * GPU_KV_PAGE + p % GPU_KV_PAGE) * kvd + i;
-}
+__device__ __forceinline__ size_t kv_index(const int *__restrict__ bt, int p, int kvd, int i) { return kv_page_index(bt[p / GPU_KV_PAGE], p, kvd, i); }
 
 // The scale entry of position p, KV head j: [pages, GPU_KV_PAGE, kvh].
 __device__ __forceinline__ size_t kv_scale_index(const int *__restrict__ bt, int p, int kvh, int j) {
-    return ((size_t)bt[p / GPU_KV_PAGE] * GPU_KV_PAGE + p % GPU_KV_PAGE) * kvh + j;
+    return kv_page_index(bt[p / GPU_KV_PAGE], p, kvh, j);
 }
