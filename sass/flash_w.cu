@@ -113,26 +113,28 @@ __device__ __forceinline__ void faw_produce(faw_smem &sm, bool f8, const int *__
                 const int s = jt % GPU_FAW_STAGES, base = c * GPU_ATT_CHUNK + it * GPU_FA_KT;
                 if (jt >= GPU_FAW_STAGES) mmw_wait(&sm.empty[s], (jt / GPU_FAW_STAGES - 1) & 1);
                 faw_stage &st = sm.st[s];
+                int pg[FA_NP];   // the tile's pages first, all in flight (as fa_load: kv_index's page per element was a chain)
+                fa_pages(btr, base, pmax, pg);
                 if (f8) {
 #pragma unroll 4
                     for (int u = 0; u < GPU_FA_KT / 4; u++) {
                         const int key = (tid >> 5) + 4 * u, pos = base + key, at = faw_at(key, cc);
                         const bool ok = pos <= pmax;
-                        const size_t e = ok ? kv_index(btr, pos, kvd, j * FAW_HD) + cc * 8 : 0;
+                        const size_t e = ok ? fa_kv_at(pg, key, kvd, j * FAW_HD) + cc * 8 : 0;
                         const uint2 rk = ok ? __ldg((const uint2 *)((const uint8_t *)kc + e)) : make_uint2(0u, 0u);
                         const uint2 rv = ok ? __ldg((const uint2 *)((const uint8_t *)vc + e)) : make_uint2(0u, 0u);
                         *(uint4 *)(st.k + at) = make_uint4(mm_fp8x2(rk.x), mm_fp8x2(rk.x >> 16), mm_fp8x2(rk.y), mm_fp8x2(rk.y >> 16));
                         *(uint4 *)(st.v + at) = make_uint4(mm_fp8x2(rv.x), mm_fp8x2(rv.x >> 16), mm_fp8x2(rv.y), mm_fp8x2(rv.y >> 16));
                     }
                     const int key = tid & (GPU_FA_KT - 1), pos = base + key;
-                    const float sc = pos <= pmax ? (tid < GPU_FA_KT ? ks : vs)[kv_scale_index(btr, pos, kvh, j)] : 0.f;
+                    const float sc = pos <= pmax ? (tid < GPU_FA_KT ? ks : vs)[fa_kv_at(pg, key, kvh, j)] : 0.f;   // kv_scale_index's
                     (tid < GPU_FA_KT ? sm.ks[s] : sm.vs[s])[key] = sc;
                 } else {
 #pragma unroll 4
                     for (int u = 0; u < GPU_FA_KT / 4; u++) {
                         const int key = (tid >> 5) + 4 * u, pos = base + key, at = faw_at(key, cc);
                         const bool ok = pos <= pmax;
-                        const size_t e = ok ? kv_index(btr, pos, kvd, j * FAW_HD) + cc * 8 : 0;
+                        const size_t e = ok ? fa_kv_at(pg, key, kvd, j * FAW_HD) + cc * 8 : 0;
                         mm_cp<16>(st.k + at, (const __nv_bfloat16 *)kc + e, ok);
                         mm_cp<16>(st.v + at, (const __nv_bfloat16 *)vc + e, ok);
                     }
