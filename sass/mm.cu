@@ -139,6 +139,9 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
         if (kb < KB) {
             mm_raw raw;
             mm_cp_fetch<KIND>(sl, g, raw);
+            // B of two steps a load where the registers allow (the three parts' four n-tiles spilled)
+            constexpr bool PAIR = KIND != GPU_W_PLANES && GPU_MM_PARTS * NT <= 8;
+            uint2 bp[PAIR ? NT : 1][GPU_MM_PARTS];   // PAIR: step q + 1's, loaded with step q's
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q : 4 * q);
@@ -146,8 +149,10 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
-                    for (int s = 0; s < GPU_MM_PARTS; s++)
-                        b[n][s] = NT == 1 ? *(const uint2 *)(xp[n][s] + ko) : __ldg((const uint2 *)(xp[n][s] + ko));
+                    for (int s = 0; s < GPU_MM_PARTS; s++) {
+                        if (!PAIR || q % 2 == 0) mm_b_load<NT != 1, PAIR>(xp[n][s], ko, b[n][s], bp[PAIR ? n : 0][s]);
+                        else b[n][s] = bp[n][s];
+                    }
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
 #pragma unroll
@@ -164,11 +169,11 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) rb[((w * NT + n) * 4 + c) * 32 + lane] = acc[n][c], acc[n][c] = 0.f;
+                for (int c = 0; c < 4; c++) rb[((w * NT + n) * 4 + c) * 32 + mm_red_slot<true>(lane, c)] = acc[n][c], acc[n][c] = 0.f;
             __syncthreads();
             for (int e = threadIdx.x; e < 16 * T; e += GPU_MM_NT) {
                 const int r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
-                if (row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, NT, true>(rb, 0, r, m) * post;
+                if (row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, NT, true, true>(rb, 0, r, m) * post;
             }
             cq = 0, ti++;
         }
@@ -310,12 +315,17 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
         for (int kb = kb0 + w; kb < kbe; kb += GPU_MM_WARPS) {   // this warp's 64-blocks of the stage, ascending
             mm_raw raw;
             mt_fetch<KIND>(st, P, KBc, kb - kb0, g, t, va, vb, raw);
+            constexpr bool PAIR = KIND != GPU_W_PLANES;   // (mm_stream's)
+            uint2 bp[GPU_MM_PARTS];   // PAIR: step q + 1's, loaded with step q's
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int ko = kb * 64 + (KIND == GPU_W_PLANES ? 16 * q + 4 * t : 16 * t + 4 * q);
                 uint2 b[GPU_MM_PARTS];
 #pragma unroll
-                for (int s = 0; s < GPU_MM_PARTS; s++) b[s] = *(const uint2 *)(xsm + ((size_t)s * T + gt) * K + ko);
+                for (int s = 0; s < GPU_MM_PARTS; s++) {
+                    if (!PAIR || q % 2 == 0) mm_b_load<false, PAIR>(xsm + ((size_t)s * T + gt) * K, ko, b[s], bp[s]);
+                    else b[s] = bp[s];
+                }
                 uint32_t a[4];
                 mm_widen<KIND>(raw, q, lut, a);
                 mm_acc(acc, a, b);
@@ -331,10 +341,10 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
             const int ti = js / ns;
             float *rb = red + (ti & 1) * GPU_MM_WARPS * 128;
 #pragma unroll
-            for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + lane] = acc[c], acc[c] = 0.f;
+            for (int c = 0; c < 4; c++) rb[(w * 4 + c) * 32 + mm_red_slot<true>(lane, c)] = acc[c], acc[c] = 0.f;
             __syncthreads();
             const int e = threadIdx.x, r = e & 15, m = e >> 4, row = 16 * (tile0 + ti) + r;
-            if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true>(rb, 0, r, m) * post;
+            if (m < T && row < W.rows) y[(size_t)m * ldy + row] = mm_at<1, 1, true, true>(rb, 0, r, m) * post;
         }
     }
 }

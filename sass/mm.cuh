@@ -111,6 +111,20 @@ __device__ __forceinline__ void mm_acc(float acc[4], const uint32_t a[4], const 
     for (int e = 0; e < 4; e++) acc[e] += c[e];
 }
 
+// A lane's B operands (one part, one token) of one step of a 64-block into b0: the 8 bytes at p + ko
+// (p: its slot of 64-block 0 and step 0; ko: the step's k offset, mm_stream's). PAIR (FP8, NVFP4
+// and BF16 alone, at an even step q): steps q and q + 1 into b0 and b1 in one load — their k = 16t
+// + 4q + j, so both are the 16 bytes at p + ko, where a load a step (8 bytes) touched a 32-byte
+// sector of its own for each lane. LDG: through the read-only path (xs in global memory), else a
+// plain load (a copy in shared memory).
+template <bool LDG, bool PAIR>
+__device__ __forceinline__ void mm_b_load(const __nv_bfloat16 *p, int ko, uint2 &b0, uint2 &b1) {
+    if (PAIR) {
+        const uint4 v = LDG ? __ldg((const uint4 *)(p + ko)) : *(const uint4 *)(p + ko);
+        b0 = make_uint2(v.x, v.y), b1 = make_uint2(v.z, v.w);
+    } else b0 = LDG ? __ldg((const uint2 *)(p + ko)) : *(const uint2 *)(p + ko);
+}
+
 // The raw bytes one lane loads for one row tile and one 64-block (before widening).
 struct mm_raw {
     uint4 r0, r1, r2, r3;   // FP8: r0 row g, r1 row g+8; NVFP4: r0.xy row g, r0.zw row g+8; BF16: r0 r1 row g, r2 r3 row g+8; PLANES: r0.xy
@@ -552,6 +566,14 @@ __device__ __forceinline__ void mm_core_pl(const gpu_mat *M, int row0, int K, co
     }
 }
 
+// The place of a lane's C register c in its 32 floats of the warps' sums: the lane itself, or (ROT:
+// mm_stream's and mt_stream's sums, a tile's every four steps) t turned by c within the lane's
+// group of four, so that mm_at's reads — one t, every g and c in a warp — meet each bank once
+// (unturned: four lanes a bank). mm_reduce keeps the lanes: the turn's addresses cost the experts'
+// staging kernels registers they spill.
+template <bool ROT>
+__device__ __forceinline__ int mm_red_slot(int lane, int c) { return ROT ? (lane & ~3) | ((lane + c) & 3) : lane; }
+
 // Adds the GPU_MM_WARPS warps' accumulators in warp order into red [NTL][NT][4][32] (shared),
 // which every thread may read after it returns. ONE: red has room for every warp's share
 // ([GPU_MM_WARPS] of them, one barrier, the sums in warp order as they are read: mm_at);
@@ -588,11 +610,11 @@ __device__ __forceinline__ void mm_reduce(const float acc[NTL][NT][4], float *re
 
 // Element (row r of the tile, token slot m of the block's 8·NT) of a reduced tile i (of NTL):
 // the lane and register that hold it (C fragment: c0, c1 row g tokens 2t, 2t+1; c2, c3 row g + 8),
-// summed over the warps in warp order when ONE.
-template <int NTL, int NT, bool ONE>
+// summed over the warps in warp order when ONE; ROT: where mm_red_slot<true> placed it.
+template <int NTL, int NT, bool ONE, bool ROT = false>
 __device__ __forceinline__ float mm_at(const float *red, int i, int r, int m) {
     int n = m >> 3, col = m & 7, g = r & 7, c = (r >> 3) * 2 + (col & 1), t = col >> 1;
-    int o = ((i * NT + n) * 4 + c) * 32 + g * 4 + t;
+    int o = ((i * NT + n) * 4 + c) * 32 + mm_red_slot<ROT>(g * 4 + t, c);
     if (!ONE) return red[o];
     float v = red[o];
 #pragma unroll
