@@ -19,7 +19,8 @@
 //   PLANES (format/PLANES.md §3, fixed by the file): k = 64kb + 16q + 4t + j
 //   FP8, NVFP4, BF16:                              k = 64kb + 16t + 4q + j
 // so one lane's weights of a row and 64-block are one contiguous load, and its activations of
-// a token and q are one 8-byte load per part. Slot 2t ↔ j = 0, 2t+1 ↔ 1, 2t+8 ↔ 2, 2t+9 ↔ 3.
+// a token and q are one 8-byte load per part (FP8, NVFP4, BF16: those of q and q + 1 one 16-byte
+// load, mm_b_load). Slot 2t ↔ j = 0, 2t+1 ↔ 1, 2t+8 ↔ 2, 2t+9 ↔ 3.
 //
 // Order (batch invariance): warp w of GPU_MM_WARPS takes the 64-blocks kb = w, w + 8, …; for each
 // kb and q = 0..3, the parts lo, mid, hi go through three mma into a fresh accumulator, which is
