@@ -139,8 +139,7 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
         if (kb < KB) {
             mm_raw raw;
             mm_cp_fetch<KIND>(sl, g, raw);
-            // B of two steps a load where the registers allow (the three parts' four n-tiles spilled)
-            constexpr bool PAIR = KIND != GPU_W_PLANES && GPU_MM_PARTS * NT <= 8;
+            constexpr bool PAIR = mm_b_pairs<KIND, NT>::on;
             uint2 bp[PAIR ? NT : 1][GPU_MM_PARTS];   // PAIR: step q + 1's, loaded with step q's
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -315,7 +314,7 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
         for (int kb = kb0 + w; kb < kbe; kb += GPU_MM_WARPS) {   // this warp's 64-blocks of the stage, ascending
             mm_raw raw;
             mt_fetch<KIND>(st, P, KBc, kb - kb0, g, t, va, vb, raw);
-            constexpr bool PAIR = KIND != GPU_W_PLANES;   // (mm_stream's)
+            constexpr bool PAIR = mm_b_pairs<KIND, 1>::on;
             uint2 bp[GPU_MM_PARTS];   // PAIR: step q + 1's, loaded with step q's
 #pragma unroll
             for (int q = 0; q < 4; q++) {

@@ -126,6 +126,14 @@ __device__ __forceinline__ void mm_b_load(const __nv_bfloat16 *p, int ko, uint2 
     } else b0 = LDG ? __ldg((const uint2 *)(p + ko)) : *(const uint2 *)(p + ko);
 }
 
+// Whether the streamed products of NT n-tiles read B two steps a load (mm_b_load's PAIR; the odd
+// step takes what the even one loaded): not for the planes (their k = 16q + 4t + j), nor where the
+// three parts' four n-tiles would spill.
+template <int KIND, int NT>
+struct mm_b_pairs {
+    static constexpr bool on = KIND != GPU_W_PLANES && GPU_MM_PARTS * NT <= 8;
+};
+
 // The raw bytes one lane loads for one row tile and one 64-block (before widening).
 struct mm_raw {
     uint4 r0, r1, r2, r3;   // FP8: r0 row g, r1 row g+8; NVFP4: r0.xy row g, r0.zw row g+8; BF16: r0 r1 row g, r2 r3 row g+8; PLANES: r0.xy
