@@ -15,13 +15,13 @@
 // they are copied, in both operands alike.
 //
 // A block: GPU_MMW_BM weight rows (the A tile; where they come from is the kernel's: mmw_src) × GPU_MMW_BN tokens.
-// Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (its own copies only: no
-// barrier among producers): in warpgroup 0 thread i copies its share of the weights (FP8, NVFP4: row i of the tile;
-// PLANES: rows g, g + 8 of the tile's 16-row block i / 16, words t = 2(i % 2), +1, as the file stores them), widens them
-// to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale: mm_fp8x4,
-// mm_fp4x4, mm_plane_base + the nibble table) and writes them to the stage in the order above; in warpgroup 1 thread i
-// copies token i of each 64-block and writes it to the stage in the same order. Both arrive on the stage's `full`
-// barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
+// Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (a warp's lanes copy its
+// 32 threads' shares together, coalesced, and wait for them with a warp barrier: no barrier among warps): in warpgroup 0
+// thread i's share is its part of the weights (FP8, NVFP4: row i of the tile; PLANES: rows g, g + 8 of the tile's 16-row
+// block i / 16, words t = 2(i % 2), +1, as the file stores them), which it widens to bf16 (FP8 exactly through bf16 ×
+// 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale: mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble
+// table) and writes to the stage in the order above; in warpgroup 1 thread i's share is token i of each 64-block, which
+// it writes to the stage in the same order. Both arrive on the stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
 // m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its group has landed; a
 // class's sum is added to the total after its last group. Registers (setmaxnreg): GPU_MMW_REG_P a producer thread,
 // GPU_MMW_REG_C a consumer thread (its 64 sums and 64 partial sums).
@@ -88,25 +88,67 @@ struct mmw_src {
     int row;
 };
 
-// A producer thread's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: with weights its
-// share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of codes and
-// the 16-row block's 32 scale bytes of the 64-block), with tokens token `tok` of xs ([·][K]; -1: none, zeros).
+// A producer warp's copies of a 64-block, coalesced: its 32 threads' rows (each thread's share lands in its own raw
+// slot, which mmw_fill_a / mmw_fill_b read) taken R rows a copy instruction, 32 / R lanes a row in 16-byte pieces, so an
+// instruction reads R whole runs of bytes (R lines; a lane's own row each would read 32) and each 32-byte sector once
+// (16-byte pieces of 32 rows at a time fetched every sector twice). FP8 rows (64 bytes): R = 8; NVFP4 codes (32): 16;
+// tokens (128): 4. Copy c, lane l: warp row mmw_crow<R>(c, l), piece mmw_cpiece<R>(l). Within each eight lanes (one
+// wavefront of 16-byte shared-memory writes) the rows are picked so their slots (GPU_MMW_RAW_A = 80 bytes apart) fall
+// on distinct banks: FP8 rows k and k + 4 (320 bytes apart: the two halves of 128), NVFP4 rows 0, 2, 4, 6 or 1, 3, 5, 7
+// (four disjoint 32-byte windows of 128). The planes' shares are contiguous already: each thread copies its own.
+template <int R>
+__device__ __forceinline__ int mmw_crow(int c, int l) {
+    if (R == 8) {
+        const int sub = l >> 2;
+        return 8 * c + (sub >> 1) + 4 * (sub & 1);
+    }
+    if (R == 16) {
+        const int ph = l >> 3, j = (l >> 1) & 3;
+        return 16 * c + 8 * (ph >> 1) + 2 * j + (ph & 1);
+    }
+    return 4 * c + (l >> 3);
+}
+template <int R>
+__device__ __forceinline__ int mmw_cpiece(int l) {
+    return l & (32 / R - 1);
+}
+// The row of W of the warp's thread (lane) u, -1 past W (every lane calls it: a shuffle of the threads' own rows).
+__device__ __forceinline__ int mmw_wrow(const mmw_src &w, int u) {
+    const int r = __shfl_sync(0xffffffffu, w.row, u);
+    return r < w.W.rows ? r : -1;
+}
+
+// A producer warp's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: with weights each
+// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of
+// codes and the 16-row block's 32 scale bytes of the 64-block), with tokens each thread's token of xs ([·][K]; -1: none,
+// zeros) — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their
+// threads' own w.row and tok by shuffles), the rest by each thread for itself. A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
-__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB, uint8_t *raw,
-                                          bool weights, bool tokens) {
+__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB,
+                                          uint8_t *raw, bool weights, bool tokens) {
     if (j >= KB) return;
-    const int kb = mmg_kb(j, KB), i = threadIdx.x & 127;   // (thread i of either producer warpgroup)
+    const int kb = mmg_kb(j, KB), i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
+    uint8_t *slot = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES;
     if (weights) {
-        uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
+        uint8_t *ra = slot + i * GPU_MMW_RAW_A, *rw = slot + (i - l) * GPU_MMW_RAW_A;   // this thread's share; its warp's first
         const bool va = w.row < w.W.rows;
         const int row = va ? w.row : 0;
         if (KIND == GPU_W_FP8) {
-            const uint8_t *p = (const uint8_t *)w.W.w + (size_t)row * w.W.row_bytes + (size_t)kb * 64;
+            const int pc = mmw_cpiece<8>(l);
 #pragma unroll
-            for (int c = 0; c < 4; c++) mm_cp<16>(ra + 16 * c, p + 16 * c, va);
+            for (int c = 0; c < 4; c++) {
+                const int r = mmw_wrow(w, mmw_crow<8>(c, l));
+                const uint8_t *p = (const uint8_t *)w.W.w + (size_t)(r >= 0 ? r : 0) * w.W.row_bytes + (size_t)kb * 64 + 16 * pc;
+                mm_cp<16>(rw + mmw_crow<8>(c, l) * GPU_MMW_RAW_A + 16 * pc, p, r >= 0);
+            }
         } else if (KIND == GPU_W_NVFP4) {   // t's 16 elements: code bytes 8t .. 8t + 7, scale byte t
-            const uint8_t *p = (const uint8_t *)w.W.w + (size_t)row * w.W.row_bytes + (size_t)kb * 32;
-            mm_cp<16>(ra, p, va), mm_cp<16>(ra + 16, p + 16, va);
+            const int pc = mmw_cpiece<16>(l);
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int r = mmw_wrow(w, mmw_crow<16>(c, l));
+                const uint8_t *p = (const uint8_t *)w.W.w + (size_t)(r >= 0 ? r : 0) * w.W.row_bytes + (size_t)kb * 32 + 16 * pc;
+                mm_cp<16>(rw + mmw_crow<16>(c, l) * GPU_MMW_RAW_A + 16 * pc, p, r >= 0);
+            }
             mm_cp<4>(ra + 32, (const uint8_t *)w.W.scale + (size_t)row * (K / 16) + (size_t)kb * 4, va);
         } else {   // format/PLANES.md §3: lanes (g, 2tp) and (g, 2tp + 1), 8 bytes each (tile 0 q = 0..3, tile 1 q = 0..3)
             const size_t nb = (size_t)row / 16;
@@ -117,10 +159,14 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 
         }
     }
     if (tokens) {
-        uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
-        const __nv_bfloat16 *x = xs + (size_t)(tok >= 0 ? tok : 0) * K + (size_t)kb * 64;
+        uint8_t *rb = slot + GPU_MMW_BM * GPU_MMW_RAW_A + (i - l) * GPU_MMW_RAW_B;   // the warp's first token slot
+        const int pc = mmw_cpiece<4>(l);
 #pragma unroll
-        for (int c = 0; c < 8; c++) mm_cp<16>(rb + 16 * c, x + 8 * c, tok >= 0);
+        for (int c = 0; c < 8; c++) {
+            const int r = __shfl_sync(0xffffffffu, tok, mmw_crow<4>(c, l));
+            const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
+            mm_cp<16>(rb + mmw_crow<4>(c, l) * GPU_MMW_RAW_B + 16 * pc, x, r >= 0);
+        }
     }
 }
 
@@ -196,7 +242,9 @@ __device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage 
 
 // A producer warpgroup's part: every 64-block of K through the raw ring into the stages, warpgroup 0 the weights
 // (weights: before any GPU_DEP — they never change after boot — and never waiting for it), warpgroup 1 the tokens
-// (after GPU_DEP). Each waits for its own copies only and arrives on the stage's `full` barrier when its half is in.
+// (after GPU_DEP). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier after
+// the wait, and one before a slot is copied into again, once every lane has read it) and each thread arrives on the
+// stage's `full` barrier when its half is in.
 template <int KIND>
 __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, uint8_t *raw, mmw_stage *st,
                                             uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
@@ -208,9 +256,11 @@ __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat1
     }
     for (int j = 0; j < KB; j++) {
         const int s = j % GPU_MMW_STAGES;
+        __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
         mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, KB, raw, weights, !weights);   // into the raw slot step j − 1 read
         mm_cp_commit();
-        mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this thread's own) landed
+        mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this lane's own) landed
+        __syncwarp();                    // and the other lanes': this thread's share is whole
         if (j >= GPU_MMW_STAGES) mmw_wait(&empty[s], (j / GPU_MMW_STAGES - 1) & 1);
         if (weights) mmw_fill_a<KIND>(raw, j, st[s], lut);
         else mmw_fill_b<KIND>(raw, j, st[s]);
