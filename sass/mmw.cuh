@@ -118,6 +118,19 @@ __device__ __forceinline__ int mmw_wrow(const mmw_src &w, int u) {
     return r < w.W.rows ? r : -1;
 }
 
+// The warp's coalesced copies of its rows' 64-block kb (R rows a copy, 512 / R bytes a row: FP8's 64, NVFP4's 32 of codes)
+// into their shares from rw, the warp's first (lane l's: rows mmw_crow, piece mmw_cpiece).
+template <int R>
+__device__ __forceinline__ void mmw_cp_rows(const mmw_src &w, uint8_t *rw, int kb, int l) {
+    const int pc = mmw_cpiece<R>(l);
+#pragma unroll
+    for (int c = 0; c < 32 / R; c++) {
+        const int r = mmw_wrow(w, mmw_crow<R>(c, l));
+        const uint8_t *p = (const uint8_t *)w.W.w + (size_t)(r >= 0 ? r : 0) * w.W.row_bytes + (size_t)kb * (512 / R) + 16 * pc;
+        mm_cp<16>(rw + mmw_crow<R>(c, l) * GPU_MMW_RAW_A + 16 * pc, p, r >= 0);
+    }
+}
+
 // A producer warp's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of
 // codes and the 16-row block's 32 scale bytes of the 64-block), with tokens each thread's token of xs ([·][K]; -1: none,
@@ -134,21 +147,9 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 
         const bool va = w.row < w.W.rows;
         const int row = va ? w.row : 0;
         if (KIND == GPU_W_FP8) {
-            const int pc = mmw_cpiece<8>(l);
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int r = mmw_wrow(w, mmw_crow<8>(c, l));
-                const uint8_t *p = (const uint8_t *)w.W.w + (size_t)(r >= 0 ? r : 0) * w.W.row_bytes + (size_t)kb * 64 + 16 * pc;
-                mm_cp<16>(rw + mmw_crow<8>(c, l) * GPU_MMW_RAW_A + 16 * pc, p, r >= 0);
-            }
+            mmw_cp_rows<8>(w, rw, kb, l);
         } else if (KIND == GPU_W_NVFP4) {   // t's 16 elements: code bytes 8t .. 8t + 7, scale byte t
-            const int pc = mmw_cpiece<16>(l);
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int r = mmw_wrow(w, mmw_crow<16>(c, l));
-                const uint8_t *p = (const uint8_t *)w.W.w + (size_t)(r >= 0 ? r : 0) * w.W.row_bytes + (size_t)kb * 32 + 16 * pc;
-                mm_cp<16>(rw + mmw_crow<16>(c, l) * GPU_MMW_RAW_A + 16 * pc, p, r >= 0);
-            }
+            mmw_cp_rows<16>(w, rw, kb, l);
             mm_cp<4>(ra + 32, (const uint8_t *)w.W.scale + (size_t)row * (K / 16) + (size_t)kb * 4, va);
         } else {   // format/PLANES.md §3: lanes (g, 2tp) and (g, 2tp + 1), 8 bytes each (tile 0 q = 0..3, tile 1 q = 0..3)
             const size_t nb = (size_t)row / 16;
