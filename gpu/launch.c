@@ -594,7 +594,7 @@ static void gpu_k_gdn_prep(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                 "k_gdn_prep: %d key heads (of a multiple of 16), %d value heads of %d, %d, conv dim %d, q|k|v at 8-byte alignment (its cp.async)",
                 nk, nv, dk, dv, cd);
     MOET_ASSERT(pieces >= n_rows && tm && piece0, "k_gdn_prep: %d pieces of %d rows", pieces, n_rows);
-    gpu_launch(k, K_GDN_PREP, (gpu_dim){nv, pieces, 1, "(value heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
+    gpu_launch(k, K_GDN_PREP, (gpu_dim){nk, pieces, 1, "(key heads, pieces, 1)"}, GPU_GDN_NT, gpu_gdn_prep_smem(dk), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &tm, &nk, &nv, &dk, &row_start, &row_len, &row_pos, &rows, &piece0, &n_rows));
 }
 

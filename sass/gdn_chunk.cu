@@ -20,8 +20,8 @@
 // columns of one head of one row, holds them in shared memory over the row's pieces, and repeats
 // the (cheap) q̂/k̂ work.
 // Two launches. What does not depend on S₀ — q̂, k̂, γ, β, A, M and T = (I + A)⁻¹ — depends on the
-// piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: value heads ×
-// pieces) into tm; the walk k_gdn_chunk, whose pieces follow one another along a row, keeps what
+// piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: key heads ×
+// pieces, each block its key head's value heads one after another) into tm; the walk k_gdn_chunk, whose pieces follow one another along a row, keeps what
 // does: R, U = T R (a product instead of the forward substitution's chain of n − 1 dependent
 // rows), O and the state — its products on tensor cores, each f32 operand in two tf32 parts
 // (3xTF32, below: within ≈ 2⁻²¹ of the f32 product), so the walk is near f32 while its
@@ -30,12 +30,30 @@
 // In/out as k_gdn_rule, plus row_pos, piece0 (the pieces of the rows before each: gpu_gdn_pieces)
 // and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten).
 // Rows: rows[0 .. gridDim.y).
-// Launch (gpu_k_gdn_chunk): k_gdn_prep, block GPU_GDN_NT threads, grid (nv, pieces), dynamic
+// Launch (gpu_k_gdn_chunk): k_gdn_prep, block GPU_GDN_NT threads, grid (nk, pieces), dynamic
 // shared memory gpu_gdn_prep_smem(dk); then k_gdn_chunk, block GPU_GDN_NT threads, grid (nv, rows,
 // ceil(dv / GPU_GDN_VC)), dynamic shared memory gpu_gdn_chunk_smem(dk, lean) bytes (gpu/kernels.c: the
 // sum of the arrays below).
 #include "gdn.cuh"
 #include "mm.cuh"   // mm_cp: cp.async
+
+// Value head j's gates of a piece of n tokens from token t (threads < GPU_GDN_C, one a token): β
+// and the log decays g into bet, gam (β = 0, g = 0 past n); gdn_piece_gam (thread 0, once they
+// are published) sums g into γ in token order, in f64.
+__device__ __forceinline__ void gdn_piece_gates(const float *__restrict__ bb, const float *__restrict__ aa, float Aexp, float dtb, int t, int n, int j,
+                                                int nv, float *bet, double *gam) {
+    const int tid = threadIdx.x;
+    if (tid < GPU_GDN_C) {
+        float beta = 0.f, g = 0.f;
+        if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
+        bet[tid] = beta;
+        gam[tid] = (double)g;
+    }
+}
+__device__ __forceinline__ void gdn_piece_gam(double *gam) {
+    if (threadIdx.x == 0)
+        for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
+}
 
 // Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs,
 // Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β and γ
@@ -55,12 +73,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
         mm_cp<8>(&Ks[rr * KP + d], row + key_dim + hk * dk + d, rr < n);
     }
     mm_cp_commit();
-    if (tid < GPU_GDN_C) {
-        float beta = 0.f, g = 0.f;
-        if (tid < n) gdn_gates(bb[(size_t)(t + tid) * nv + j], aa[(size_t)(t + tid) * nv + j], Aexp, dtb, &beta, &g);
-        bet[tid] = beta;
-        gam[tid] = (double)g;
-    }
+    gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
     mm_cp_wait<0>();
     __syncthreads();
     for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
@@ -78,8 +91,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
             Ks[rr * KP + d] *= rk;
         }
     }
-    if (tid == 0)
-        for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
+    gdn_piece_gam(gam);
     __syncthreads();
 }
 
@@ -160,8 +172,10 @@ __device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m
     a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
 }
 
-// k_gdn_prep (see the top): piece blockIdx.y, value head blockIdx.x: T and M into tm. A piece of
-// one token writes nothing (the walk takes the recurrence there).
+// k_gdn_prep (see the top): piece blockIdx.y, key head blockIdx.x: T and M of each of its nv / nk
+// value heads into tm, one after another — q̂, k̂ and their products K̂K̂ᵀ, Q̂K̂ᵀ (the key head's)
+// once, then each value head's gates, A, M and T (each head's values as a block of its own would
+// leave them). A piece of one token writes nothing (the walk takes the recurrence there).
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                     const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                     float *__restrict__ tm, int nk, int nv, int dk,
@@ -177,13 +191,12 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
     float *A = Qs + GPU_GDN_C * KP;       // [GPU_GDN_C, AP]
     float *Tt = A + GPU_GDN_C * AP;       // [GPU_GDN_C, AP] T
     float *bet = Tt + GPU_GDN_C * AP;     // [GPU_GDN_C] β
-    const int tid = threadIdx.x, j = blockIdx.x, q = blockIdx.y, hk = j / (nv / nk), key_dim = nk * dk;
+    const int tid = threadIdx.x, hk = blockIdx.x, q = blockIdx.y, G = nv / nk, key_dim = nk * dk;
     int t, n;
     gdn_piece_at(q, piece0, n_rows, rows, row_start, row_len, row_pos, &t, &n);
     if (n < 2) return;
-    gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, j)), vec_at(dt_bias, j), 1.f / sqrtf((float)dk), t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet,
-                 gam);
-    float *tp = tm + ((size_t)q * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C, *mp = tp + GPU_GDN_C * GPU_GDN_C;
+    gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
+                 Qs, Ks, bet, gam);
     // K̂K̂ᵀ and Q̂K̂ᵀ: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci, ci+16, ci+32, ci+48, each
     // sum in ascending d (d, then d + 1: two at a time)
     const int ri = tid >> 4, ci = tid & 15;
@@ -207,76 +220,87 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
 #pragma unroll
             for (int b = 0; b < 4; b++) kk[a][b] += kr[a].y * kc[b].y, qk[a][b] += qr[a].y * kc[b].y;
     }
-    // A_rj = β_r (k̂_r·k̂_j) D_rj (j < r) into A; M_rj = (q̂_r·k̂_j) D_rj (j ≤ r) out
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            int rr = ri * 4 + a, jj = ci + 16 * b;
-            float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
-            A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
-            mp[rr * GPU_GDN_C + jj] = qk[a][b] * dec;
-        }
-    __syncthreads();
-    // T = (I + A)⁻¹ in blocks of 16 (A strictly lower triangular; rows past n, A's rows zero there,
-    // stay the identity's). The four diagonal blocks T_ii = (I + A_ii)⁻¹ at once, by forward
-    // substitution on the identity's columns (4 lanes a column share the sum over earlier rows of
-    // the block, j ≡ part mod 4, added in a fixed butterfly order; 15 dependent rows); then the
-    // blocks below, a diagonal of them at a time (16 d after 16 (d − 1)): T_ij = −T_ii Σ_{j≤k<i} A_ik T_kj,
-    // block (i, j) by warp i − d of that diagonal (products: gdn_mma3).
-    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
-    __syncthreads();
-    {
-        const int part = tid & 3, c = tid >> 2, b0 = c & ~15;   // column c of diagonal block b0 / 16
-        for (int rr = b0 + 1; rr < b0 + 16 && rr < n; rr++) {
-            float acc = 0.f;
-            for (int jj = b0 + part; jj < rr; jj += 4) acc += A[rr * AP + jj] * Tt[jj * AP + c];
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            if (part == 0) Tt[rr * AP + c] -= acc;
-            __syncwarp();   // a column's four lanes are one warp's: no other warp reads its T here
-        }
-    }
-    __syncthreads();
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
-    for (int d = 1; d < GPU_GDN_C / 16; d++) {
-        const int bi = warp + d, bj = warp;   // block (bi, bj) of diagonal d, by warp bj
-        if (bi < GPU_GDN_C / 16 && 16 * bi < n) {
-            const int r0 = 16 * bi, c0 = 16 * bj;
-            float w[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};   // W = Σ_k A_ik T_kj, two tiles of 8 columns
-            for (int k0 = c0; k0 < r0; k0 += 8) {
-                float a[4];
-                gdn_a(a, A, AP, r0, k0, g, tg);
-                const gdn_af af = gdn_asplit(a);
+    for (int h = 0; h < G; h++) {   // value head j = hk·G + h (the first's gates: gdn_piece_qk's)
+        const int j = hk * G + h;
+        if (h) {
+            __syncthreads();   // the head before's T read out of Tt (and its γ, β no longer read)
+            gdn_piece_gates(bb, aa, expf(vec_at(A_log, j)), vec_at(dt_bias, j), t, n, j, nv, bet, gam);
+            __syncthreads();
+            gdn_piece_gam(gam);
+            __syncthreads();
+        }
+        float *tp = tm + ((size_t)q * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C, *mp = tp + GPU_GDN_C * GPU_GDN_C;
+        // A_rj = β_r (k̂_r·k̂_j) D_rj (j < r) into A; M_rj = (q̂_r·k̂_j) D_rj (j ≤ r) out
 #pragma unroll
-                for (int b = 0; b < 2; b++) gdn_mma3(w[b], af, Tt[(k0 + tg) * AP + c0 + 8 * b + g], Tt[(k0 + tg + 4) * AP + c0 + 8 * b + g]);
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int rr = ri * 4 + a, jj = ci + 16 * b;
+                float dec = jj <= rr ? expf((float)(gam[rr] - gam[jj])) : 0.f;
+                A[rr * AP + jj] = jj < rr ? bet[rr] * kk[a][b] * dec : 0.f;
+                mp[rr * GPU_GDN_C + jj] = qk[a][b] * dec;
             }
-            // W into block (bi, bj) (still zero, read by no one else this diagonal), then T_ij = −T_ii W
-            // over it: every read of W before any write
-#pragma unroll
-            for (int b = 0; b < 2; b++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = w[b][q];
-            __syncwarp();
-            float x[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-            for (int k0 = 0; k0 < 16; k0 += 8) {
-                float a[4];
-                gdn_a(a, Tt + r0, AP, r0, k0, g, tg);   // T_ii: rows r0 .., columns r0 + k0 ..
-                const gdn_af af = gdn_asplit(a);
-#pragma unroll
-                for (int b = 0; b < 2; b++)
-                    gdn_mma3(x[b], af, Tt[(r0 + k0 + tg) * AP + c0 + 8 * b + g], Tt[(r0 + k0 + tg + 4) * AP + c0 + 8 * b + g]);
+        __syncthreads();
+        // T = (I + A)⁻¹ in blocks of 16 (A strictly lower triangular; rows past n, A's rows zero there,
+        // stay the identity's). The four diagonal blocks T_ii = (I + A_ii)⁻¹ at once, by forward
+        // substitution on the identity's columns (4 lanes a column share the sum over earlier rows of
+        // the block, j ≡ part mod 4, added in a fixed butterfly order; 15 dependent rows); then the
+        // blocks below, a diagonal of them at a time (16 d after 16 (d − 1)): T_ij = −T_ii Σ_{j≤k<i} A_ik T_kj,
+        // block (i, j) by warp i − d of that diagonal (products: gdn_mma3).
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
+        __syncthreads();
+        {
+            const int part = tid & 3, c = tid >> 2, b0 = c & ~15;   // column c of diagonal block b0 / 16
+            for (int rr = b0 + 1; rr < b0 + 16 && rr < n; rr++) {
+                float acc = 0.f;
+                for (int jj = b0 + part; jj < rr; jj += 4) acc += A[rr * AP + jj] * Tt[jj * AP + c];
+                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+                if (part == 0) Tt[rr * AP + c] -= acc;
+                __syncwarp();   // a column's four lanes are one warp's: no other warp reads its T here
             }
-            __syncwarp();
-#pragma unroll
-            for (int b = 0; b < 2; b++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = -x[b][q];
         }
         __syncthreads();
+        for (int d = 1; d < GPU_GDN_C / 16; d++) {
+            const int bi = warp + d, bj = warp;   // block (bi, bj) of diagonal d, by warp bj
+            if (bi < GPU_GDN_C / 16 && 16 * bi < n) {
+                const int r0 = 16 * bi, c0 = 16 * bj;
+                float w[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};   // W = Σ_k A_ik T_kj, two tiles of 8 columns
+                for (int k0 = c0; k0 < r0; k0 += 8) {
+                    float a[4];
+                    gdn_a(a, A, AP, r0, k0, g, tg);
+                    const gdn_af af = gdn_asplit(a);
+#pragma unroll
+                    for (int b = 0; b < 2; b++) gdn_mma3(w[b], af, Tt[(k0 + tg) * AP + c0 + 8 * b + g], Tt[(k0 + tg + 4) * AP + c0 + 8 * b + g]);
+                }
+                // W into block (bi, bj) (still zero, read by no one else this diagonal), then T_ij = −T_ii W
+                // over it: every read of W before any write
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = w[b][q];
+                __syncwarp();
+                float x[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+                for (int k0 = 0; k0 < 16; k0 += 8) {
+                    float a[4];
+                    gdn_a(a, Tt + r0, AP, r0, k0, g, tg);   // T_ii: rows r0 .., columns r0 + k0 ..
+                    const gdn_af af = gdn_asplit(a);
+#pragma unroll
+                    for (int b = 0; b < 2; b++)
+                        gdn_mma3(x[b], af, Tt[(r0 + k0 + tg) * AP + c0 + 8 * b + g], Tt[(r0 + k0 + tg + 4) * AP + c0 + 8 * b + g]);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) Tt[(r0 + g + 8 * (q >> 1)) * AP + c0 + 8 * b + 2 * tg + (q & 1)] = -x[b][q];
+            }
+            __syncthreads();
+        }
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
     }
-    for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) tp[i] = Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C];
 }
 
 // The walk (see the top). Shared memory (gpu_gdn_chunk_smem), k̂ and q̂'s rows padded to 4 mod 32
