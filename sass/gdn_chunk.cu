@@ -21,9 +21,9 @@
 // the (cheap) q̂/k̂ work.
 // Two launches. What does not depend on S₀ — q̂, k̂, γ, β, A, M and T = (I + A)⁻¹ — depends on the
 // piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: key heads ×
-// pieces, each block its key head's value heads one after another) into tm; the walk k_gdn_chunk, whose pieces follow one another along a row, keeps what
-// does: R, U = T R (a product instead of the forward substitution's chain of n − 1 dependent
-// rows), O and the state — its products on tensor cores, each f32 operand in two tf32 parts
+// pieces, each block its key head's value heads one after another) into tm; the walk k_gdn_chunk,
+// whose pieces follow one another along a row, keeps what does: R, U = T R (a product instead of
+// the forward substitution's chain of n − 1 dependent rows), O and the state — its products on tensor cores, each f32 operand in two tf32 parts
 // (3xTF32, below: within ≈ 2⁻²¹ of the f32 product), so the walk is near f32 while its
 // instructions are a fraction of the scalar loops'.
 // CPU twin: ref_gdn_chunk (moet.c).
@@ -40,8 +40,8 @@
 // Value head j's gates of a piece of n tokens from token t (threads < GPU_GDN_C, one a token): β
 // and the log decays g into bet, gam (β = 0, g = 0 past n); gdn_piece_gam (thread 0, once they
 // are published) sums g into γ in token order, in f64.
-__device__ __forceinline__ void gdn_piece_gates(const float *__restrict__ bb, const float *__restrict__ aa, float Aexp, float dtb, int t, int n, int j,
-                                                int nv, float *bet, double *gam) {
+__device__ __forceinline__ void gdn_piece_gates(const float *__restrict__ bb, const float *__restrict__ aa, float Aexp, float dtb, int t, int n,
+                                                int j, int nv, float *bet, double *gam) {
     const int tid = threadIdx.x;
     if (tid < GPU_GDN_C) {
         float beta = 0.f, g = 0.f;
@@ -248,7 +248,8 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
         // the block, j ≡ part mod 4, added in a fixed butterfly order; 15 dependent rows); then the
         // blocks below, a diagonal of them at a time (16 d after 16 (d − 1)): T_ij = −T_ii Σ_{j≤k<i} A_ik T_kj,
         // block (i, j) by warp i − d of that diagonal (products: gdn_mma3).
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT) Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
+        for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT)
+            Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
         __syncthreads();
         {
             const int part = tid & 3, c = tid >> 2, b0 = c & ~15;   // column c of diagonal block b0 / 16
