@@ -412,6 +412,7 @@ static void test_docs(void) {
     check_doc("README.md", "");
     check_doc("format/PROTOCOL.md", "format/");
     check_doc("format/PLANES.md", "format/");
+    check_doc("gpu/PERF.md", "gpu/");
 }
 
 int main(void) {
