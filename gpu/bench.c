@@ -8,7 +8,7 @@
 // decode --gen steps of B tokens each (timed; the first two are warm-up, untimed). Prompt tokens are random ids: throughput does not
 // depend on the values (every op's work is fixed by the shapes), except the routed experts,
 // whose touched set at B > 1 follows the router. Each decode step feeds every sequence its own
-// last token, picked greedily, as serving does; with --speculative-tokens N its MTP head drafts N
+// last token, picked greedily (or sampled: --temperature, --top-k, --top-p), as serving does; with --speculative-tokens N its MTP head drafts N
 // a step and a step emits 1 .. N + 1 tokens a sequence (counted: the decode rate is of tokens);
 // with --speculative-tokens auto each step's drafts come from the server's controller (spec_ctrl,
 // moet.c), whose first probes of every k run untimed before the timed steps (which then hold its
@@ -24,6 +24,8 @@ typedef struct {
     const char *spec_name;
     pf_serve_opts popt;
     double host_margin_gb, expert_cache_gb, route_zipf;
+    double temperature, top_p;   // each sequence's sampling (its seed its index); temperature 0: greedy
+    int top_k;
     const char *prefetch, *graphs, *mtp;
 } bench_opts;
 
@@ -56,6 +58,10 @@ static const char bench_usage[] =
     "                        step; auto: the server's choice per batch size (0 to 4, measured; its\n"
     "                        first probes untimed), reported with the tok/s it measured for each\n"
     "  --mtp FILE            the MTP head (mtp.* tensors) from this file, for a checkpoint without one\n"
+    "  --temperature X       decode picks sampled at this temperature (default 0: greedy), each\n"
+    "                        sequence seeded by its index\n"
+    "  --top-k N             with --temperature: the N most likely tokens (default 0: all)\n"
+    "  --top-p X             with --temperature: the most likely tokens up to this mass (default 1)\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
     "                        memory plan leaves the host (default 4)\n"
@@ -86,6 +92,9 @@ static const moet_flag bench_flag_table[] = {
     FLAG_CHOICE("--act-dtype", bench_opts, act_dtype_name, "auto|f32|bf16"),
     FLAG_CHOICE("--backend", bench_opts, backend, "auto|gpu|cpu"),
     FLAG_SWITCH("--profile", bench_opts, profile),
+    FLAG_NUM("--temperature", bench_opts, temperature, 0, 1e6),
+    FLAG_INT("--top-k", bench_opts, top_k, 0, 1 << 30),
+    FLAG_NUM("--top-p", bench_opts, top_p, 1e-9, 1),
     FLAG_INT("--threads", bench_opts, threads, 1, MOET_MAX_THREADS),
     FLAG_NUM("--host-margin-gb", bench_opts, host_margin_gb, 0, 1 << 20),
     FLAG_NUM("--expert-cache-gb", bench_opts, expert_cache_gb, 0, 1 << 20),
@@ -225,7 +234,7 @@ static int bench_cmp_double(const void *a, const void *b) {
 
 static int cmd_bench(int argc, char **argv) {
     bench_opts o = {.backend = "auto", .kv_dtype_name = "bf16", .act_dtype_name = "auto", .prompt = 512, .gen = 64, .depth = -1, .max_batch_tokens = 8192, .host_margin_gb = MOET_HOST_MARGIN_GB,
-                    .batch = {2, {1, 16}}};
+                    .batch = {2, {1, 16}}, .top_p = 1};
     int arc = moet_args("bench", bench_usage, bench_flag_table, (int)(sizeof bench_flag_table / sizeof bench_flag_table[0]), argc,
                         argv, &o);
     if (arc) return arc == MOET_ARGS_HELP ? 0 : arc;
@@ -239,6 +248,7 @@ static int cmd_bench(int argc, char **argv) {
     // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
     o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, o.prefetch ? strcmp(o.prefetch, "off") != 0 : -1, o.io_depth, o.route_zipf};
     if (o.depth < 0) o.depth = o.prompt;
+    if (o.temperature < 1e-5) o.temperature = 0;   // (the protocol's rule: below 1e-5 is greedy)
     o.spec_auto = o.spec_name && !strcmp(o.spec_name, "auto");
     o.spec = o.spec_auto ? SPEC_AUTO_MAX : o.spec_name ? atoi(o.spec_name) : 0;
     _Static_assert(SPEC_AUTO_MAX <= MOET_MAX_SPEC, "bench: auto's drafts fit a row's");
@@ -302,12 +312,15 @@ static int cmd_bench(int argc, char **argv) {
     js_w_key(&w, "experts"), js_w_str(&w, o.planes ? "planes" : m.expert_format);
     js_w_key(&w, "kv_dtype"), js_w_str(&w, gpu_kv_names[o.kv_dtype]);
     js_w_key(&w, "act_dtype"), js_w_str(&w, engine_act_bf16(&E) ? "bf16" : "f32");
+    js_w_key(&w, "temperature"), js_w_num(&w, o.temperature);   // the decode picks' sampling (0: greedy)
+    js_w_key(&w, "top_k"), js_w_int(&w, o.top_k);
+    js_w_key(&w, "top_p"), js_w_num(&w, o.top_p);
     if (use_gpu) js_w_key(&w, "copy_gbs"), js_w_num(&w, round(copy_gbs * 10) / 10);   // the byte model is the GPU's
     js_w_key(&w, "results"), js_w_arr(&w);
     for (int bi = 0; bi < o.batch.n; bi++) {
         int B = o.batch.v[bi];
         for (int s = 0; s < B; s++) {
-            engine_admit ad = {{0, 0, 1, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len, o.spec};   // greedy
+            engine_admit ad = {{(float)o.temperature, o.top_k, (float)o.top_p, 0, 0, 0, 1}, (uint64_t)s, 0, 0, NULL, 0, max_len, o.spec};
             int ar = be->admit(be->self, s, &ad, &e);
             if (ar) {
                 fprintf(stderr, "moet bench: %s\n", ar > 0 ? "the KV cache has no room for every sequence" : e.msg);
