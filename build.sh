@@ -53,7 +53,7 @@ SASS_ARCHS="90 120 121"
 NVCC_FLAGS="-O3 -std=c++17"
 PTX_KEEP='s/^[[:space:]]*//;s/[[:space:]]*$//;/^\/\//d;/^$/d'   # sed: what of nvcc's PTX is kept
 sass_stamp() {
-    { cat sass/*.cu sass/*.cuh sass/gpu_abi.h; "$NVCC" --version; echo "$NVCC_FLAGS $SASS_ARCHS $(sass_arch 90) $PTX_KEEP"; } | sha256sum | cut -d' ' -f1
+    { cat sass/*.cu sass/*.cuh sass/*.h; "$NVCC" --version; echo "$NVCC_FLAGS $SASS_ARCHS $(sass_arch 90) $PTX_KEEP"; } | sha256sum | cut -d' ' -f1
 }
 # sm_90's cubin is built for sm_90a (H100 / H200 exactly: their wgmma, sass/mm.cuh MMG_WG); the PTX
 # fallback stays compute_90, without it

@@ -84,6 +84,8 @@
 #include "arena/limits.h"
 // defines: gpu_mat, gpu_lin_set, GPU_W_*, GPU_KV_*, GPU_KV_PAGE, kernel geometry (shared with sass/)
 #include "sass/gpu_abi.h"
+// defines: samp_rng, samp_seed / samp_next / samp_uniform, samp_expf (the sampler's arithmetic, shared with sass/)
+#include "sass/samp.h"
 // defines: moet_err, err_set, err_wrap, MOET_ASSERT, moet_die, size_mul/size_add, moet_now
 #include "arena/base.c"
 // defines: arena (host, pinned, device: measure / init / take), ARENA_TAKE, arena_plan,
@@ -152,10 +154,6 @@
 // lives in a samp_bank, one entry per backend sequence slot: taken at admission, cleared at
 // release. Every backend picks through it, so a request samples the same way on each.
 
-typedef struct {
-    uint64_t s[4];
-} samp_rng;
-
 // The sampler state of one sequence slot. Penalty state is kept only when a penalty is set,
 // and is all zero when the slot is free.
 typedef struct {
@@ -196,33 +194,6 @@ typedef struct {
     samp_scratch sc;
     arena mem;
 } samp_bank;
-
-static uint64_t samp_splitmix(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void samp_seed(samp_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = samp_splitmix(&seed);
-}
-
-static uint64_t samp_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t samp_next(samp_rng *r) {
-    uint64_t *s = r->s, out = samp_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = samp_rotl(s[3], 45);
-    return out;
-}
-
-// Uniform in [0, 1) with 53 random bits.
-static double samp_uniform(samp_rng *r) { return (double)(samp_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 
 static int samp_has_penalty(const samp_params *p) {
     return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1;
@@ -331,8 +302,8 @@ static void samp_bank_release(samp_bank *b, int slot) {
 //    at least 2k + 8 logits reach; max + T·(log(min_p) − 0.001)) are never exponentiated.
 //    The probability of the gathered ones is computed with the very expression of the plain
 //    algorithm, and f(lo) bounds every probability left out (the probability never falls as
-//    the logit grows: the float difference and product are monotone, and so is glibc's expf,
-//    checked over every float <= 0); when that bound shows no left-out token can be a
+//    the logit grows: the float difference and product are monotone, and so is samp_expf,
+//    sass/samp.h, checked over every float <= 0 by tests/test_sampler.c); when that bound shows no left-out token can be a
 //    candidate, or none can reach the top k, the result is exact; otherwise (rare: ties
 //    across the bound) every probability is computed;
 //  - top_p alone and plain temperature sampling need the whole row's mass, summed in id
@@ -532,18 +503,18 @@ static int32_t samp_pick(samp_scratch *sc, int V, const samp_params *p, samp_rng
     if (lo > -INFINITY) {
         int g = samp_gather(x, V, bmax, lo, c), n = 0;
         for (int i = 0; i < g; i++) {
-            float f = expf((c[i].p - top) * inv_t);
+            float f = samp_expf((c[i].p - top) * inv_t);
             c[n] = (samp_cand){f, c[i].id};
             n += f > 0 && f >= floor_p;
         }
-        float out = expf((lo - top) * inv_t);   // no logit left out has a larger probability
+        float out = samp_expf((lo - top) * inv_t);   // no logit left out has a larger probability
         if (out == 0 || out < floor_p) return samp_draw(c, n, p, rng);   // none of them is a candidate
         if (k > 0 && n > k && k <= nb && samp_kth_cand(c, n, k, sc->heap) > out)
             return samp_draw(c, n, p, rng);   // none of them can be among the top k
     }
     int n = 0;
     for (int t = 0; t < V; t++) {
-        float f = expf((x[t] - top) * inv_t);
+        float f = samp_expf((x[t] - top) * inv_t);
         c[n] = (samp_cand){f, t};
         n += f > 0 && f >= floor_p;
     }

@@ -7,7 +7,9 @@
 // with the slot's sampler (samp_bank, the same code as the CPU backend: a request samples the
 // same way on both). A step whose wanted rows are all greedy without penalties or logprobs
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
-// pick) and copies 4 bytes a row rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
+// pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens
+// without penalties or logprobs (gpu_be_samp_row; k_sample: samp_pick's token, draw for draw):
+// 4 bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
 // when there are not enough: the request waits, nothing is preempted.
 
 typedef struct {
@@ -21,7 +23,8 @@ typedef struct {
     int *l_slots;            // [max_seqs] the launched step's slots and wants (the caller's arrays
     uint8_t *l_want;         // [max_seqs]  may change before collect)
     int l_n, l_rows, launched;
-    int l_greedy;            // the launched step's wanted rows are all plain greedy: their ids come back (k_argmax), not logits
+    int l_ids;               // the launched step's wanted rows are all picked on the device: their ids come back
+                             // (k_argmax where all are plain greedy, else k_sample), not logits
     int lost;                // a step's synchronisation failed: the context is unusable (ENGINE_LOST from then on)
     engine_fault fault;      // MOET_FAULT (the backend's test hook)
     // speculation with the MTP head (g.o.mtp; as the CPU's ref_be_spec_row): per slot the drafts
@@ -244,6 +247,27 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
     return 0;
 }
 
+// Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
+// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), without
+// penalties (whose counts the pick notes) or logprobs; then r is its row: the parameters as
+// samp_pick derives them, and the generator before the pick (collect advances the slot's by the
+// one draw the pick takes).
+static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r) {
+    const samp_slot *s = &bk->slot[slot];
+    const samp_params *p = &s->sp;
+    if (!s->active || s->penalized || s->logprobs) return 0;
+    if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
+    memset(r, 0, sizeof *r);
+    memcpy(r->rng, s->rng.s, sizeof r->rng);
+    r->temperature = p->temperature;
+    r->inv_t = p->temperature != 0 ? 1.0f / p->temperature : 0;
+    r->min_p = p->min_p;
+    r->min_p_log = p->min_p > 0 ? logf(p->min_p) - 1e-3f : 0;
+    r->top_p = p->top_p;
+    r->top_k = p->top_k;
+    return 1;
+}
+
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "launch: the step launched before was not collected");
@@ -257,13 +281,20 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     if (n_spec) return gpu_be_launch_spec(b, s, e);
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
-    // rows whose pick is their largest logit take it on the device: 4 bytes a row come back instead
-    // of the vocabulary's logits (every wanted row, or the logits of all)
-    int greedy = nr > 0;
-    for (int i = 0; i < s->n; i++) greedy &= !s->want[i] || samp_bank_plain_greedy(&b->bank, s->slots[i]);
+    // rows whose pick the device makes take it there: 4 bytes a row come back instead of the
+    // vocabulary's logits (every wanted row, or the logits of all) — plain greedy rows through
+    // k_argmax, a step with sampling rows too through k_sample (gpu_be_samp_row says which can)
+    int greedy = nr > 0, dev = nr > 0;
+    for (int i = 0, j = 0; i < s->n; i++) {
+        if (!s->want[i]) continue;
+        greedy &= samp_bank_plain_greedy(&b->bank, s->slots[i]);
+        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], &b->g.samp_host[j]);
+        j++;
+    }
     if (greedy) gpu_step_greedy_async(&b->g, nr);
+    else if (dev) gpu_step_sample_async(&b->g, nr);
     else gpu_step_logits_async(&b->g, nr);
-    b->l_greedy = greedy;
+    b->l_ids = greedy || dev;
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
     memcpy(b->l_want, s->want, (size_t)s->n);
     b->l_n = s->n;
@@ -297,8 +328,11 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
     for (int i = 0, j = 0; i < b->l_n; i++) {
         b->res_tok[i] = -1;   // no token for a mid-prompt chunk
         if (!b->l_want[i]) continue;
-        if (b->l_greedy) {   // samp_bank_pick's token without its work (samp_bank_plain_greedy)
+        if (b->l_ids) {   // samp_bank_pick's token, picked on the device; a sampled one took one draw
+            samp_slot *sl = &b->bank.slot[b->l_slots[i]];
             b->res_tok[i] = b->g.ids_host[j++];
+            MOET_ASSERT(b->res_tok[i] >= 0 && b->res_tok[i] < V, "sampler: no candidate token (k_sample: %d)", b->res_tok[i]);
+            if (sl->sp.temperature != 0) samp_next(&sl->rng);
             continue;
         }
         samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
@@ -326,7 +360,7 @@ static int gpu_be_forward_all(void *self, int n, const int *slots, const int32_t
 // Two steps: a row of two tokens (the chunked GDN kernel) and then one of one token (the
 // recurrent one), as far as the sizes allow.
 static void gpu_warm(gpu_engine *g) {
-    int slot = 0, nr, n = g->o.max_tokens < 2 || g->o.max_len < 3 ? 1 : 2;
+    int slot = 0, nr = 0, n = g->o.max_tokens < 2 || g->o.max_len < 3 ? 1 : 2;
     int32_t ids[2] = {0, 0};
     moet_err we;
     if (gpu_seq_start(g, slot, n + (n == 2))) return;
@@ -334,6 +368,12 @@ static void gpu_warm(gpu_engine *g) {
         int off[2] = {0, k};
         if (gpu_step(g, 1, &slot, ids, off, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &we)) break;
         gpu_step_logits(g, nr);
+    }
+    if (nr > 0) {   // and the picks' kernels on its last row (what they pick is not used)
+        g->samp_host[0] = (gpu_samp_row){.temperature = 1, .inv_t = 1, .top_p = 1, .top_k = 1};
+        gpu_step_greedy_async(g, 1);
+        gpu_step_sample_async(g, 1);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
     }
     gpu_seq_end(g, slot);
     if (g->cached) g->cache.reads = 0;   // MOET_FAULT=read:N counts the reads of serving, not these (the readers are idle)

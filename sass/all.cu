@@ -20,3 +20,4 @@
 #include "flash.cu"
 #include "flash_w.cu"
 #include "argmax.cu"
+#include "sample.cu"

@@ -91,6 +91,26 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 
 // value, its first index) [rows][GPU_ARGMAX_SLICES][2]
 #define GPU_ARGMAX_INTS(rows) ((size_t)(rows) * (2 + 2 * GPU_ARGMAX_SLICES))
 GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k_argmax: a merging thread per slice");
+// k_sample: a block per row; the row's blocks of 64 logits (samp_block_max's: SAMP_BLOCK) in shared
+// memory, so V ≤ 64 · GPU_SAMPLE_NB; rows that sample keep at most GPU_SAMPLE_KMAX tokens (top_k ≤ it)
+#define GPU_SAMPLE_NT 1024
+#define GPU_SAMPLE_NB 4096
+#define GPU_SAMPLE_KMAX 1024
+GPU_ABI_ASSERT(GPU_SAMPLE_KMAX == GPU_SAMPLE_NT && GPU_SAMPLE_NB <= 65536, "k_sample: a thread per kept token (its sort), block ids in 16 bits");
+// One row of a k_sample launch: its slot's sampling parameters and generator (gpu/backend.c fills
+// it from the slot's samp_bank entry before each step): temperature 0 is greedy, else a pick
+// with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX, no penalties (the host draws the others).
+typedef struct {
+    uint64_t rng[4];     // the slot's generator before the pick (the host's copy takes the same one draw after)
+    float temperature;   // 0: greedy
+    float inv_t;         // 1.0f / temperature, the host's float division (samp_pick's)
+    float min_p;         // 0: none
+    float min_p_log;     // logf(min_p) − 1e-3f where min_p > 0 (samp_pick's bound, by the host's logf)
+    float top_p;
+    int top_k;
+    int pad[2];
+} gpu_samp_row;
+GPU_ABI_ASSERT(sizeof(gpu_samp_row) == 64, "gpu_samp_row: 64 bytes");
 
 // FP8 weights on the device: each 4-byte group of a row holds its codes in the order c0 c2 c1 c3
 // (gpu/engine.c gpu_put permutes them on the way up), so the tensor-core products widen a word

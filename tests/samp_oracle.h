@@ -113,7 +113,7 @@ static int32_t oracle_pick(oracle_scratch *sc, const oracle_slot *slot, const sa
 
     float *prob = sc->work;
     const float inv_t = 1.0f / p->temperature, top = x[best];
-    for (int t = 0; t < V; t++) prob[t] = expf((x[t] - top) * inv_t);
+    for (int t = 0; t < V; t++) prob[t] = samp_expf((x[t] - top) * inv_t);   // (the exp of the sampler: sass/samp.h)
     float floor_p = p->min_p > 0 ? p->min_p : 0;
     int32_t *cand = sc->cand;
     int n = 0;

@@ -916,6 +916,123 @@ static void kernel_argmax(gpu_engine *g) {
     arena_release(&d);
 }
 
+// k_sample against samp_bank_pick (the host's sampler) draw for draw: rows of Qwen3.6's vocabulary,
+// the demo model's and an odd width, of seven kinds (spread like a language model's with a few
+// far above; rounded to bf16: many ties; −inf entries and several tied at the top; flat: every
+// token tied; one far above; rounded to 0.25: ties at every level and across any bound; 300
+// logits one ulp apart just under the top: bounds that cut through near-ties), each row its own
+// slot and seed, under parameter sets that take each of samp_pick's ways (greedy; the bound of the
+// (2k + 8)-th block maximum, min_p's, both; the full row where the bound cannot decide; k of 1, of
+// the kept tokens and past them, GPU_SAMPLE_KMAX; top_p after top_k and on unsorted candidates;
+// tiny and huge temperatures), 12 draws each: the device's pick with the slot's generator, the
+// host's generator then advanced by the one draw, as gpu/backend.c does.
+static void kernel_sample(gpu_engine *g) {
+    enum { R = 7, D = 12 };
+    static const int Vs[] = {248320, 4096, 1001};
+    static const samp_params P[] = {
+        {0, 0, 1, 0, 0, 0, 1},           {0.7f, 20, 0.8f, 0, 0, 0, 1},    {0.6f, 20, 0.95f, 0, 0, 0, 1}, {1, 40, 1, 0.05f, 0, 0, 1},
+        {1, 1, 1, 0, 0, 0, 1},           {0.8f, 1024, 0.9f, 0, 0, 0, 1},  {1e-3f, 50, 1, 0, 0, 0, 1},   {100, 20, 0.5f, 0, 0, 0, 1},
+        {1.3f, 300, 0.97f, 0.2f, 0, 0, 1}, {2, 5, 0.3f, 0.5f, 0, 0, 1},   {0.9f, 1000, 1, 0.9f, 0, 0, 1}, {1, 64, 0.999f, 0.001f, 0, 0, 1},
+    };
+    enum { NP = sizeof P / sizeof P[0] };
+    moet_err e = {{0}};
+    arena d;
+    if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 4 * 4096, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    CUdeviceptr rowsd = (uintptr_t)arena_take(&d, sizeof(gpu_samp_row) * R, 256, "sample rows"), idd = (uintptr_t)arena_take(&d, sizeof(int32_t) * R, 256, "ids");
+    const size_t base = d.used;
+    for (int vi = 0; vi < 3; vi++) {
+        const int V = Vs[vi];
+        float *x = malloc(sizeof(float) * (size_t)R * V);
+        for (int k = 0; k < R; k++) {
+            float *r = x + (size_t)k * V;
+            for (int t = 0; t < V; t++) r[t] = 2.5f * kt_normal() + (kt_next() % 1000 == 0 ? 8.f + (float)(kt_next() % 5) : 0.f);
+            if (k == 1)
+                for (int t = 0; t < V; t++) {
+                    uint32_t u;
+                    memcpy(&u, &r[t], 4), u &= 0xffff0000u, memcpy(&r[t], &u, 4);
+                }
+            if (k == 2) {
+                for (int t = 0; t < V; t += 5) r[t] = -INFINITY;
+                for (int i = 0; i < 6; i++) r[(int)(kt_next() % (unsigned)V)] = 14.f;
+            }
+            if (k == 3)
+                for (int t = 0; t < V; t++) r[t] = 1.5f;
+            if (k == 4) r[V / 3] = 40.f;
+            if (k == 5)
+                for (int t = 0; t < V; t++) r[t] = roundf(r[t] * 4.f) / 4.f;
+            if (k == 6) {
+                float top = 20.f;
+                for (int i = 0; i < 300 && i < V; i++) r[(int)(kt_next() % (unsigned)V)] = top, top = nextafterf(top, 0.f);
+            }
+        }
+        CUdeviceptr xd = kt_dev(&d, x, (size_t)R * V);
+        samp_bank host, dev;
+        if (samp_bank_init(&host, V, R, 16, &e) || samp_bank_init(&dev, V, R, 16, &e)) {
+            CHECK(0, "%s", e.msg);
+            free(x);
+            break;
+        }
+        int same = 1, picks = 0, first_bad = -1, takes = 1;
+        int32_t bad_want = 0, bad_got = 0;
+        for (int pi = 0; pi < NP; pi++) {
+            for (int k = 0; k < R; k++) {
+                const uint64_t seed = 1000u * (unsigned)pi + (unsigned)k + 7;
+                if (host.slot[k].active) samp_bank_release(&host, k), samp_bank_release(&dev, k);
+                CHECK(!samp_bank_admit(&host, k, &P[pi], seed, 0, 0, NULL, 0, &e) && !samp_bank_admit(&dev, k, &P[pi], seed, 0, 0, NULL, 0, &e), "%s", e.msg);
+            }
+            for (int dr = 0; dr < D; dr++) {
+                gpu_samp_row rows[R];
+                int32_t want[R], got[R];
+                for (int k = 0; k < R; k++) {
+                    takes &= gpu_be_samp_row(&dev, k, &rows[k]);
+                    samp_bank_pick(&host, k, x + (size_t)k * V, &want[k], NULL, NULL, NULL);
+                }
+                CU_CHECK(cu.cuMemcpyHtoD(rowsd, rows, sizeof rows));
+                CU_CHECK(cu.cuCtxSynchronize());
+                gpu_k_sample(&g->k, g->compute, xd, V, rowsd, idd, R);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
+                for (int k = 0; k < R; k++) {
+                    if (P[pi].temperature != 0) samp_next(&dev.slot[k].rng);
+                    if (got[k] != want[k] && same) same = 0, first_bad = pi * 100 + k, bad_want = want[k], bad_got = got[k];
+                    picks++;
+                }
+            }
+        }
+        CHECK(takes, "k_sample [%d logits]: every parameter set is one the device picks (gpu_be_samp_row)", V);
+        CHECK(same, "k_sample [%d logits]: not samp_bank_pick's token (parameter set %d, row kind %d: %d vs the host's %d)", V, first_bad / 100,
+              first_bad % 100, bad_got, bad_want);
+        printf("k_sample [%d logits, %d parameter sets x %d row kinds x %d draws]: samp_bank_pick's tokens, %d of %d\n", V, NP, R, D, same ? picks : 0, picks);
+        samp_bank_free(&host), samp_bank_free(&dev);
+        free(x);
+        d.used = base;
+    }
+    {   // which rows the device picks: not those with penalties, logprobs, all tokens or more than it keeps
+        samp_bank b;
+        gpu_samp_row row;
+        if (samp_bank_init(&b, 1000, 1, 16, &e)) CHECK(0, "%s", e.msg);
+        else {
+            samp_params pen = P[1], all = P[1], wide = P[1], edge = P[1];
+            pen.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
+            const samp_params *ps[] = {&pen, &P[1], &all, &wide, &edge};
+            const int lps[] = {0, 1, 0, 0, 0}, takes[] = {0, 0, 0, 0, 1};
+            int ok = 1;
+            for (int i = 0; i < 5; i++) {
+                CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, NULL, 0, &e), "%s", e.msg);
+                ok &= gpu_be_samp_row(&b, 0, &row) == takes[i];
+                samp_bank_release(&b, 0);
+            }
+            ok &= !gpu_be_samp_row(&b, 0, &row);   // a free slot
+            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows without penalties or logprobs, and no other", GPU_SAMPLE_KMAX);
+            samp_bank_free(&b);
+        }
+    }
+    arena_release(&d);
+}
+
 // The router, the residual add + RMSNorm and the GDN gated norm against their CPU twins
 // (ref_route, ref_rmsnorm1p, ref_gated_rmsnorm) on Qwen3.6's shapes: E 256 top-8, H 2048,
 // 32 value heads of 128; 37 tokens. Tolerances: f32 against f32 with f64 sums on the CPU side:
@@ -2794,6 +2911,7 @@ int main(void) {
             kernel_widen_codes(&g);
             kernel_misc(&g);
             kernel_argmax(&g);
+            kernel_sample(&g);
             kernel_gdn(&g);
             kernel_moe_dg(&g);
             gpu_free(&g);

@@ -31,6 +31,43 @@ static int all_zero(const samp_slot *s) {
     return z;
 }
 
+// ---- samp_expf ---------------------------------------------------------------------------
+
+// Every float y <= 0 (from -0 down to -inf, NaN apart): samp_expf never falls as y grows — the
+// fast sampler's bound on the tokens it leaves out rests on it — and is within one ulp of libm's
+// exp in double rounded to float (its accuracy; the two round the same but where e^y lies within
+// about 2^-52 of a boundary between floats). 2^31 values, libm's exp for the 3 · 10^8 of them in
+// [-104, -2^-30]: a few seconds.
+static void test_expf(void) {
+    long long below = 0, off = 0, far = 0, n = 0;
+    float prev = 0;   // samp_expf(-inf)
+    uint32_t worst = 0;
+    for (uint32_t b = 0xff800000u; b >= 0x80000000u; b--) {   // -inf up to -0: y grows
+        float y;
+        memcpy(&y, &b, sizeof y);
+        const float f = samp_expf(y), ref = y < -104.f ? 0.f : y > -0x1p-30f ? 1.f : (float)exp((double)y);
+        below += f < prev;   // (past -2^-30, e^y within 2^-30 of 1: libm's rounds to 1 as well)
+        if (f != ref) {
+            int32_t fi, ri;
+            memcpy(&fi, &f, 4);
+            memcpy(&ri, &ref, 4);
+            off++;
+            if (fi - ri > 1 || ri - fi > 1) far++, worst = b;
+        }
+        prev = f;
+        n++;
+        if (b == 0x80000000u) break;
+    }
+    float nan_in = NAN;
+    CHECK(n == 0x7f800001LL, "every float from -inf to -0 (%lld)", n);
+    CHECK(below == 0, "samp_expf never falls as y grows: %lld values below the one before", below);
+    CHECK(far == 0, "samp_expf within an ulp of (float)exp((double)y): %lld further (the last at 0x%08x)", far, worst);
+    CHECK(samp_expf(0.f) == 1.f && samp_expf(-0.f) == 1.f && samp_expf(-INFINITY) == 0.f && isnan(samp_expf(nan_in)),
+          "samp_expf(±0) = 1, (-inf) = 0, NaN stays NaN");
+    CHECK(samp_expf(-104.f) > 0 || samp_expf(-103.9f) > 0, "float subnormals where e^y is one");
+    fprintf(stderr, "test_sampler: samp_expf: %lld floats <= 0, %lld one ulp from libm's (float)exp((double)y)\n", n, off);
+}
+
 // ---- against the oracle ------------------------------------------------------------------
 
 static uint64_t rnd_state;
@@ -288,6 +325,7 @@ int main(void) {
     }
     samp_bank_free(&B);
 
+    test_expf();
     rnd_state = 2024;
     against_oracle(300, 30, 7);      // a vocabulary that is not a whole number of blocks
     against_oracle(4096, 30, 7);     // the demo model's

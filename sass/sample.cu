@@ -1,0 +1,384 @@
+// sass/sample.cu — a step's picks on the device: ids[r] = the token samp_pick takes from row r of
+// logits [rows, V] with row r's parameters and generator (gpu_samp_row: greedy, or temperature,
+// min_p, top_k ≤ GPU_SAMPLE_KMAX and top_p without penalties), so a step whose wanted rows are all
+// such returns ids instead of its logits (gpu/backend.c). The same token as the host's, draw for
+// draw: the same values in the same order wherever an order changes a result — the
+// probabilities by samp_expf (sass/samp.h), the sums of top_p and the draw serial in the host's
+// order — and elsewhere what depends on no order: maxima, counts, the k-th largest block maximum
+// and the k most likely tokens (a total order: probability, then the lower id) found by radix
+// selection instead of the host's heaps. −1 where a row has no candidate (the host's assertion).
+// CPU twin: samp_pick (moet.c), through samp_bank_pick.
+// Launch (gpu_k_sample): block GPU_SAMPLE_NT threads, grid (rows). Per row, as samp_pick:
+//  1. the maxima of its blocks of 64 logits (bmax, NaN never the larger) and the row's (top);
+//     greedy: the first index holding top (0 when none);
+//  2. lo: the (2k + 8)-th largest block maximum where 2k + 8 ≤ blocks, raised to min_p's bound
+//     top + (log(min_p) − 0.001) · T; where lo > −inf the candidates A are the logits ≥ lo whose
+//     probability f = e^((x − top) / T) is > 0 and ≥ min_p; f(lo) bounds those left out: A is
+//     drawn from when f(lo) is 0 or below min_p, or when A's k-th largest f is above f(lo);
+//  3. else the candidates B: every logit with such an f;
+//  4. the draw from a candidate set S of n: its k most likely, sorted, where k < n, else S in id
+//     order; then top_p and one number of the generator (samp_draw's rest: thread 0, serial).
+// Logits are read as they are (nothing is written but ids).
+#include <string.h>
+#include "common.cuh"
+#include "samp.h"
+
+#define SMP_NW (GPU_SAMPLE_NT / 32)
+
+struct smp_shared {
+    float bmax[GPU_SAMPLE_NB];                  // each block's largest logit
+    uint16_t qb[GPU_SAMPLE_NB];                 // the blocks whose maximum reaches lo, ascending
+    unsigned long long key[GPU_SAMPLE_KMAX];    // the kept candidates' keys (smp_key), sorted or in id order
+    int hist[256];                              // a radix digit's counts
+    float wf[SMP_NW];
+    int wi[SMP_NW];
+    int nq, n, digit, rem;
+};
+
+// A candidate's key: its probability's bits (positive floats order as their bits), then its id
+// reversed — larger key, earlier in samp_before's order. 0 is below every candidate's.
+__device__ __forceinline__ unsigned long long smp_key(float f, int t) {
+    return (unsigned long long)__float_as_uint(f) << 32 | (0xffffffffu - (unsigned)t);
+}
+__device__ __forceinline__ float smp_key_p(unsigned long long k) { return __uint_as_float((unsigned)(k >> 32)); }
+__device__ __forceinline__ int smp_key_id(unsigned long long k) { return (int)(0xffffffffu - (unsigned)k); }
+
+__device__ __forceinline__ float smp_block_maxf(float m, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, m, o);
+        m = v > m ? v : m;
+    }
+    __syncthreads();
+    if (lane == 0) sh.wf[w] = m;
+    __syncthreads();
+    m = sh.wf[0];
+    for (int i = 1; i < SMP_NW; i++) m = sh.wf[i] > m ? sh.wf[i] : m;
+    return m;
+}
+__device__ __forceinline__ int smp_block_sum(int v, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh.wi[w] = v;
+    __syncthreads();
+    v = 0;
+    for (int i = 0; i < SMP_NW; i++) v += sh.wi[i];
+    return v;
+}
+__device__ __forceinline__ int smp_block_min(int v, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh.wi[w] = v;
+    __syncthreads();
+    v = sh.wi[0];
+    for (int i = 1; i < SMP_NW; i++) v = min(v, sh.wi[i]);
+    return v;
+}
+
+// A candidate set: the logits of blocks qb[0, nblk) (or of every block when qb is null) with
+// x ≥ lo and f > 0, f ≥ floor_p. Each warp walks whole blocks, blocks ascending by round (warp w
+// the round's w-th), lanes t = 64b + lane and 64b + 32 + lane: in(t, &key).
+struct smp_set {
+    const float *x;
+    int V;
+    float top, inv_t, lo, floor_p;
+    const uint16_t *qb;
+    int nblk;
+    __device__ __forceinline__ int block_of(int i) const { return qb ? (int)qb[i] : i; }
+    __device__ __forceinline__ bool in(int t, unsigned long long &key) const {
+        if (t >= V) return false;
+        const float v = x[t];
+        if (!(v >= lo)) return false;
+        const float f = samp_expf(__fmul_rn(__fsub_rn(v, top), inv_t));   // samp_pick's (x − top) · inv_t
+        key = smp_key(f, t);
+        return f > 0 && f >= floor_p;
+    }
+};
+
+// How many candidates the set holds (every thread's result).
+__device__ int smp_count(const smp_set &s, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int c = 0;
+    for (int i = w; i < s.nblk; i += SMP_NW) {
+        const int b = s.block_of(i);
+        unsigned long long k;
+        c += s.in(64 * b + lane, k);
+        c += s.in(64 * b + 32 + lane, k);
+    }
+    return smp_block_sum(c, sh);
+}
+
+// The set's k-th largest key (1 ≤ k ≤ its count; keys are distinct): eight passes of a radix
+// digit, the largest first, each counting the keys that match the digits found so far.
+__device__ unsigned long long smp_select(const smp_set &s, int k, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long prefix = 0, mask = 0;
+    int rem = k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += GPU_SAMPLE_NT) sh.hist[i] = 0;
+        __syncthreads();
+        for (int i = w; i < s.nblk; i += SMP_NW) {
+            const int b = s.block_of(i);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                unsigned long long key = 0;
+                const bool on = s.in(64 * b + 32 * h + lane, key) && (key & mask) == prefix;
+                const unsigned act = __ballot_sync(0xffffffffu, on);
+                if (on) {   // one atomic a digit a warp (the lanes that share it)
+                    const int d = (int)(key >> shift) & 255;
+                    const unsigned peers = __match_any_sync(act, d);
+                    if (lane == __ffs(peers) - 1) atomicAdd(&sh.hist[d], __popc(peers));
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, d = 255;
+            for (; d > 0 && cum + sh.hist[d] < rem; d--) cum += sh.hist[d];
+            sh.digit = d, sh.rem = rem - cum;
+        }
+        __syncthreads();
+        prefix |= (unsigned long long)sh.digit << shift;
+        mask |= 255ull << shift;
+        rem = sh.rem;
+        __syncthreads();   // (digit and rem read by every thread before the next pass writes them)
+    }
+    return prefix;
+}
+
+// key[0, n) sorted descending: a bitonic sort of the power of two S ≥ n places from 0 (the zeros
+// of the unused places past n last; n ≤ GPU_SAMPLE_KMAX, the same on every thread).
+__device__ void smp_sort(smp_shared &sh, int n) {
+    const unsigned i = threadIdx.x;
+    unsigned S = 2;
+    while (S < (unsigned)n) S <<= 1;
+    for (unsigned size = 2; size <= S; size <<= 1)
+        for (unsigned stride = size / 2; stride > 0; stride >>= 1) {
+            __syncthreads();
+            const unsigned j = i ^ stride;
+            if (j > i && j < S) {
+                const unsigned long long a = sh.key[i], b = sh.key[j];
+                const bool desc = (i & size) == 0;   // this run descending (the last run: all of it)
+                if (desc ? a < b : a > b) sh.key[i] = b, sh.key[j] = a;
+            }
+        }
+    __syncthreads();
+}
+
+// The set's keys ≥ kth (its k largest) into key[0, k), sorted; or, with kth 0, every candidate
+// (at most GPU_SAMPLE_KMAX) in id order. Returns how many.
+__device__ int smp_collect(const smp_set &s, unsigned long long kth, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const unsigned below = (1u << lane) - 1;
+    sh.key[threadIdx.x] = 0;
+    if (threadIdx.x == 0) sh.n = 0;
+    __syncthreads();
+    int base = 0;   // id order: the candidates of earlier rounds
+    for (int r0 = 0; r0 < s.nblk; r0 += SMP_NW) {
+        const int i = r0 + w;
+        unsigned long long k0 = 0, k1 = 0;
+        bool on0 = false, on1 = false;
+        if (i < s.nblk) {
+            const int b = s.block_of(i);
+            on0 = s.in(64 * b + lane, k0) && k0 >= kth;
+            on1 = s.in(64 * b + 32 + lane, k1) && k1 >= kth;
+        }
+        if (kth) {   // the k largest: any place (sorted below)
+            if (on0) sh.key[atomicAdd(&sh.n, 1)] = k0;
+            if (on1) sh.key[atomicAdd(&sh.n, 1)] = k1;
+            continue;
+        }
+        const unsigned b0 = __ballot_sync(0xffffffffu, on0), b1 = __ballot_sync(0xffffffffu, on1);
+        __syncthreads();   // (wi of the round before read)
+        if (lane == 0) sh.wi[w] = __popc(b0) + __popc(b1);
+        __syncthreads();
+        int at = base, all = 0;
+        for (int v = 0; v < SMP_NW; v++) {
+            if (v < w) at += sh.wi[v];
+            all += sh.wi[v];
+        }
+        if (on0) sh.key[at + __popc(b0 & below)] = k0;
+        if (on1) sh.key[at + __popc(b0) + __popc(b1 & below)] = k1;
+        base += all;
+    }
+    __syncthreads();
+    const int n = kth ? sh.n : base;
+    if (kth) smp_sort(sh, n);
+    return n;
+}
+
+// samp_draw's rest on key[0, n) (sorted, or in id order when not): top_p, then one number of the
+// generator. Every thread calls it (the unsorted top_p branch sorts with all of them); thread 0
+// computes, serially in the host's order, and returns the token (the others' result: nothing).
+__device__ int smp_draw(int n, bool sorted, const gpu_samp_row &p, smp_shared &sh) {
+    if (p.top_p < 1) {
+        __shared__ double total_s;
+        if (threadIdx.x == 0) {
+            double total = 0;
+            for (int i = 0; i < n; i++) total = __dadd_rn(total, (double)smp_key_p(sh.key[i]));
+            total_s = total;
+            if (!sorted) {   // only the most likely tokens can be kept: those above a threshold (samp_draw's)
+                float th = 0;
+                for (float t2 = 1e-4f; t2 > 1e-12f && th == 0; t2 = __fmul_rn(t2, 1e-4f)) {
+                    double mass = 0;
+                    for (int i = 0; i < n; i++) {
+                        const float q = smp_key_p(sh.key[i]);
+                        if (q >= t2) mass = __dadd_rn(mass, (double)q);
+                    }
+                    if (mass >= __dmul_rn((double)p.top_p, total)) th = t2;
+                }
+                if (th > 0) {
+                    int k = 0;
+                    for (int i = 0; i < n; i++)
+                        if (smp_key_p(sh.key[i]) >= th) sh.key[k++] = sh.key[i];
+                    for (int i = k; i < n; i++) sh.key[i] = 0;
+                    n = k;
+                }
+                sh.n = n;
+            }
+        }
+        __syncthreads();
+        if (!sorted) n = sh.n, smp_sort(sh, n);
+        if (threadIdx.x == 0) {
+            const double need = __dmul_rn((double)p.top_p, total_s);
+            double acc = 0;
+            int k = 0;
+            while (k < n) {
+                acc = __dadd_rn(acc, (double)smp_key_p(sh.key[k++]));
+                if (acc >= need) break;
+            }
+            n = k;
+        }
+    }
+    if (threadIdx.x != 0) return -1;
+    double total = 0;
+    for (int i = 0; i < n; i++) total = __dadd_rn(total, (double)smp_key_p(sh.key[i]));
+    samp_rng rng;
+    for (int i = 0; i < 4; i++) rng.s[i] = p.rng[i];
+    const double u = __dmul_rn(samp_uniform(&rng), total);
+    double acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc = __dadd_rn(acc, (double)smp_key_p(sh.key[i]));
+        if (u < acc) return smp_key_id(sh.key[i]);
+    }
+    return smp_key_id(sh.key[n - 1]);   // u within rounding of the total
+}
+
+// The draw from a candidate set of n (n ≥ 1): its k most likely where k < n, else all of it.
+__device__ int smp_draw_set(const smp_set &s, int n, const gpu_samp_row &p, smp_shared &sh) {
+    if (n <= 0) return -1;
+    const int k = p.top_k;
+    if (k < n) {
+        const unsigned long long kth = smp_select(s, k, sh);
+        return smp_draw(smp_collect(s, kth, sh), true, p, sh);
+    }
+    return smp_draw(smp_collect(s, 0, sh), false, p, sh);
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(const float *__restrict__ logits, int V, const gpu_samp_row *__restrict__ rows,
+                                                                    int *__restrict__ ids) {
+    GPU_DEP();
+    __shared__ smp_shared sh;
+    const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const float *__restrict__ x = logits + (size_t)r * V;
+    const gpu_samp_row p = rows[r];
+    const int nb = (V + 63) / 64;
+    // 1. the blocks' maxima, the row's
+    float m = -INFINITY;
+    for (int b = w; b < nb; b += SMP_NW) {
+        float v = -INFINITY;
+        for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32) v = x[t] > v ? x[t] : v;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float u = __shfl_xor_sync(0xffffffffu, v, o);
+            v = u > v ? u : v;
+        }
+        if (lane == 0) sh.bmax[b] = v;
+        m = v > m ? v : m;
+    }
+    const float top = smp_block_maxf(m, sh);   // (its barriers publish bmax)
+    if (p.temperature == 0) {   // greedy: the first index holding the maximum
+        int first = V;
+        for (int b = w; b < nb; b += SMP_NW)
+            if (sh.bmax[b] == top)
+                for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32)
+                    if (x[t] == top) first = min(first, t);
+        first = smp_block_min(first, sh);
+        if (threadIdx.x == 0) ids[r] = first < V ? first : 0;
+        return;
+    }
+    // 2. lo, and the candidates A where it is a bound
+    const float floor_p = p.min_p > 0 ? p.min_p : 0;
+    const int k = p.top_k;
+    float lo = -INFINITY;
+    if (2 * k + 8 <= nb) {   // the (2k + 8)-th largest block maximum: select on the maxima's ordered bits
+        unsigned prefix = 0, mask = 0;
+        int rem = 2 * k + 8;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = threadIdx.x; i < 256; i += GPU_SAMPLE_NT) sh.hist[i] = 0;
+            __syncthreads();
+            for (int b = threadIdx.x; b < nb; b += GPU_SAMPLE_NT) {
+                const unsigned u = __float_as_uint(sh.bmax[b]), o = u & 0x80000000u ? ~u : u | 0x80000000u;   // (no NaN among maxima)
+                if ((o & mask) == prefix) atomicAdd(&sh.hist[(o >> shift) & 255], 1);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                int cum = 0, d = 255;
+                for (; d > 0 && cum + sh.hist[d] < rem; d--) cum += sh.hist[d];
+                sh.digit = d, sh.rem = rem - cum;
+            }
+            __syncthreads();
+            prefix |= (unsigned)sh.digit << shift;
+            mask |= 255u << shift;
+            rem = sh.rem;
+            __syncthreads();
+        }
+        lo = __uint_as_float(prefix & 0x80000000u ? prefix & 0x7fffffffu : ~prefix);
+    }
+    if (floor_p > 0) {
+        const float lm = __fadd_rn(top, __fmul_rn(p.min_p_log, p.temperature));
+        if (lm > lo) lo = lm;
+    }
+    int id;
+    bool drawn = false;
+    if (lo > -INFINITY) {
+        // the blocks whose maximum reaches lo, ascending
+        const unsigned below = (1u << lane) - 1;
+        int base = 0;
+        for (int b0 = 0; b0 < nb; b0 += GPU_SAMPLE_NT) {
+            const int b = b0 + threadIdx.x;
+            const bool on = b < nb && sh.bmax[b] >= lo;
+            const unsigned bal = __ballot_sync(0xffffffffu, on);
+            __syncthreads();
+            if (lane == 0) sh.wi[w] = __popc(bal);
+            __syncthreads();
+            int at = base, all = 0;
+            for (int v = 0; v < SMP_NW; v++) {
+                if (v < w) at += sh.wi[v];
+                all += sh.wi[v];
+            }
+            if (on) sh.qb[at + __popc(bal & below)] = (uint16_t)b;
+            base += all;
+        }
+        __syncthreads();
+        const smp_set a = {x, V, top, p.inv_t, lo, floor_p, sh.qb, base};
+        const int n = smp_count(a, sh);
+        const float out = samp_expf(__fmul_rn(__fsub_rn(lo, top), p.inv_t));   // no logit left out has a larger f
+        if (out == 0 || out < floor_p) {   // none of them is a candidate
+            id = smp_draw_set(a, n, p, sh), drawn = true;
+        } else if (n > k && k <= nb) {   // none of them can be among the k most likely?
+            const unsigned long long kth = smp_select(a, k, sh);
+            if (smp_key_p(kth) > out) id = smp_draw(smp_collect(a, kth, sh), true, p, sh), drawn = true;
+        }
+    }
+    if (!drawn) {   // 3. every logit
+        const smp_set b = {x, V, top, p.inv_t, -INFINITY, floor_p, nullptr, nb};
+        id = smp_draw_set(b, smp_count(b, sh), p, sh);
+    }
+    if (threadIdx.x == 0) ids[r] = id;
+}
