@@ -24,6 +24,7 @@
 #include "samp.h"
 
 #define SMP_NW (GPU_SAMPLE_NT / 32)
+#define SMP_U 8   // blocks of 64 logits a warp reads at once (their loads in flight together)
 
 struct smp_shared {
     float bmax[GPU_SAMPLE_NB];                  // each block's largest logit
@@ -78,6 +79,30 @@ __device__ __forceinline__ int smp_block_min(int v, smp_shared &sh) {
     v = sh.wi[0];
     for (int i = 1; i < SMP_NW; i++) v = min(v, sh.wi[i]);
     return v;
+}
+
+// From the counts of a radix pass (hist, by digit): the digit that holds the rem-th largest key — the
+// largest d with (keys above d) < rem ≤ (keys at d or above) — into sh.digit, and rem less the keys
+// above it into sh.rem. Warp 0 (lane l the digits 255 − 8l down to 248 − 8l, a scan over the lanes).
+__device__ __forceinline__ void smp_digit(smp_shared &sh, int rem) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    int c[8], s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) c[i] = sh.hist[255 - 8 * lane - i], s += c[i];
+    int incl = s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const int excl = incl - s;
+    const unsigned hit = __ballot_sync(0xffffffffu, excl < rem && rem <= incl);
+    if (hit ? lane == __ffs(hit) - 1 : lane == 31) {   // (none: fewer keys than rem, which the callers exclude — digit 0)
+        int cum = excl, i = 0;
+        while (i < 7 && cum + c[i] < rem) cum += c[i++];
+        sh.digit = 255 - 8 * lane - i, sh.rem = rem - cum;
+    }
 }
 
 // A candidate set: the logits of blocks qb[0, nblk) (or of every block when qb is null) with
@@ -137,11 +162,7 @@ __device__ unsigned long long smp_select(const smp_set &s, int k, smp_shared &sh
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int cum = 0, d = 255;
-            for (; d > 0 && cum + sh.hist[d] < rem; d--) cum += sh.hist[d];
-            sh.digit = d, sh.rem = rem - cum;
-        }
+        smp_digit(sh, rem);
         __syncthreads();
         prefix |= (unsigned long long)sh.digit << shift;
         mask |= 255ull << shift;
@@ -288,18 +309,40 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(const float
     const float *__restrict__ x = logits + (size_t)r * V;
     const gpu_samp_row p = rows[r];
     const int nb = (V + 63) / 64;
-    // 1. the blocks' maxima, the row's
+    // 1. the blocks' maxima, the row's: a warp takes SMP_U blocks at a time, a lane two logits of each
+    // (8-byte loads where the row allows: every load in flight before the warp's sums)
     float m = -INFINITY;
-    for (int b = w; b < nb; b += SMP_NW) {
-        float v = -INFINITY;
-        for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32) v = x[t] > v ? x[t] : v;
+    const bool pairs = ((uintptr_t)x & 7) == 0;
+    for (int b0 = SMP_U * w; b0 < nb; b0 += SMP_U * SMP_NW) {
+        float v[SMP_U];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float u = __shfl_xor_sync(0xffffffffu, v, o);
-            v = u > v ? u : v;
+        for (int u = 0; u < SMP_U; u++) {
+            const int t = 64 * (b0 + u) + 2 * lane;
+            float a0 = -INFINITY, a1 = -INFINITY;
+            if (pairs && t + 1 < V) {
+                const float2 q = *(const float2 *)(x + t);
+                a0 = q.x, a1 = q.y;
+            } else {
+                if (t < V) a0 = x[t];
+                if (t + 1 < V) a1 = x[t + 1];
+            }
+            v[u] = -INFINITY;   // (NaN never the larger)
+            v[u] = a0 > v[u] ? a0 : v[u];
+            v[u] = a1 > v[u] ? a1 : v[u];
         }
-        if (lane == 0) sh.bmax[b] = v;
-        m = v > m ? v : m;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < SMP_U; u++) {
+                const float q = __shfl_xor_sync(0xffffffffu, v[u], o);
+                v[u] = q > v[u] ? q : v[u];
+            }
+#pragma unroll
+        for (int u = 0; u < SMP_U; u++)
+            if (b0 + u < nb) {
+                if (lane == 0) sh.bmax[b0 + u] = v[u];
+                m = v[u] > m ? v[u] : m;
+            }
     }
     const float top = smp_block_maxf(m, sh);   // (its barriers publish bmax)
     if (p.temperature == 0) {   // greedy: the first index holding the maximum
@@ -327,11 +370,7 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(const float
                 if ((o & mask) == prefix) atomicAdd(&sh.hist[(o >> shift) & 255], 1);
             }
             __syncthreads();
-            if (threadIdx.x == 0) {
-                int cum = 0, d = 255;
-                for (; d > 0 && cum + sh.hist[d] < rem; d--) cum += sh.hist[d];
-                sh.digit = d, sh.rem = rem - cum;
-            }
+            smp_digit(sh, rem);
             __syncthreads();
             prefix |= (unsigned)sh.digit << shift;
             mask |= 255u << shift;
