@@ -255,7 +255,7 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
 static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r) {
     const samp_slot *s = &bk->slot[slot];
     const samp_params *p = &s->sp;
-    if (!s->active || s->penalized || s->logprobs) return 0;
+    if (!s->active || s->penalized || s->logprobs || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
     if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
     memset(r, 0, sizeof *r);
     memcpy(r->rng, s->rng.s, sizeof r->rng);
