@@ -8,7 +8,7 @@
 // same way on both). A step whose wanted rows are all greedy without penalties or logprobs
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
 // pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens
-// without penalties or logprobs (gpu_be_samp_row; k_sample: samp_pick's token, draw for draw):
+// without logprobs (gpu_be_samp_row; k_sample: samp_bank_pick's token, draw for draw, penalties too):
 // 4 bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
 // when there are not enough: the request waits, nothing is preempted.
 
@@ -248,16 +248,23 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
 }
 
 // Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
-// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), without
-// penalties (whose counts the pick notes) or logprobs; then r is its row: the parameters as
-// samp_pick derives them, and the generator before the pick (collect advances the slot's by the
-// one draw the pick takes).
-static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r) {
+// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), without logprobs,
+// penalized or not; then r is its row: the parameters as samp_pick derives them, the generator
+// before the pick (collect advances the slot's by the one draw the pick takes and notes the token
+// for the penalties, as the pick does), and a penalized slot's seen tokens with the times each was
+// generated, appended to pen [*npen][2] (room for GPU_SAMPLE_PEN pairs: a slot past it stays on the host).
+static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r, int32_t *pen, int *npen) {
     const samp_slot *s = &bk->slot[slot];
     const samp_params *p = &s->sp;
-    if (!s->active || s->penalized || s->logprobs || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
+    if (!s->active || s->logprobs || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
     if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
+    const int pn = s->penalized ? s->n_touched : 0;
+    if (pn > GPU_SAMPLE_PEN - *npen) return 0;
     memset(r, 0, sizeof *r);
+    for (int i = 0; i < pn; i++) pen[2 * (*npen + i)] = s->touched[i], pen[2 * (*npen + i) + 1] = s->count[s->touched[i]];
+    r->rep = p->repetition_penalty, r->freq = p->frequency_penalty, r->pres = p->presence_penalty;
+    r->pen_off = *npen, r->pen_n = pn;
+    *npen += pn;
     memcpy(r->rng, s->rng.s, sizeof r->rng);
     r->temperature = p->temperature;
     r->inv_t = p->temperature != 0 ? 1.0f / p->temperature : 0;
@@ -284,15 +291,15 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     // rows whose pick the device makes take it there: 4 bytes a row come back instead of the
     // vocabulary's logits (every wanted row, or the logits of all) — plain greedy rows through
     // k_argmax, a step with sampling rows too through k_sample (gpu_be_samp_row says which can)
-    int greedy = nr > 0, dev = nr > 0;
+    int greedy = nr > 0, dev = nr > 0, npen = 0;
     for (int i = 0, j = 0; i < s->n; i++) {
         if (!s->want[i]) continue;
         greedy &= samp_bank_plain_greedy(&b->bank, s->slots[i]);
-        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], &b->g.samp_host[j]);
+        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], &b->g.samp_host[j], b->g.samp_pen_host, &npen);
         j++;
     }
     if (greedy) gpu_step_greedy_async(&b->g, nr);
-    else if (dev) gpu_step_sample_async(&b->g, nr);
+    else if (dev) gpu_step_sample_async(&b->g, nr, npen);
     else gpu_step_logits_async(&b->g, nr);
     b->l_ids = greedy || dev;
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
@@ -333,6 +340,7 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
             b->res_tok[i] = b->g.ids_host[j++];
             MOET_ASSERT(b->res_tok[i] >= 0 && b->res_tok[i] < V, "sampler: no candidate token (k_sample: %d)", b->res_tok[i]);
             if (sl->sp.temperature != 0) samp_next(&sl->rng);
+            if (sl->penalized) samp_note(&b->bank, sl, b->res_tok[i], 1);
             continue;
         }
         samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
@@ -372,7 +380,7 @@ static void gpu_warm(gpu_engine *g) {
     if (nr > 0) {   // and the picks' kernels on its last row (what they pick is not used)
         g->samp_host[0] = (gpu_samp_row){.temperature = 1, .inv_t = 1, .top_p = 1, .top_k = 1};
         gpu_step_greedy_async(g, 1);
-        gpu_step_sample_async(g, 1);
+        gpu_step_sample_async(g, 1, 0);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
     }
     gpu_seq_end(g, slot);

@@ -115,6 +115,7 @@ typedef struct {
     CUdeviceptr grl, gsel, gselw;    // the expert cache's guess: the next layer's router on this layer's input [Tm, E], [Tm, K] ×2
     CUdeviceptr ids;                 // int32 [GPU_ARGMAX_INTS(Tm)] greedy rows' tokens first (k_argmax), copied to ids_host
     CUdeviceptr samp;                // gpu_samp_row [Tm] the picked rows' parameters (k_sample), from samp_host
+    CUdeviceptr samp_pen;            // int2 [GPU_SAMPLE_PEN] their penalized tokens (id, times generated), from samp_pen_host
     // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
@@ -142,6 +143,7 @@ typedef struct {
     float *logits_host;              // pinned [Tm, V]
     int32_t *ids_host;               // pinned [Tm]
     gpu_samp_row *samp_host;         // pinned [Tm]
+    int32_t *samp_pen_host;          // pinned [GPU_SAMPLE_PEN][2]
     size_t meta_ints;
     double dense_bytes;              // weight bytes every decode step reads: all but the embedding and the routed experts
     double expert_bytes;             // bytes of one routed expert (gate, up, down with scales)
@@ -376,6 +378,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->logits = gpu_take_f32(a, Tm * c->vocab, "logits");
     g->ids = gpu_take_f32(a, GPU_ARGMAX_INTS(Tm), "greedy tokens");   // and k_argmax's slices (zeroed at boot)
     g->samp = gpu_take_f32(a, Tm * sizeof(gpu_samp_row) / sizeof(float), "sampling rows");   // k_sample's rows (gpu_samp_row)
+    g->samp_pen = gpu_take_f32(a, 2 * (size_t)GPU_SAMPLE_PEN, "sampling penalties");
     g->mtp_h = g->o.mtp ? gpu_take_f32(a, Tm * H, "MTP head inputs") : 0;
     g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
     g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
@@ -468,6 +471,7 @@ static void gpu_carve_pinned(gpu_engine *g, arena *a) {
     g->logits_host = arena_take(a, sizeof(float) * Tm * g->m->cfg.vocab, 256, "logits");
     g->ids_host = arena_take(a, sizeof(int32_t) * Tm, 256, "greedy tokens");
     g->samp_host = arena_take(a, sizeof(gpu_samp_row) * Tm, 256, "sampling rows");
+    g->samp_pen_host = arena_take(a, 2 * sizeof(int32_t) * GPU_SAMPLE_PEN, 256, "sampling penalties");
     if (g->cached) gpu_cache_carve_pinned(&g->cache, a, Tm, g->m->cfg.topk);
 }
 
@@ -1356,13 +1360,15 @@ static void gpu_step_greedy_async(gpu_engine *g, int nr) {
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 
-// Queues each row's pick (rows [0, nr) of the last step, their parameters in samp_host[0, nr):
-// k_sample) and its copy into the pinned ids_host: the tokens of rows that are greedy or sample
-// from at most GPU_SAMPLE_KMAX tokens without penalties, 4 bytes a row where the logits are V · 4.
-static void gpu_step_sample_async(gpu_engine *g, int nr) {
+// Queues each row's pick (rows [0, nr) of the last step, their parameters in samp_host[0, nr), their
+// npen penalized tokens in samp_pen_host: k_sample) and its copy into the pinned ids_host: the
+// tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens without logprobs, 4
+// bytes a row where the logits are V · 4 (penalized rows' logits are penalized in place).
+static void gpu_step_sample_async(gpu_engine *g, int nr, int npen) {
     if (!nr) return;
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp, g->samp_host, sizeof(gpu_samp_row) * (size_t)nr, g->compute));
-    gpu_k_sample(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->samp, g->ids, nr);
+    if (npen) CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp_pen, g->samp_pen_host, 2 * sizeof(int32_t) * (size_t)npen, g->compute));
+    gpu_k_sample(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->samp, g->samp_pen, g->ids, nr);
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 

@@ -755,12 +755,13 @@ static void gpu_k_argmax(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, 
     gpu_launch(k, K_ARGMAX, (gpu_dim){rows, GPU_ARGMAX_SLICES, 1, "(rows, slices, 1)"}, GPU_ARGMAX_NT, 0, s, GPU_ARGS(&logits, &V, &ids, &cap));
 }
 
-// ids[r] = the token samp_pick takes from row r of logits [rows, V] with rows[r]'s parameters and
-// generator (gpu_samp_row: greedy, or top_k ≤ GPU_SAMPLE_KMAX without penalties; -1 where the row has
-// no candidate): a step's picks on the device (sass/sample.cu).
-static void gpu_k_sample(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr rows, CUdeviceptr ids, int nr) {
+// ids[r] = the token samp_bank_pick takes from row r of logits [rows, V] with rows[r]'s parameters,
+// generator and penalties (gpu_samp_row: greedy, or top_k ≤ GPU_SAMPLE_KMAX; a penalized row's seen
+// tokens are pen [pairs: id, times generated] from its pen_off; its logits are penalized in place; -1
+// where the row has no candidate): a step's picks on the device (sass/sample.cu).
+static void gpu_k_sample(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr rows, CUdeviceptr pen, CUdeviceptr ids, int nr) {
     MOET_ASSERT(V >= 1 && V <= 64 * GPU_SAMPLE_NB && nr >= 1, "k_sample: %d rows of %d logits (at most %d)", nr, V, 64 * GPU_SAMPLE_NB);
-    gpu_launch(k, K_SAMPLE, (gpu_dim){nr, 1, 1, "(rows, 1, 1)"}, GPU_SAMPLE_NT, 0, s, GPU_ARGS(&logits, &V, &rows, &ids));
+    gpu_launch(k, K_SAMPLE, (gpu_dim){nr, 1, 1, "(rows, 1, 1)"}, GPU_SAMPLE_NT, 0, s, GPU_ARGS(&logits, &V, &rows, &pen, &ids));
 }
 
 #undef GPU_ARGS

@@ -97,9 +97,12 @@ GPU_ABI_ASSERT(GPU_ARGMAX_SLICES <= GPU_ARGMAX_NT && GPU_ARGMAX_NT % 32 == 0, "k
 #define GPU_SAMPLE_NB 4096
 #define GPU_SAMPLE_KMAX 1024
 GPU_ABI_ASSERT(GPU_SAMPLE_KMAX == GPU_SAMPLE_NT && GPU_SAMPLE_NB <= 65536, "k_sample: a thread per kept token (its sort), block ids in 16 bits");
+// k_sample: the (token, times generated) pairs of the penalized rows of one launch, all rows together
+#define GPU_SAMPLE_PEN (1 << 20)
 // One row of a k_sample launch: its slot's sampling parameters and generator (gpu/backend.c fills
 // it from the slot's samp_bank entry before each step): temperature 0 is greedy, else a pick
-// with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX, no penalties (the host draws the others).
+// with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX; the penalties on the tokens the slot has seen (the host
+// draws the rows with logprobs).
 typedef struct {
     uint64_t rng[4];     // the slot's generator before the pick (the host's copy takes the same one draw after)
     float temperature;   // 0: greedy
@@ -108,9 +111,11 @@ typedef struct {
     float min_p_log;     // logf(min_p) − 1e-3f where min_p > 0 (samp_pick's bound, by the host's logf)
     float top_p;
     int top_k;
-    int pad[2];
+    float rep, freq, pres;   // the repetition (1: none), frequency and presence penalties
+    int pen_off, pen_n;      // the seen tokens: pairs [pen_off, pen_off + pen_n) of the launch's (id, times generated)
+    int pad[5];
 } gpu_samp_row;
-GPU_ABI_ASSERT(sizeof(gpu_samp_row) == 64, "gpu_samp_row: 64 bytes");
+GPU_ABI_ASSERT(sizeof(gpu_samp_row) == 96, "gpu_samp_row: 96 bytes");
 
 // FP8 weights on the device: each 4-byte group of a row holds its codes in the order c0 c2 c1 c3
 // (gpu/engine.c gpu_put permutes them on the way up), so the tensor-core products widen a word

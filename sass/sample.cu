@@ -1,6 +1,6 @@
 // sass/sample.cu — a step's picks on the device: ids[r] = the token samp_pick takes from row r of
 // logits [rows, V] with row r's parameters and generator (gpu_samp_row: greedy, or temperature,
-// min_p, top_k ≤ GPU_SAMPLE_KMAX and top_p without penalties), so a step whose wanted rows are all
+// min_p, top_k ≤ GPU_SAMPLE_KMAX and top_p; penalties on the tokens pen lists), so a step whose wanted rows are all
 // such returns ids instead of its logits (gpu/backend.c). The same token as the host's, draw for
 // draw: the same values in the same order wherever an order changes a result — the
 // probabilities by samp_expf (sass/samp.h), the sums of top_p and the draw serial in the host's
@@ -18,7 +18,8 @@
 //  3. else the candidates B: every logit with such an f;
 //  4. the draw from a candidate set S of n: its k most likely, sorted, where k < n, else S in id
 //     order; then top_p and one number of the generator (samp_draw's rest: thread 0, serial).
-// Logits are read as they are (nothing is written but ids).
+// A penalized row's logits are penalized in place first (samp_bank_pick's copy of them: the step's
+// logits are not read after its picks); nothing else is written but ids.
 #include <string.h>
 #include "common.cuh"
 #include "samp.h"
@@ -301,14 +302,27 @@ __device__ int smp_draw_set(const smp_set &s, int n, const gpu_samp_row &p, smp_
     return smp_draw(smp_collect(s, 0, sh), false, p, sh);
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(const float *__restrict__ logits, int V, const gpu_samp_row *__restrict__ rows,
-                                                                    int *__restrict__ ids) {
+extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
+                                                                    const int2 *__restrict__ pen, int *__restrict__ ids) {
     GPU_DEP();
     __shared__ smp_shared sh;
     const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const float *__restrict__ x = logits + (size_t)r * V;
     const gpu_samp_row p = rows[r];
     const int nb = (V + 63) / 64;
+    // 0. the penalties, in place on the seen tokens (distinct: each thread its own), as samp_bank_pick's
+    //    copy: the repetition penalty, then frequency · times generated + presence where generated
+    if (p.pen_n) {
+        float *xw = logits + (size_t)r * V;
+        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
+            const int2 q = pen[p.pen_off + i];
+            float v = xw[q.x];
+            if (p.rep != 1) v = v > 0 ? __fdiv_rn(v, p.rep) : __fmul_rn(v, p.rep);
+            if (q.y) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.freq, (float)q.y), p.pres));
+            xw[q.x] = v;
+        }
+        __syncthreads();   // (the block's own writes: seen by its threads past the barrier)
+    }
+    const float *x = logits + (size_t)r * V;   // (plain loads: not the read-only path, which may hold the values before)
     // 1. the blocks' maxima, the row's: a warp takes SMP_U blocks at a time, a lane two logits of each
     // (8-byte loads where the row allows: every load in flight before the warp's sums)
     float m = -INFINITY;

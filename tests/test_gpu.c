@@ -924,8 +924,10 @@ static void kernel_argmax(gpu_engine *g) {
 // slot and seed, under parameter sets that take each of samp_pick's ways (greedy; the bound of the
 // (2k + 8)-th block maximum, min_p's, both; the full row where the bound cannot decide; k of 1, of
 // the kept tokens and past them, GPU_SAMPLE_KMAX; top_p after top_k and on unsorted candidates;
-// tiny and huge temperatures), 12 draws each: the device's pick with the slot's generator, the
-// host's generator then advanced by the one draw, as gpu/backend.c does.
+// tiny and huge temperatures; presence, frequency and repetition penalties, greedy too, on prompts
+// of 0 to 1,800 tokens and the picks), 12 draws each: the device's pick with the slot's generator
+// and penalized tokens, the host's generator then advanced by the one draw and the pick noted, as
+// gpu/backend.c does.
 static void kernel_sample(gpu_engine *g) {
     enum { R = 7, D = 12 };
     static const int Vs[] = {248320, 4096, 1001};
@@ -933,15 +935,20 @@ static void kernel_sample(gpu_engine *g) {
         {0, 0, 1, 0, 0, 0, 1},           {0.7f, 20, 0.8f, 0, 0, 0, 1},    {0.6f, 20, 0.95f, 0, 0, 0, 1}, {1, 40, 1, 0.05f, 0, 0, 1},
         {1, 1, 1, 0, 0, 0, 1},           {0.8f, 1024, 0.9f, 0, 0, 0, 1},  {1e-3f, 50, 1, 0, 0, 0, 1},   {100, 20, 0.5f, 0, 0, 0, 1},
         {1.3f, 300, 0.97f, 0.2f, 0, 0, 1}, {2, 5, 0.3f, 0.5f, 0, 0, 1},   {0.9f, 1000, 1, 0.9f, 0, 0, 1}, {1, 64, 0.999f, 0.001f, 0, 0, 1},
+        // penalties (presence, frequency, repetition): on the prompt's tokens and on those picked
+        {0.7f, 20, 0.8f, 0, 1.5f, 0, 1}, {1, 40, 0.95f, 0.05f, 0.5f, 0.8f, 1.3f}, {0, 0, 1, 0, 1.0f, 0, 1.2f}, {0.6f, 1024, 0.9f, 0, 0, 2, 1},
     };
     enum { NP = sizeof P / sizeof P[0] };
     moet_err e = {{0}};
     arena d;
-    if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 4 * 4096, &e)) {
+    if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 8 * 4096 * R + 5 * 4096, &e)) {
         CHECK(0, "%s", e.msg);
         return;
     }
     CUdeviceptr rowsd = (uintptr_t)arena_take(&d, sizeof(gpu_samp_row) * R, 256, "sample rows"), idd = (uintptr_t)arena_take(&d, sizeof(int32_t) * R, 256, "ids");
+    enum { NPEN = 4096 };   // (a prompt of 2,000 tokens and the picks: distinct ids at most)
+    CUdeviceptr pend = (uintptr_t)arena_take(&d, 2 * sizeof(int32_t) * NPEN * R, 256, "sample penalties");
+    static int32_t pen[2 * NPEN * R], prompt[2000];
     const size_t base = d.used;
     for (int vi = 0; vi < 3; vi++) {
         const int V = Vs[vi];
@@ -968,9 +975,10 @@ static void kernel_sample(gpu_engine *g) {
                 for (int i = 0; i < 300 && i < V; i++) r[(int)(kt_next() % (unsigned)V)] = top, top = nextafterf(top, 0.f);
             }
         }
-        CUdeviceptr xd = kt_dev(&d, x, (size_t)R * V);
+        CUdeviceptr xd = kt_dev(&d, NULL, (size_t)R * V);   // (penalized rows change it: the rows again each launch)
+        for (int i = 0; i < 2000; i++) prompt[i] = (int32_t)(kt_next() % (unsigned)V);
         samp_bank host, dev;
-        if (samp_bank_init(&host, V, R, 16, &e) || samp_bank_init(&dev, V, R, 16, &e)) {
+        if (samp_bank_init(&host, V, R, 2048, &e) || samp_bank_init(&dev, V, R, 2048, &e)) {
             CHECK(0, "%s", e.msg);
             free(x);
             break;
@@ -981,22 +989,27 @@ static void kernel_sample(gpu_engine *g) {
             for (int k = 0; k < R; k++) {
                 const uint64_t seed = 1000u * (unsigned)pi + (unsigned)k + 7;
                 if (host.slot[k].active) samp_bank_release(&host, k), samp_bank_release(&dev, k);
-                CHECK(!samp_bank_admit(&host, k, &P[pi], seed, 0, 0, NULL, 0, &e) && !samp_bank_admit(&dev, k, &P[pi], seed, 0, 0, NULL, 0, &e), "%s", e.msg);
+                const int np = k * 300 % 2001;   // (prompts of 0 to 2,000 tokens)
+                CHECK(!samp_bank_admit(&host, k, &P[pi], seed, 0, 0, prompt, np, &e) && !samp_bank_admit(&dev, k, &P[pi], seed, 0, 0, prompt, np, &e), "%s", e.msg);
             }
             for (int dr = 0; dr < D; dr++) {
                 gpu_samp_row rows[R];
                 int32_t want[R], got[R];
+                int npen = 0;
                 for (int k = 0; k < R; k++) {
-                    takes &= gpu_be_samp_row(&dev, k, &rows[k]);
+                    takes &= gpu_be_samp_row(&dev, k, &rows[k], pen, &npen);
                     samp_bank_pick(&host, k, x + (size_t)k * V, &want[k], NULL, NULL, NULL);
                 }
                 CU_CHECK(cu.cuMemcpyHtoD(rowsd, rows, sizeof rows));
+                if (npen) CU_CHECK(cu.cuMemcpyHtoD(pend, pen, 2 * sizeof(int32_t) * (size_t)npen));
+                CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)R * V));
                 CU_CHECK(cu.cuCtxSynchronize());
-                gpu_k_sample(&g->k, g->compute, xd, V, rowsd, idd, R);
+                gpu_k_sample(&g->k, g->compute, xd, V, rowsd, pend, idd, R);
                 CU_CHECK(cu.cuStreamSynchronize(g->compute));
                 CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
-                for (int k = 0; k < R; k++) {
+                for (int k = 0; k < R; k++) {   // (collect's bookkeeping: the draw, the note)
                     if (P[pi].temperature != 0) samp_next(&dev.slot[k].rng);
+                    if (dev.slot[k].penalized && got[k] >= 0) samp_note(&dev, &dev.slot[k], got[k], 1);
                     if (got[k] != want[k] && same) same = 0, first_bad = pi * 100 + k, bad_want = want[k], bad_got = got[k];
                     picks++;
                 }
@@ -1010,23 +1023,26 @@ static void kernel_sample(gpu_engine *g) {
         free(x);
         d.used = base;
     }
-    {   // which rows the device picks: not those with penalties, logprobs, all tokens or more than it keeps
+    {   // which rows the device picks: not those with logprobs, all tokens, more than it keeps, or more
+        // penalized tokens than the launch has room for
         samp_bank b;
         gpu_samp_row row;
         if (samp_bank_init(&b, 1000, 1, 16, &e)) CHECK(0, "%s", e.msg);
         else {
-            samp_params pen = P[1], all = P[1], wide = P[1], edge = P[1];
-            pen.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
-            const samp_params *ps[] = {&pen, &P[1], &all, &wide, &edge};
-            const int lps[] = {0, 1, 0, 0, 0}, takes[] = {0, 0, 0, 0, 1};
+            samp_params pen_p = P[1], all = P[1], wide = P[1], edge = P[1];
+            pen_p.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
+            const samp_params *ps[] = {&pen_p, &P[1], &all, &wide, &edge, &pen_p};
+            const int lps[] = {0, 1, 0, 0, 0, 0}, takes[] = {1, 0, 0, 0, 1, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN - 2};
             int ok = 1;
-            for (int i = 0; i < 5; i++) {
-                CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, NULL, 0, &e), "%s", e.msg);
-                ok &= gpu_be_samp_row(&b, 0, &row) == takes[i];
+            for (int i = 0; i < 6; i++) {
+                CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, prompt, 3, &e), "%s", e.msg);
+                int n = used[i];
+                ok &= gpu_be_samp_row(&b, 0, &row, pen, &n) == takes[i];
                 samp_bank_release(&b, 0);
             }
-            ok &= !gpu_be_samp_row(&b, 0, &row);   // a free slot
-            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows without penalties or logprobs, and no other", GPU_SAMPLE_KMAX);
+            int n = 0;
+            ok &= !gpu_be_samp_row(&b, 0, &row, pen, &n);   // a free slot
+            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows without logprobs whose penalized tokens fit, and no other", GPU_SAMPLE_KMAX);
             samp_bank_free(&b);
         }
     }
