@@ -256,7 +256,9 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
 static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r, int32_t *pen, int *npen) {
     const samp_slot *s = &bk->slot[slot];
     const samp_params *p = &s->sp;
-    if (!s->active || s->logprobs || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
+    _Static_assert(MOET_MAX_LOGPROBS <= GPU_SAMPLE_TOP, "k_sample: a request's top_logprobs");
+    // (logprobs are of the raw logits: a penalized row's are penalized in place first)
+    if (!s->active || (s->logprobs && s->penalized) || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
     if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
     const int pn = s->penalized ? s->n_touched : 0;
     if (pn > GPU_SAMPLE_PEN - *npen) return 0;
@@ -265,6 +267,7 @@ static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r, int32
     r->rep = p->repetition_penalty, r->freq = p->frequency_penalty, r->pres = p->presence_penalty;
     r->pen_off = *npen, r->pen_n = pn;
     *npen += pn;
+    r->logprobs = s->logprobs, r->n_top = s->logprobs ? s->top_logprobs : 0;
     memcpy(r->rng, s->rng.s, sizeof r->rng);
     r->temperature = p->temperature;
     r->inv_t = p->temperature != 0 ? 1.0f / p->temperature : 0;
@@ -273,6 +276,18 @@ static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r, int32
     r->top_p = p->top_p;
     r->top_k = p->top_k;
     return 1;
+}
+
+// samp_logprobs's ends from k_sample's parts q of a row whose pick is `picked`: lse = top + log(Σ)
+// (the host's log), the pick's logit − lse into *lp, the n_top most likely and theirs into ids /
+// lps (past the row's numbers: the pick and −inf, as samp_logprobs fills them).
+static void gpu_be_lp_finish(const gpu_samp_lp *q, int32_t picked, int n_top, float *lp, int32_t *ids, float *lps) {
+    const double lse = q->top + log(q->total);
+    *lp = (float)(q->chosen - lse);
+    for (int k = 0; k < n_top; k++) {
+        ids[k] = k < q->n ? q->ids[k] : picked;
+        lps[k] = k < q->n ? (float)(q->vals[k] - lse) : -INFINITY;
+    }
 }
 
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
@@ -291,15 +306,16 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     // rows whose pick the device makes take it there: 4 bytes a row come back instead of the
     // vocabulary's logits (every wanted row, or the logits of all) — plain greedy rows through
     // k_argmax, a step with sampling rows too through k_sample (gpu_be_samp_row says which can)
-    int greedy = nr > 0, dev = nr > 0, npen = 0;
+    int greedy = nr > 0, dev = nr > 0, npen = 0, lp = 0;
     for (int i = 0, j = 0; i < s->n; i++) {
         if (!s->want[i]) continue;
         greedy &= samp_bank_plain_greedy(&b->bank, s->slots[i]);
         dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], &b->g.samp_host[j], b->g.samp_pen_host, &npen);
+        lp |= b->bank.slot[s->slots[i]].logprobs;
         j++;
     }
     if (greedy) gpu_step_greedy_async(&b->g, nr);
-    else if (dev) gpu_step_sample_async(&b->g, nr, npen);
+    else if (dev) gpu_step_sample_async(&b->g, nr, npen, lp);
     else gpu_step_logits_async(&b->g, nr);
     b->l_ids = greedy || dev;
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
@@ -337,10 +353,14 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
         if (!b->l_want[i]) continue;
         if (b->l_ids) {   // samp_bank_pick's token, picked on the device; a sampled one took one draw
             samp_slot *sl = &b->bank.slot[b->l_slots[i]];
-            b->res_tok[i] = b->g.ids_host[j++];
-            MOET_ASSERT(b->res_tok[i] >= 0 && b->res_tok[i] < V, "sampler: no candidate token (k_sample: %d)", b->res_tok[i]);
+            const int32_t picked = b->res_tok[i] = b->g.ids_host[j];
+            MOET_ASSERT(picked >= 0 && picked < V, "sampler: no candidate token (k_sample: %d)", picked);
             if (sl->sp.temperature != 0) samp_next(&sl->rng);
-            if (sl->penalized) samp_note(&b->bank, sl, b->res_tok[i], 1);
+            if (sl->penalized) samp_note(&b->bank, sl, picked, 1);
+            if (sl->logprobs)
+                gpu_be_lp_finish(&b->g.samp_lp_host[j], picked, sl->top_logprobs, &b->res_lp[i], b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS,
+                                 b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+            j++;
             continue;
         }
         samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
@@ -380,7 +400,8 @@ static void gpu_warm(gpu_engine *g) {
     if (nr > 0) {   // and the picks' kernels on its last row (what they pick is not used)
         g->samp_host[0] = (gpu_samp_row){.temperature = 1, .inv_t = 1, .top_p = 1, .top_k = 1};
         gpu_step_greedy_async(g, 1);
-        gpu_step_sample_async(g, 1, 0);
+        g->samp_host[0].logprobs = 1, g->samp_host[0].n_top = 1;
+        gpu_step_sample_async(g, 1, 0, 1);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
     }
     gpu_seq_end(g, slot);

@@ -116,6 +116,7 @@ typedef struct {
     CUdeviceptr ids;                 // int32 [GPU_ARGMAX_INTS(Tm)] greedy rows' tokens first (k_argmax), copied to ids_host
     CUdeviceptr samp;                // gpu_samp_row [Tm] the picked rows' parameters (k_sample), from samp_host
     CUdeviceptr samp_pen;            // int2 [GPU_SAMPLE_PEN] their penalized tokens (id, times generated), from samp_pen_host
+    CUdeviceptr samp_lp;             // gpu_samp_lp [Tm] their logprobs' parts, copied to samp_lp_host
     // the tensor-core products' inputs (sass/mm.cu, sass/moe_mm.cu): the bf16 parts of a product's activations
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
@@ -144,6 +145,7 @@ typedef struct {
     int32_t *ids_host;               // pinned [Tm]
     gpu_samp_row *samp_host;         // pinned [Tm]
     int32_t *samp_pen_host;          // pinned [GPU_SAMPLE_PEN][2]
+    gpu_samp_lp *samp_lp_host;       // pinned [Tm]
     size_t meta_ints;
     double dense_bytes;              // weight bytes every decode step reads: all but the embedding and the routed experts
     double expert_bytes;             // bytes of one routed expert (gate, up, down with scales)
@@ -379,6 +381,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->ids = gpu_take_f32(a, GPU_ARGMAX_INTS(Tm), "greedy tokens");   // and k_argmax's slices (zeroed at boot)
     g->samp = gpu_take_f32(a, Tm * sizeof(gpu_samp_row) / sizeof(float), "sampling rows");   // k_sample's rows (gpu_samp_row)
     g->samp_pen = gpu_take_f32(a, 2 * (size_t)GPU_SAMPLE_PEN, "sampling penalties");
+    g->samp_lp = gpu_take_f32(a, Tm * sizeof(gpu_samp_lp) / sizeof(float), "sampling logprobs");
     g->mtp_h = g->o.mtp ? gpu_take_f32(a, Tm * H, "MTP head inputs") : 0;
     g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
     g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
@@ -472,6 +475,7 @@ static void gpu_carve_pinned(gpu_engine *g, arena *a) {
     g->ids_host = arena_take(a, sizeof(int32_t) * Tm, 256, "greedy tokens");
     g->samp_host = arena_take(a, sizeof(gpu_samp_row) * Tm, 256, "sampling rows");
     g->samp_pen_host = arena_take(a, 2 * sizeof(int32_t) * GPU_SAMPLE_PEN, 256, "sampling penalties");
+    g->samp_lp_host = arena_take(a, sizeof(gpu_samp_lp) * Tm, 256, "sampling logprobs");
     if (g->cached) gpu_cache_carve_pinned(&g->cache, a, Tm, g->m->cfg.topk);
 }
 
@@ -1362,13 +1366,15 @@ static void gpu_step_greedy_async(gpu_engine *g, int nr) {
 
 // Queues each row's pick (rows [0, nr) of the last step, their parameters in samp_host[0, nr), their
 // npen penalized tokens in samp_pen_host: k_sample) and its copy into the pinned ids_host: the
-// tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens without logprobs, 4
-// bytes a row where the logits are V · 4 (penalized rows' logits are penalized in place).
-static void gpu_step_sample_async(gpu_engine *g, int nr, int npen) {
+// tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens, 4 bytes a row where
+// the logits are V · 4 (penalized rows' logits are penalized in place); with lp, also the rows'
+// logprobs' parts into samp_lp_host (192 bytes a row).
+static void gpu_step_sample_async(gpu_engine *g, int nr, int npen, int lp) {
     if (!nr) return;
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp, g->samp_host, sizeof(gpu_samp_row) * (size_t)nr, g->compute));
     if (npen) CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp_pen, g->samp_pen_host, 2 * sizeof(int32_t) * (size_t)npen, g->compute));
-    gpu_k_sample(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->samp, g->samp_pen, g->ids, nr);
+    gpu_k_sample(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->samp, g->samp_pen, g->ids, g->samp_lp, nr);
+    if (lp) CU_CHECK(cu.cuMemcpyDtoHAsync(g->samp_lp_host, g->samp_lp, sizeof(gpu_samp_lp) * (size_t)nr, g->compute));
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 

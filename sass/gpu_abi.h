@@ -101,8 +101,8 @@ GPU_ABI_ASSERT(GPU_SAMPLE_KMAX == GPU_SAMPLE_NT && GPU_SAMPLE_NB <= 65536, "k_sa
 #define GPU_SAMPLE_PEN (1 << 20)
 // One row of a k_sample launch: its slot's sampling parameters and generator (gpu/backend.c fills
 // it from the slot's samp_bank entry before each step): temperature 0 is greedy, else a pick
-// with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX; the penalties on the tokens the slot has seen (the host
-// draws the rows with logprobs).
+// with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX; the penalties on the tokens the slot has seen; the parts of
+// the pick's logprobs (gpu_samp_lp) for a row without penalties (the host's log finishes them).
 typedef struct {
     uint64_t rng[4];     // the slot's generator before the pick (the host's copy takes the same one draw after)
     float temperature;   // 0: greedy
@@ -113,9 +113,21 @@ typedef struct {
     int top_k;
     float rep, freq, pres;   // the repetition (1: none), frequency and presence penalties
     int pen_off, pen_n;      // the seen tokens: pairs [pen_off, pen_off + pen_n) of the launch's (id, times generated)
-    int pad[5];
+    int logprobs, n_top;     // the pick's logprobs wanted, and this many most likely tokens (≤ GPU_SAMPLE_TOP)
+    int pad[3];
 } gpu_samp_row;
 GPU_ABI_ASSERT(sizeof(gpu_samp_row) == 96, "gpu_samp_row: 96 bytes");
+// What k_sample gives of a row's logprobs (samp_logprobs's parts; the host takes lse = top + log(total)):
+#define GPU_SAMPLE_TOP 20
+typedef struct {
+    double total;                 // Σ e^(x − top) over the row's logits, samp_sum_exp's order
+    float top, chosen;            // the row's largest logit, the picked token's
+    int n;                        // most likely tokens found: min(n_top, the row's numbers)
+    int ids[GPU_SAMPLE_TOP];      // most likely first, ties to the lower id
+    float vals[GPU_SAMPLE_TOP];   // their logits
+    int pad[3];
+} gpu_samp_lp;
+GPU_ABI_ASSERT(sizeof(gpu_samp_lp) == 192, "gpu_samp_lp: 192 bytes");
 
 // FP8 weights on the device: each 4-byte group of a row holds its codes in the order c0 c2 c1 c3
 // (gpu/engine.c gpu_put permutes them on the way up), so the tensor-core products widen a word

@@ -1,6 +1,7 @@
 // sass/sample.cu — a step's picks on the device: ids[r] = the token samp_pick takes from row r of
 // logits [rows, V] with row r's parameters and generator (gpu_samp_row: greedy, or temperature,
-// min_p, top_k ≤ GPU_SAMPLE_KMAX and top_p; penalties on the tokens pen lists), so a step whose wanted rows are all
+// min_p, top_k ≤ GPU_SAMPLE_KMAX and top_p; penalties on the tokens pen lists), and where the row
+// wants them the parts of its logprobs (lp[r]: smp_logprobs), so a step whose wanted rows are all
 // such returns ids instead of its logits (gpu/backend.c). The same token as the host's, draw for
 // draw: the same values in the same order wherever an order changes a result — the
 // probabilities by samp_expf (sass/samp.h), the sums of top_p and the draw serial in the host's
@@ -115,11 +116,17 @@ struct smp_set {
     float top, inv_t, lo, floor_p;
     const uint16_t *qb;
     int nblk;
+    bool raw;   // the logits themselves (logprobs' most likely): every number, keyed by its value, then the lower id
     __device__ __forceinline__ int block_of(int i) const { return qb ? (int)qb[i] : i; }
     __device__ __forceinline__ bool in(int t, unsigned long long &key) const {
         if (t >= V) return false;
         const float v = x[t];
         if (!(v >= lo)) return false;
+        if (raw) {   // ordered bits (−0 as +0: equal values go by id, as samp_before)
+            const unsigned u = __float_as_uint(v == 0 ? 0.f : v), o = u & 0x80000000u ? ~u : u | 0x80000000u;
+            key = (unsigned long long)o << 32 | (0xffffffffu - (unsigned)t);
+            return true;
+        }
         const float f = samp_expf(__fmul_rn(__fsub_rn(v, top), inv_t));   // samp_pick's (x − top) · inv_t
         key = smp_key(f, t);
         return f > 0 && f >= floor_p;
@@ -302,73 +309,9 @@ __device__ int smp_draw_set(const smp_set &s, int n, const gpu_samp_row &p, smp_
     return smp_draw(smp_collect(s, 0, sh), false, p, sh);
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
-                                                                    const int2 *__restrict__ pen, int *__restrict__ ids) {
-    GPU_DEP();
-    __shared__ smp_shared sh;
-    const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const gpu_samp_row p = rows[r];
-    const int nb = (V + 63) / 64;
-    // 0. the penalties, in place on the seen tokens (distinct: each thread its own), as samp_bank_pick's
-    //    copy: the repetition penalty, then frequency · times generated + presence where generated
-    if (p.pen_n) {
-        float *xw = logits + (size_t)r * V;
-        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
-            const int2 q = pen[p.pen_off + i];
-            float v = xw[q.x];
-            if (p.rep != 1) v = v > 0 ? __fdiv_rn(v, p.rep) : __fmul_rn(v, p.rep);
-            if (q.y) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.freq, (float)q.y), p.pres));
-            xw[q.x] = v;
-        }
-        __syncthreads();   // (the block's own writes: seen by its threads past the barrier)
-    }
-    const float *x = logits + (size_t)r * V;   // (plain loads: not the read-only path, which may hold the values before)
-    // 1. the blocks' maxima, the row's: a warp takes SMP_U blocks at a time, a lane two logits of each
-    // (8-byte loads where the row allows: every load in flight before the warp's sums)
-    float m = -INFINITY;
-    const bool pairs = ((uintptr_t)x & 7) == 0;
-    for (int b0 = SMP_U * w; b0 < nb; b0 += SMP_U * SMP_NW) {
-        float v[SMP_U];
-#pragma unroll
-        for (int u = 0; u < SMP_U; u++) {
-            const int t = 64 * (b0 + u) + 2 * lane;
-            float a0 = -INFINITY, a1 = -INFINITY;
-            if (pairs && t + 1 < V) {
-                const float2 q = *(const float2 *)(x + t);
-                a0 = q.x, a1 = q.y;
-            } else {
-                if (t < V) a0 = x[t];
-                if (t + 1 < V) a1 = x[t + 1];
-            }
-            v[u] = -INFINITY;   // (NaN never the larger)
-            v[u] = a0 > v[u] ? a0 : v[u];
-            v[u] = a1 > v[u] ? a1 : v[u];
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int u = 0; u < SMP_U; u++) {
-                const float q = __shfl_xor_sync(0xffffffffu, v[u], o);
-                v[u] = q > v[u] ? q : v[u];
-            }
-#pragma unroll
-        for (int u = 0; u < SMP_U; u++)
-            if (b0 + u < nb) {
-                if (lane == 0) sh.bmax[b0 + u] = v[u];
-                m = v[u] > m ? v[u] : m;
-            }
-    }
-    const float top = smp_block_maxf(m, sh);   // (its barriers publish bmax)
-    if (p.temperature == 0) {   // greedy: the first index holding the maximum
-        int first = V;
-        for (int b = w; b < nb; b += SMP_NW)
-            if (sh.bmax[b] == top)
-                for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32)
-                    if (x[t] == top) first = min(first, t);
-        first = smp_block_min(first, sh);
-        if (threadIdx.x == 0) ids[r] = first < V ? first : 0;
-        return;
-    }
+// The token of a row that samples (every thread calls it; thread 0's result is the token).
+__device__ int smp_sampled(const float *x, int V, float top, int nb, const gpu_samp_row &p, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     // 2. lo, and the candidates A where it is a bound
     const float floor_p = p.min_p > 0 ? p.min_p : 0;
     const int k = p.top_k;
@@ -433,5 +376,134 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logi
         const smp_set b = {x, V, top, p.inv_t, -INFINITY, floor_p, nullptr, nb};
         id = smp_draw_set(b, smp_count(b, sh), p, sh);
     }
+    return id;
+}
+
+// The pick's logprobs parts (samp_logprobs's; the host takes the log): the row's Σ e^(x − top) in
+// samp_sum_exp's order — each full block of 64 summed in float by one thread as samp_sum_exp's four
+// vectors of four lanes do (smp_exp_lp: samp_exp4's lane), the blocks then the last partial block's
+// logits added in double by thread 0 in id order — the picked token's logit, and the n_top most
+// likely tokens by logit (then the lower id; NaN never). sh.bmax is free by then: it holds the sums.
+__device__ __forceinline__ float smp_exp_lp(float y) {
+    y = y > -87.3f ? y : -87.3f;   // (NaN too)
+    const float k = __fsub_rn(__fadd_rn(__fmul_rn(y, 1.44269504088896341f), 12582912.0f), 12582912.0f);
+    const float r = __fadd_rn(__fsub_rn(y, __fmul_rn(k, 0.693359375f)), __fmul_rn(k, 2.12194440e-4f));
+    float q = __fadd_rn(__fmul_rn(8.3338379501e-3f, r), 4.1898577938e-2f);
+    q = __fadd_rn(__fmul_rn(q, r), 1.6666886383e-1f);
+    q = __fadd_rn(__fmul_rn(q, r), 4.9999142573e-1f);
+    const float e = __fadd_rn(__fadd_rn(__fmul_rn(q, __fmul_rn(r, r)), r), 1.0f);
+    return __fmul_rn(e, __int_as_float(((int)k + 127) << 23));
+}
+__device__ void smp_logprobs(const float *x, int V, float top, int id, int n_top, gpu_samp_lp *out, smp_shared &sh) {
+    const int nfull = V / 64;
+    for (int b = threadIdx.x; b < nfull; b += GPU_SAMPLE_NT) {
+        const float *q = x + 64 * b;
+        float a[4] = {0, 0, 0, 0}, c[4] = {0, 0, 0, 0}, d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 64; i += 16)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                a[j] = __fadd_rn(a[j], smp_exp_lp(__fsub_rn(q[i + j], top)));
+                c[j] = __fadd_rn(c[j], smp_exp_lp(__fsub_rn(q[i + 4 + j], top)));
+                d[j] = __fadd_rn(d[j], smp_exp_lp(__fsub_rn(q[i + 8 + j], top)));
+                e[j] = __fadd_rn(e[j], smp_exp_lp(__fsub_rn(q[i + 12 + j], top)));
+            }
+#pragma unroll
+        for (int j = 0; j < 4; j++) a[j] = __fadd_rn(__fadd_rn(a[j], c[j]), __fadd_rn(d[j], e[j]));
+        sh.bmax[b] = __fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3]));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0;
+        for (int b = 0; b < nfull; b++) total = __dadd_rn(total, (double)sh.bmax[b]);
+        for (int t = 64 * nfull; t < V; t++) total = __dadd_rn(total, (double)smp_exp_lp(__fsub_rn(x[t], top)));
+        out->total = total, out->top = top, out->chosen = id >= 0 ? x[id] : 0.f;
+        out->n = 0;
+    }
+    if (n_top > 0) {
+        smp_set s = {x, V, top, 0, -INFINITY, 0, nullptr, (V + 63) / 64};
+        s.raw = true;
+        const int k = min(smp_count(s, sh), n_top);
+        if (k > 0) {
+            smp_collect(s, smp_select(s, k, sh), sh);   // (sorted: the k largest keys)
+            if ((int)threadIdx.x < k) {
+                const unsigned o = (unsigned)(sh.key[threadIdx.x] >> 32);
+                out->ids[threadIdx.x] = smp_key_id(sh.key[threadIdx.x]);
+                out->vals[threadIdx.x] = __uint_as_float(o & 0x80000000u ? o & 0x7fffffffu : ~o);
+            }
+            if (threadIdx.x == 0) out->n = k;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
+                                                                    const int2 *__restrict__ pen, int *__restrict__ ids, gpu_samp_lp *__restrict__ lp) {
+    GPU_DEP();
+    __shared__ smp_shared sh;
+    const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const gpu_samp_row p = rows[r];
+    const int nb = (V + 63) / 64;
+    // 0. the penalties, in place on the seen tokens (distinct: each thread its own), as samp_bank_pick's
+    //    copy: the repetition penalty, then frequency · times generated + presence where generated
+    if (p.pen_n) {
+        float *xw = logits + (size_t)r * V;
+        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
+            const int2 q = pen[p.pen_off + i];
+            float v = xw[q.x];
+            if (p.rep != 1) v = v > 0 ? __fdiv_rn(v, p.rep) : __fmul_rn(v, p.rep);
+            if (q.y) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.freq, (float)q.y), p.pres));
+            xw[q.x] = v;
+        }
+        __syncthreads();   // (the block's own writes: seen by its threads past the barrier)
+    }
+    const float *x = logits + (size_t)r * V;   // (plain loads: not the read-only path, which may hold the values before)
+    // 1. the blocks' maxima, the row's: a warp takes SMP_U blocks at a time, a lane two logits of each
+    // (8-byte loads where the row allows: every load in flight before the warp's sums)
+    float m = -INFINITY;
+    const bool pairs = ((uintptr_t)x & 7) == 0;
+    for (int b0 = SMP_U * w; b0 < nb; b0 += SMP_U * SMP_NW) {
+        float v[SMP_U];
+#pragma unroll
+        for (int u = 0; u < SMP_U; u++) {
+            const int t = 64 * (b0 + u) + 2 * lane;
+            float a0 = -INFINITY, a1 = -INFINITY;
+            if (pairs && t + 1 < V) {
+                const float2 q = *(const float2 *)(x + t);
+                a0 = q.x, a1 = q.y;
+            } else {
+                if (t < V) a0 = x[t];
+                if (t + 1 < V) a1 = x[t + 1];
+            }
+            v[u] = -INFINITY;   // (NaN never the larger)
+            v[u] = a0 > v[u] ? a0 : v[u];
+            v[u] = a1 > v[u] ? a1 : v[u];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < SMP_U; u++) {
+                const float q = __shfl_xor_sync(0xffffffffu, v[u], o);
+                v[u] = q > v[u] ? q : v[u];
+            }
+#pragma unroll
+        for (int u = 0; u < SMP_U; u++)
+            if (b0 + u < nb) {
+                if (lane == 0) sh.bmax[b0 + u] = v[u];
+                m = v[u] > m ? v[u] : m;
+            }
+    }
+    const float top = smp_block_maxf(m, sh);   // (its barriers publish bmax)
+    int id;
+    if (p.temperature == 0) {   // greedy: the first index holding the maximum
+        int first = V;
+        for (int b = w; b < nb; b += SMP_NW)
+            if (sh.bmax[b] == top)
+                for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32)
+                    if (x[t] == top) first = min(first, t);
+        first = smp_block_min(first, sh);
+        id = first < V ? first : 0;
+    } else {
+        id = smp_sampled(x, V, top, nb, p, sh);
+    }
     if (threadIdx.x == 0) ids[r] = id;
+    if (p.logprobs) smp_logprobs(x, V, top, id, p.n_top, lp + r, sh);   // (id: thread 0's)
 }

@@ -927,7 +927,8 @@ static void kernel_argmax(gpu_engine *g) {
 // tiny and huge temperatures; presence, frequency and repetition penalties, greedy too, on prompts
 // of 0 to 1,800 tokens and the picks), 12 draws each: the device's pick with the slot's generator
 // and penalized tokens, the host's generator then advanced by the one draw and the pick noted, as
-// gpu/backend.c does.
+// gpu/backend.c does; where the set asks for logprobs (1, 3, 5 and 20 most likely), collect's
+// finish of k_sample's parts (gpu_be_lp_finish) against samp_bank_pick's, bit for bit.
 static void kernel_sample(gpu_engine *g) {
     enum { R = 7, D = 12 };
     static const int Vs[] = {248320, 4096, 1001};
@@ -939,15 +940,19 @@ static void kernel_sample(gpu_engine *g) {
         {0.7f, 20, 0.8f, 0, 1.5f, 0, 1}, {1, 40, 0.95f, 0.05f, 0.5f, 0.8f, 1.3f}, {0, 0, 1, 0, 1.0f, 0, 1.2f}, {0.6f, 1024, 0.9f, 0, 0, 2, 1},
     };
     enum { NP = sizeof P / sizeof P[0] };
+    // the sets whose picks also give logprobs, and with how many most likely tokens (no penalties: the
+    // device gives the raw logits' logprobs of unpenalized rows only)
+    static const int LP[NP] = {20, 0, 5, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0}, LPON[NP] = {1, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
     moet_err e = {{0}};
     arena d;
-    if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 8 * 4096 * R + 5 * 4096, &e)) {
+    if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 8 * 4096 * R + sizeof(gpu_samp_lp) * R + 6 * 4096, &e)) {
         CHECK(0, "%s", e.msg);
         return;
     }
     CUdeviceptr rowsd = (uintptr_t)arena_take(&d, sizeof(gpu_samp_row) * R, 256, "sample rows"), idd = (uintptr_t)arena_take(&d, sizeof(int32_t) * R, 256, "ids");
     enum { NPEN = 4096 };   // (a prompt of 2,000 tokens and the picks: distinct ids at most)
     CUdeviceptr pend = (uintptr_t)arena_take(&d, 2 * sizeof(int32_t) * NPEN * R, 256, "sample penalties");
+    CUdeviceptr lpd = (uintptr_t)arena_take(&d, sizeof(gpu_samp_lp) * R, 256, "sample logprobs");
     static int32_t pen[2 * NPEN * R], prompt[2000];
     const size_t base = d.used;
     for (int vi = 0; vi < 3; vi++) {
@@ -983,58 +988,71 @@ static void kernel_sample(gpu_engine *g) {
             free(x);
             break;
         }
-        int same = 1, picks = 0, first_bad = -1, takes = 1;
+        int same = 1, picks = 0, first_bad = -1, takes = 1, lp_same = 1, lps = 0;
         int32_t bad_want = 0, bad_got = 0;
         for (int pi = 0; pi < NP; pi++) {
             for (int k = 0; k < R; k++) {
                 const uint64_t seed = 1000u * (unsigned)pi + (unsigned)k + 7;
                 if (host.slot[k].active) samp_bank_release(&host, k), samp_bank_release(&dev, k);
                 const int np = k * 300 % 2001;   // (prompts of 0 to 2,000 tokens)
-                CHECK(!samp_bank_admit(&host, k, &P[pi], seed, 0, 0, prompt, np, &e) && !samp_bank_admit(&dev, k, &P[pi], seed, 0, 0, prompt, np, &e), "%s", e.msg);
+                CHECK(!samp_bank_admit(&host, k, &P[pi], seed, LPON[pi], LP[pi], prompt, np, &e) &&
+                          !samp_bank_admit(&dev, k, &P[pi], seed, LPON[pi], LP[pi], prompt, np, &e),
+                      "%s", e.msg);
             }
             for (int dr = 0; dr < D; dr++) {
                 gpu_samp_row rows[R];
-                int32_t want[R], got[R];
+                gpu_samp_lp lpg[R];
+                int32_t want[R], got[R], want_ids[R][MOET_MAX_LOGPROBS], got_ids[MOET_MAX_LOGPROBS];
+                float want_lp[R], want_tl[R][MOET_MAX_LOGPROBS], got_lp, got_tl[MOET_MAX_LOGPROBS];
                 int npen = 0;
                 for (int k = 0; k < R; k++) {
                     takes &= gpu_be_samp_row(&dev, k, &rows[k], pen, &npen);
-                    samp_bank_pick(&host, k, x + (size_t)k * V, &want[k], NULL, NULL, NULL);
+                    samp_bank_pick(&host, k, x + (size_t)k * V, &want[k], &want_lp[k], want_ids[k], want_tl[k]);
                 }
                 CU_CHECK(cu.cuMemcpyHtoD(rowsd, rows, sizeof rows));
                 if (npen) CU_CHECK(cu.cuMemcpyHtoD(pend, pen, 2 * sizeof(int32_t) * (size_t)npen));
                 CU_CHECK(cu.cuMemcpyHtoD(xd, x, sizeof(float) * (size_t)R * V));
                 CU_CHECK(cu.cuCtxSynchronize());
-                gpu_k_sample(&g->k, g->compute, xd, V, rowsd, pend, idd, R);
+                gpu_k_sample(&g->k, g->compute, xd, V, rowsd, pend, idd, lpd, R);
                 CU_CHECK(cu.cuStreamSynchronize(g->compute));
                 CU_CHECK(cu.cuMemcpyDtoH(got, idd, sizeof got));
+                CU_CHECK(cu.cuMemcpyDtoH(lpg, lpd, sizeof lpg));
                 for (int k = 0; k < R; k++) {   // (collect's bookkeeping: the draw, the note)
                     if (P[pi].temperature != 0) samp_next(&dev.slot[k].rng);
                     if (dev.slot[k].penalized && got[k] >= 0) samp_note(&dev, &dev.slot[k], got[k], 1);
+                    if (LPON[pi] && got[k] == want[k]) {   // the logprobs as collect finishes them: the host's bits
+                        gpu_be_lp_finish(&lpg[k], got[k], LP[pi], &got_lp, got_ids, got_tl);
+                        int ok = !memcmp(&got_lp, &want_lp[k], sizeof got_lp);
+                        for (int q = 0; q < LP[pi]; q++) ok &= got_ids[q] == want_ids[k][q] && !memcmp(&got_tl[q], &want_tl[k][q], sizeof got_tl[q]);
+                        lp_same &= ok, lps++;
+                    }
                     if (got[k] != want[k] && same) same = 0, first_bad = pi * 100 + k, bad_want = want[k], bad_got = got[k];
                     picks++;
                 }
             }
         }
         CHECK(takes, "k_sample [%d logits]: every parameter set is one the device picks (gpu_be_samp_row)", V);
+        CHECK(lp_same, "k_sample [%d logits]: logprobs (the pick's and the most likely tokens') not samp_bank_pick's bits", V);
         CHECK(same, "k_sample [%d logits]: not samp_bank_pick's token (parameter set %d, row kind %d: %d vs the host's %d)", V, first_bad / 100,
               first_bad % 100, bad_got, bad_want);
-        printf("k_sample [%d logits, %d parameter sets x %d row kinds x %d draws]: samp_bank_pick's tokens, %d of %d\n", V, NP, R, D, same ? picks : 0, picks);
+        printf("k_sample [%d logits, %d parameter sets x %d row kinds x %d draws]: samp_bank_pick's tokens, %d of %d; its logprobs bit for bit in %d picks\n",
+               V, NP, R, D, same ? picks : 0, picks, lp_same ? lps : 0);
         samp_bank_free(&host), samp_bank_free(&dev);
         free(x);
         d.used = base;
     }
-    {   // which rows the device picks: not those with logprobs, all tokens, more than it keeps, or more
-        // penalized tokens than the launch has room for
+    {   // which rows the device picks: not those with all tokens, more than it keeps, more penalized
+        // tokens than the launch has room for, or logprobs and penalties both
         samp_bank b;
         gpu_samp_row row;
         if (samp_bank_init(&b, 1000, 1, 16, &e)) CHECK(0, "%s", e.msg);
         else {
             samp_params pen_p = P[1], all = P[1], wide = P[1], edge = P[1];
             pen_p.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
-            const samp_params *ps[] = {&pen_p, &P[1], &all, &wide, &edge, &pen_p};
-            const int lps[] = {0, 1, 0, 0, 0, 0}, takes[] = {1, 0, 0, 0, 1, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN - 2};
+            const samp_params *ps[] = {&pen_p, &P[1], &all, &wide, &edge, &pen_p, &pen_p};
+            const int lps[] = {0, 1, 0, 0, 0, 0, 1}, takes[] = {1, 1, 0, 0, 1, 0, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN - 2, 0};
             int ok = 1;
-            for (int i = 0; i < 6; i++) {
+            for (int i = 0; i < 7; i++) {
                 CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, prompt, 3, &e), "%s", e.msg);
                 int n = used[i];
                 ok &= gpu_be_samp_row(&b, 0, &row, pen, &n) == takes[i];
@@ -1042,7 +1060,7 @@ static void kernel_sample(gpu_engine *g) {
             }
             int n = 0;
             ok &= !gpu_be_samp_row(&b, 0, &row, pen, &n);   // a free slot
-            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows without logprobs whose penalized tokens fit, and no other", GPU_SAMPLE_KMAX);
+            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows whose penalized tokens fit, logprobs where unpenalized, and no other", GPU_SAMPLE_KMAX);
             samp_bank_free(&b);
         }
     }
