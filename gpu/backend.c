@@ -7,9 +7,9 @@
 // with the slot's sampler (samp_bank, the same code as the CPU backend: a request samples the
 // same way on both). A step whose wanted rows are all greedy without penalties or logprobs
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
-// pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens
-// without logprobs (gpu_be_samp_row; k_sample: samp_bank_pick's token, draw for draw, penalties too):
-// 4 bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
+// pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens,
+// penalized or with logprobs but not both (gpu_be_samp_row; k_sample: samp_bank_pick's token and
+// logprobs, draw for draw): 4 bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
 // when there are not enough: the request waits, nothing is preempted.
 
 typedef struct {
@@ -248,8 +248,8 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
 }
 
 // Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
-// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), without logprobs,
-// penalized or not; then r is its row: the parameters as samp_pick derives them, the generator
+// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), penalized or with
+// logprobs but not both; then r is its row: the parameters as samp_pick derives them, the generator
 // before the pick (collect advances the slot's by the one draw the pick takes and notes the token
 // for the penalties, as the pick does), and a penalized slot's seen tokens with the times each was
 // generated, appended to pen [*npen][2] (room for GPU_SAMPLE_PEN pairs: a slot past it stays on the host).
