@@ -1045,12 +1045,12 @@ static void kernel_sample(gpu_engine *g) {
         // tokens than the launch has room for, or logprobs and penalties both
         samp_bank b;
         gpu_samp_row row;
-        if (samp_bank_init(&b, 1000, 1, 16, &e)) CHECK(0, "%s", e.msg);
+        if (samp_bank_init(&b, 1001, 1, 16, &e)) CHECK(0, "%s", e.msg);   // (the prompt's ids: the last width's)
         else {
             samp_params pen_p = P[1], all = P[1], wide = P[1], edge = P[1];
             pen_p.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
             const samp_params *ps[] = {&pen_p, &P[1], &all, &wide, &edge, &pen_p, &pen_p};
-            const int lps[] = {0, 1, 0, 0, 0, 0, 1}, takes[] = {1, 1, 0, 0, 1, 0, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN - 2, 0};
+            const int lps[] = {0, 1, 0, 0, 0, 0, 1}, takes[] = {1, 1, 0, 0, 1, 0, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN, 0};
             int ok = 1;
             for (int i = 0; i < 7; i++) {
                 CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, prompt, 3, &e), "%s", e.msg);
