@@ -8,7 +8,7 @@
 // order — and elsewhere what depends on no order: maxima, counts, the k-th largest block maximum
 // and the k most likely tokens (a total order: probability, then the lower id) found by radix
 // selection instead of the host's heaps. −1 where a row has no candidate (the host's assertion).
-// CPU twin: samp_pick (moet.c), through samp_bank_pick.
+// CPU twin: samp_bank_pick (moet.c: its penalties, samp_pick, samp_logprobs' sums and selection).
 // Launch (gpu_k_sample): block GPU_SAMPLE_NT threads, grid (rows). Per row, as samp_pick:
 //  1. the maxima of its blocks of 64 logits (bmax, NaN never the larger) and the row's (top);
 //     greedy: the first index holding top (0 when none);
@@ -19,8 +19,9 @@
 //  3. else the candidates B: every logit with such an f;
 //  4. the draw from a candidate set S of n: its k most likely, sorted, where k < n, else S in id
 //     order; then top_p and one number of the generator (samp_draw's rest: thread 0, serial).
+//  5. where the row wants logprobs (never a penalized one): the parts smp_logprobs gives.
 // A penalized row's logits are penalized in place first (samp_bank_pick's copy of them: the step's
-// logits are not read after its picks); nothing else is written but ids.
+// logits are not read after its picks); nothing else is written but ids and lp.
 #include <string.h>
 #include "common.cuh"
 #include "samp.h"
@@ -35,7 +36,7 @@ struct smp_shared {
     int hist[256];                              // a radix digit's counts
     float wf[SMP_NW];
     int wi[SMP_NW];
-    int nq, n, digit, rem;
+    int n, digit, rem;
 };
 
 // A candidate's key: its probability's bits (positive floats order as their bits), then its id
