@@ -19,6 +19,7 @@ typedef struct {
     float frequency_penalty;    // [-2, 2]
     float repetition_penalty;   // > 0; 1 = off
 } samp_params;
+#define SAMP_GREEDY_BELOW 1e-5   // a temperature below this is greedy (vLLM's rule)
 
 enum { PROTO_CHAT, PROTO_COMPLETION, PROTO_STATS, PROTO_CANCEL };
 
@@ -172,7 +173,7 @@ static int proto_params(const js_doc *d, const js_node *b, int chat, const proto
     x = r->sp.temperature;
     if (proto_num(d, b, "temperature", 0, 1e6, 0, &x, pe)) return -1;
     r->sp.temperature = (float)x;
-    if (js_get(d, b, "temperature") && x > 0 && x < 1e-5) r->sp.temperature = 0;   // vLLM: below 1e-5 is greedy
+    if (js_get(d, b, "temperature") && x > 0 && x < SAMP_GREEDY_BELOW) r->sp.temperature = 0;
     x = r->sp.top_p;
     if (proto_num(d, b, "top_p", 0, 1, 1, &x, pe)) return -1;
     r->sp.top_p = (float)x;

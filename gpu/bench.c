@@ -60,7 +60,8 @@ static const char bench_usage[] =
     "  --mtp FILE            the MTP head (mtp.* tensors) from this file, for a checkpoint without one\n"
     "  --temperature X       decode picks sampled at this temperature (default 0: greedy), each\n"
     "                        sequence seeded by its index\n"
-    "  --top-k N             with --temperature: the N most likely tokens (default 0: all)\n"
+    "  --top-k N             with --temperature: the N most likely tokens (default 0, or above the\n"
+    "                        vocabulary: all)\n"
     "  --top-p X             with --temperature: the most likely tokens up to this mass (default 1)\n"
     "  --threads N           CPU backend: worker threads (default: the cores)\n"
     "  --host-margin-gb G    on a GPU that shares the host's memory (GB10): GiB of MemAvailable the\n"
@@ -248,7 +249,7 @@ static int cmd_bench(int argc, char **argv) {
     // progress on stderr; every slot held, or a pool of --expert-cache-gb (the CPU reference)
     o.popt = (pf_serve_opts){o.no_verify, 0, 0, 1, o.expert_cache_gb, o.prefetch ? strcmp(o.prefetch, "off") != 0 : -1, o.io_depth, o.route_zipf};
     if (o.depth < 0) o.depth = o.prompt;
-    if (o.temperature < 1e-5) o.temperature = 0;   // (the protocol's rule: below 1e-5 is greedy)
+    if (o.temperature < SAMP_GREEDY_BELOW) o.temperature = 0;   // (a request's rule)
     o.spec_auto = o.spec_name && !strcmp(o.spec_name, "auto");
     o.spec = o.spec_auto ? SPEC_AUTO_MAX : o.spec_name ? atoi(o.spec_name) : 0;
     _Static_assert(SPEC_AUTO_MAX <= MOET_MAX_SPEC, "bench: auto's drafts fit a row's");
@@ -261,6 +262,7 @@ static int cmd_bench(int argc, char **argv) {
     ck_model m;
     if (ck_open(&m, o.model, &e)) { fprintf(stderr, "moet bench: %s\n", e.msg); return 1; }
     const ck_config *c = &m.cfg;
+    if (o.top_k > c->vocab) o.top_k = 0;   // above the vocabulary: every token (a request's rule; the sampler's k ≤ V)
     // a decode step emits up to spec + 1 tokens a sequence
     int max_len = o.depth + (o.gen + probe_steps + (o.profile ? 4 : 0)) * (o.spec + 1) + 1, rc = 1, Tm = o.max_batch_tokens < maxB ? maxB : o.max_batch_tokens;
     static engine_any E;
