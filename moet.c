@@ -2066,17 +2066,35 @@ typedef struct {
     int *n;
 } spec_res;
 
-// The picks of row i (slot's sampler) over the logits of its verified tokens, lg [nd + 1, V] (row
-// j: after fed token j; ft[j + 1] the draft fed next): y_j picked exactly as without drafts, the
-// draft kept while it is y_j. Returns the drafts accepted; *ylast is the last pick.
-static int spec_accept(samp_bank *bank, int slot, const float *lg, int V, const int32_t *ft, int nd, int i, const spec_res *o, int32_t *ylast) {
+// One pick of spec_accept: the token after fed token j into *y (and, when the slot asked for
+// logprobs, *lp and ti / tl [top_logprobs]), the slot's sampler advanced as samp_bank_pick advances
+// it — by samp_bank_pick over that row's logits (spec_pick_host), or from the device's pick of it
+// (the GPU's k_sample, which took it as samp_bank_pick would).
+typedef void (*spec_pick_fn)(void *ctx, int j, int32_t *y, float *lp, int32_t *ti, float *tl);
+
+// spec_pick_host's context: the slot's sampler and the logits of its verified tokens, lg [nd + 1, V].
+typedef struct {
+    samp_bank *bank;
+    int slot, V;
+    const float *lg;
+} spec_host;
+
+static void spec_pick_host(void *ctx, int j, int32_t *y, float *lp, int32_t *ti, float *tl) {
+    const spec_host *h = ctx;
+    samp_bank_pick(h->bank, h->slot, h->lg + (size_t)j * h->V, y, lp, ti, tl);
+}
+
+// The picks of row i over its verified tokens (row j: after fed token j; ft[j + 1] the draft fed
+// next): y_j picked exactly as without drafts, the draft kept while it is y_j. Returns the drafts
+// accepted; *ylast is the last pick.
+static int spec_accept(spec_pick_fn pick, void *ctx, const int32_t *ft, int nd, int i, const spec_res *o, int32_t *ylast) {
     int m = 0;
     for (int j = 0;; j++) {
         int32_t y;
         float lp;
         int32_t *ti = j ? o->more_top_ids + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : o->top_ids + (size_t)i * MOET_MAX_LOGPROBS;
         float *tl = j ? o->more_top_lp + ((size_t)i * MOET_MAX_SPEC + j - 1) * MOET_MAX_LOGPROBS : o->top_lp + (size_t)i * MOET_MAX_LOGPROBS;
-        samp_bank_pick(bank, slot, lg + (size_t)j * V, &y, &lp, ti, tl);
+        pick(ctx, j, &y, &lp, ti, tl);
         if (j) o->more[(size_t)i * MOET_MAX_SPEC + j - 1] = y, o->more_lp[(size_t)i * MOET_MAX_SPEC + j - 1] = lp;
         else o->tok[i] = y, o->lp[i] = lp;
         o->n[i] = j + 1;
@@ -2130,7 +2148,8 @@ static int ref_be_spec_row(ref_engine *r, int i, int slot, const int32_t *ids, i
     q->nd = 0;
     if (want) {
         const spec_res o = {r->res_tok, r->res_more, r->res_top_ids, r->res_more_top_ids, r->res_lp, r->res_more_lp, r->res_top_lp, r->res_more_top_lp, r->res_n};
-        m = spec_accept(&r->bank, slot, r->spec_logits, V, ft, nd, i, &o, &ylast);
+        spec_host h = {&r->bank, slot, V, r->spec_logits};
+        m = spec_accept(spec_pick_host, &h, ft, nd, i, &o, &ylast);
     }
     int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
     if (kept < c + nd) {         // a rejected draft: back to the state before, the kept tokens again

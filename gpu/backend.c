@@ -9,8 +9,10 @@
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
 // pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens,
 // penalized or with logprobs but not both (gpu_be_samp_row; k_sample: samp_bank_pick's token and
-// logprobs, draw for draw): 4 bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the free list (gpu_seq_start) and answers 1
-// when there are not enough: the request waits, nothing is preempted.
+// logprobs, draw for draw), and so do a speculating row's verified tokens on the same terms: 4
+// bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the
+// free list (gpu_seq_start) and answers 1 when there are not enough: the request waits, nothing
+// is preempted.
 
 typedef struct {
     gpu_engine g;
@@ -26,6 +28,7 @@ typedef struct {
     int l_ids;               // the launched step's wanted rows are all picked on the device: their ids come back
                              // (k_argmax where all are plain greedy, else k_sample), not logits
     int lost;                // a step's synchronisation failed: the context is unusable (ENGINE_LOST from then on)
+    long long spec_dev_rows; // speculating rows' verified tokens whose picks the device made (k_sample)
     engine_fault fault;      // MOET_FAULT (the backend's test hook)
     // speculation with the MTP head (g.o.mtp; as the CPU's ref_be_spec_row): per slot the drafts
     // per decode row (spec ≤ spec_cap, set_spec), the drafts ready for its next row (draft [nd]),
@@ -138,16 +141,105 @@ static void gpu_be_release(void *self, int slot) {
     b->reserve[slot] = 0;
 }
 
+// Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
+// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), penalized or with
+// logprobs but not both; then r is its row: the parameters as samp_pick derives them, the generator
+// and a penalized slot's seen tokens with the times each was generated (appended to pen [*npen][2];
+// room for GPU_SAMPLE_PEN pairs: a slot past it stays on the host) as they will be at the pick —
+// after the n_ahead picks ahead [n_ahead] that come before it in the same step (a speculating row's
+// drafts, the row's pick assuming them kept: each advanced the generator by its one draw when the
+// slot samples, and was generated once more), which the caller notes only when it takes them
+// (gpu_be_took, as the pick does).
+static int gpu_be_samp_row(const samp_bank *bk, int slot, const int32_t *ahead, int n_ahead, gpu_samp_row *r, int32_t *pen, int *npen) {
+    const samp_slot *s = &bk->slot[slot];
+    const samp_params *p = &s->sp;
+    _Static_assert(MOET_MAX_LOGPROBS <= GPU_SAMPLE_TOP, "k_sample: a request's top_logprobs");
+    // (logprobs are of the raw logits: a penalized row's are penalized in place first)
+    if (!s->active || (s->logprobs && s->penalized) || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
+    if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
+    MOET_ASSERT(n_ahead >= 0 && n_ahead <= MOET_MAX_SPEC, "k_sample: %d picks ahead of a row", n_ahead);
+    // the ids ahead not seen yet (each once): the slot's pick notes them before this one
+    int32_t fresh[MOET_MAX_SPEC];
+    int nf = 0;
+    for (int a = 0; s->penalized && a < n_ahead; a++) {
+        const int32_t t = ahead[a];
+        int dup = (s->seen[t >> 3] >> (t & 7)) & 1;
+        for (int f = 0; f < nf; f++) dup |= fresh[f] == t;
+        if (!dup) fresh[nf++] = t;
+    }
+    const int pn = s->penalized ? s->n_touched + nf : 0;
+    if (pn > GPU_SAMPLE_PEN - *npen) return 0;
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < pn; i++) {
+        const int32_t t = i < s->n_touched ? s->touched[i] : fresh[i - s->n_touched];
+        int c = i < s->n_touched ? s->count[t] : 0;
+        for (int a = 0; a < n_ahead; a++) c += ahead[a] == t;
+        pen[2 * (*npen + i)] = t, pen[2 * (*npen + i) + 1] = c < UINT16_MAX ? c : UINT16_MAX;   // (samp_note's count saturates)
+    }
+    r->rep = p->repetition_penalty, r->freq = p->frequency_penalty, r->pres = p->presence_penalty;
+    r->pen_off = *npen, r->pen_n = pn;
+    *npen += pn;
+    r->logprobs = s->logprobs, r->n_top = s->logprobs ? s->top_logprobs : 0;
+    samp_rng g = s->rng;
+    for (int a = 0; p->temperature != 0 && a < n_ahead; a++) samp_next(&g);
+    memcpy(r->rng, g.s, sizeof r->rng);
+    r->temperature = p->temperature;
+    r->inv_t = p->temperature != 0 ? 1.0f / p->temperature : 0;
+    r->min_p = p->min_p;
+    r->min_p_log = p->min_p > 0 ? logf(p->min_p) - 1e-3f : 0;
+    r->top_p = p->top_p;
+    r->top_k = p->top_k;
+    return 1;
+}
+
+// samp_logprobs's ends from k_sample's parts q of a row whose pick is `picked`: lse = top + log(Σ)
+// (the host's log), the pick's logit − lse into *lp, the n_top most likely and theirs into ids /
+// lps (past the row's numbers: the pick and −inf, as samp_logprobs fills them).
+static void gpu_be_lp_finish(const gpu_samp_lp *q, int32_t picked, int n_top, float *lp, int32_t *ids, float *lps) {
+    const double lse = q->top + log(q->total);
+    *lp = (float)(q->chosen - lse);
+    for (int k = 0; k < n_top; k++) {
+        ids[k] = k < q->n ? q->ids[k] : picked;
+        lps[k] = k < q->n ? (float)(q->vals[k] - lse) : -INFINITY;
+    }
+}
+
+// Slot's pick made on the device as row j of the last k_sample or k_argmax (ids_host[j], with its
+// logprobs' parts samp_lp_host[j] where the slot asked for them): samp_bank_pick's token into *y
+// (and *lp, ti / tl [top_logprobs]), the slot's sampler advanced as the pick advances it — one draw
+// when it samples, the token noted for the penalties.
+static void gpu_be_took(gpu_backend *b, int slot, int j, int32_t *y, float *lp, int32_t *ti, float *tl) {
+    samp_slot *sl = &b->bank.slot[slot];
+    const int32_t picked = *y = b->g.ids_host[j];
+    MOET_ASSERT(picked >= 0 && picked < b->g.m->cfg.vocab, "sampler: no candidate token (k_sample: %d)", picked);
+    if (sl->sp.temperature != 0) samp_next(&sl->rng);
+    if (sl->penalized) samp_note(&b->bank, sl, picked, 1);
+    if (sl->logprobs) gpu_be_lp_finish(&b->g.samp_lp_host[j], picked, sl->top_logprobs, lp, ti, tl);
+}
+
+// spec_accept's pick from the device's (gpu_be_took: row j of the k_sample just run for slot).
+typedef struct {
+    gpu_backend *b;
+    int slot;
+} gpu_spec_dev;
+
+static void gpu_spec_pick_dev(void *ctx, int j, int32_t *y, float *lp, int32_t *ti, float *tl) {
+    const gpu_spec_dev *d = ctx;
+    gpu_be_took(d->b, d->slot, j, y, lp, ti, tl);
+}
+
 // Row i of a step (slot, ids [c], want) on a speculating slot, as the CPU's ref_be_spec_row (the
 // definition; moet.c): the fed tokens, then the slot's drafts when it is a decode row (c = 1) —
 // one verification of 1 + nd tokens through the recurrent GDN kernel (g.rule_rows: the bits of
 // single decode steps), every token's logits and hidden state after the final norm kept. After
-// each fed token j the slot's sampler picks y_j exactly as without drafts, and the draft fed next
-// is kept when it is y_j; past a rejection the GDN states and conv windows the verification left
-// after the last kept token are taken back (gpu_hist_restore: nothing runs again). The head then takes a row per fed token whose successor is known (a prompt
-// chunk's last token waits in g.mtp_pend for the next chunk's first) and, after a picked token,
-// drafts from its last row (the greedy pick of its logits, k_argmax), each further draft feeding
-// the head's normed output back (those rows undone afterwards). Synchronous.
+// each fed token j the slot's sampler picks y_j exactly as without drafts (on the device where
+// k_sample can: gpu_be_samp_row), and the draft fed next is kept when it is y_j; past a
+// rejection the GDN states and conv windows the verification left after the last kept token are
+// taken back (gpu_hist_restore: nothing runs again). The head then takes a row per fed token
+// whose successor is known (a prompt chunk's last token waits in g.mtp_pend for the next chunk's
+// first) and, after a picked token, drafts from its last row (the greedy pick of its logits,
+// k_argmax), each further draft feeding the head's normed output back (those rows undone
+// afterwards). Synchronous.
 static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, int c, int want, moet_err *e) {
     gpu_engine *g = &b->g;
     int H = g->m->cfg.hidden, V = g->m->cfg.vocab, p = g->pos[slot];
@@ -167,14 +259,25 @@ static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, 
     g->rule_rows = g->keep_hist = 0;
     if (rc) return -1;
     CU_CHECK(cu.cuMemcpyDtoDAsync(g->mtp_h, g->xn, sizeof(float) * (size_t)(c + nd) * H, g->compute));
-    const float *lg = want ? gpu_step_logits(g, nr) : NULL;   // (rows c − 1 .. c − 1 + nd: the picks')
     int m = 0;             // accepted drafts
     int32_t ylast = -1;    // the last token picked
     b->res_tok[i] = -1, b->res_n[i] = 0, b->res_drafted[i] = nd;
     b->nd[slot] = 0;
-    if (want) {
+    if (want) {   // the picks of rows c − 1 .. c − 1 + nd
         const spec_res o = {b->res_tok, b->res_more, b->res_top_ids, b->res_more_top_ids, b->res_lp, b->res_more_lp, b->res_top_lp, b->res_more_top_lp, b->res_n};
-        m = spec_accept(&b->bank, slot, lg + (size_t)(c - 1) * V, V, ft, nd, i, &o, &ylast);
+        int dev = 1, npen = 0;   // on the device where each can be (row j assuming the drafts before it kept: past a
+                                 // rejection the rows' picks are not taken), 4 bytes a row back instead of V · 4
+        for (int j = 0; dev && j <= nd; j++) dev = gpu_be_samp_row(&b->bank, slot, ft + 1, j, &g->samp_host[j], g->samp_pen_host, &npen);
+        if (dev) {
+            gpu_step_sample_async(g, c - 1, nd + 1, npen, b->bank.slot[slot].logprobs);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            gpu_spec_dev d = {b, slot};
+            m = spec_accept(gpu_spec_pick_dev, &d, ft, nd, i, &o, &ylast);
+            b->spec_dev_rows += nd + 1;
+        } else {
+            spec_host h = {&b->bank, slot, V, gpu_step_logits(g, nr) + (size_t)(c - 1) * V};
+            m = spec_accept(spec_pick_host, &h, ft, nd, i, &o, &ylast);
+        }
     }
     int kept = nd ? m + 1 : c;   // fed tokens that stay in the sequence
     if (kept < c + nd) {         // a rejected draft: the state after the last kept token, kept by the verification
@@ -247,49 +350,6 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
     return 0;
 }
 
-// Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
-// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), penalized or with
-// logprobs but not both; then r is its row: the parameters as samp_pick derives them, the generator
-// before the pick (collect advances the slot's by the one draw the pick takes and notes the token
-// for the penalties, as the pick does), and a penalized slot's seen tokens with the times each was
-// generated, appended to pen [*npen][2] (room for GPU_SAMPLE_PEN pairs: a slot past it stays on the host).
-static int gpu_be_samp_row(const samp_bank *bk, int slot, gpu_samp_row *r, int32_t *pen, int *npen) {
-    const samp_slot *s = &bk->slot[slot];
-    const samp_params *p = &s->sp;
-    _Static_assert(MOET_MAX_LOGPROBS <= GPU_SAMPLE_TOP, "k_sample: a request's top_logprobs");
-    // (logprobs are of the raw logits: a penalized row's are penalized in place first)
-    if (!s->active || (s->logprobs && s->penalized) || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
-    if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
-    const int pn = s->penalized ? s->n_touched : 0;
-    if (pn > GPU_SAMPLE_PEN - *npen) return 0;
-    memset(r, 0, sizeof *r);
-    for (int i = 0; i < pn; i++) pen[2 * (*npen + i)] = s->touched[i], pen[2 * (*npen + i) + 1] = s->count[s->touched[i]];
-    r->rep = p->repetition_penalty, r->freq = p->frequency_penalty, r->pres = p->presence_penalty;
-    r->pen_off = *npen, r->pen_n = pn;
-    *npen += pn;
-    r->logprobs = s->logprobs, r->n_top = s->logprobs ? s->top_logprobs : 0;
-    memcpy(r->rng, s->rng.s, sizeof r->rng);
-    r->temperature = p->temperature;
-    r->inv_t = p->temperature != 0 ? 1.0f / p->temperature : 0;
-    r->min_p = p->min_p;
-    r->min_p_log = p->min_p > 0 ? logf(p->min_p) - 1e-3f : 0;
-    r->top_p = p->top_p;
-    r->top_k = p->top_k;
-    return 1;
-}
-
-// samp_logprobs's ends from k_sample's parts q of a row whose pick is `picked`: lse = top + log(Σ)
-// (the host's log), the pick's logit − lse into *lp, the n_top most likely and theirs into ids /
-// lps (past the row's numbers: the pick and −inf, as samp_logprobs fills them).
-static void gpu_be_lp_finish(const gpu_samp_lp *q, int32_t picked, int n_top, float *lp, int32_t *ids, float *lps) {
-    const double lse = q->top + log(q->total);
-    *lp = (float)(q->chosen - lse);
-    for (int k = 0; k < n_top; k++) {
-        ids[k] = k < q->n ? q->ids[k] : picked;
-        lps[k] = k < q->n ? (float)(q->vals[k] - lse) : -INFINITY;
-    }
-}
-
 static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     gpu_backend *b = self;
     if (b->launched) return err_set(e, "launch: the step launched before was not collected");
@@ -310,12 +370,12 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     for (int i = 0, j = 0; i < s->n; i++) {
         if (!s->want[i]) continue;
         greedy &= samp_bank_plain_greedy(&b->bank, s->slots[i]);
-        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], &b->g.samp_host[j], b->g.samp_pen_host, &npen);
+        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], NULL, 0, &b->g.samp_host[j], b->g.samp_pen_host, &npen);
         lp |= b->bank.slot[s->slots[i]].logprobs;
         j++;
     }
     if (greedy) gpu_step_greedy_async(&b->g, nr);
-    else if (dev) gpu_step_sample_async(&b->g, nr, npen, lp);
+    else if (dev) gpu_step_sample_async(&b->g, 0, nr, npen, lp);
     else gpu_step_logits_async(&b->g, nr);
     b->l_ids = greedy || dev;
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
@@ -351,16 +411,9 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
     for (int i = 0, j = 0; i < b->l_n; i++) {
         b->res_tok[i] = -1;   // no token for a mid-prompt chunk
         if (!b->l_want[i]) continue;
-        if (b->l_ids) {   // samp_bank_pick's token, picked on the device; a sampled one took one draw
-            samp_slot *sl = &b->bank.slot[b->l_slots[i]];
-            const int32_t picked = b->res_tok[i] = b->g.ids_host[j];
-            MOET_ASSERT(picked >= 0 && picked < V, "sampler: no candidate token (k_sample: %d)", picked);
-            if (sl->sp.temperature != 0) samp_next(&sl->rng);
-            if (sl->penalized) samp_note(&b->bank, sl, picked, 1);
-            if (sl->logprobs)
-                gpu_be_lp_finish(&b->g.samp_lp_host[j], picked, sl->top_logprobs, &b->res_lp[i], b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS,
-                                 b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
-            j++;
+        if (b->l_ids) {   // samp_bank_pick's token, picked on the device
+            gpu_be_took(b, b->l_slots[i], j++, &b->res_tok[i], &b->res_lp[i], b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS,
+                        b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
             continue;
         }
         samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
@@ -401,7 +454,7 @@ static void gpu_warm(gpu_engine *g) {
         g->samp_host[0] = (gpu_samp_row){.temperature = 1, .inv_t = 1, .top_p = 1, .top_k = 1};
         gpu_step_greedy_async(g, 1);
         g->samp_host[0].logprobs = 1, g->samp_host[0].n_top = 1;
-        gpu_step_sample_async(g, 1, 0, 1);
+        gpu_step_sample_async(g, 0, 1, 0, 1);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
     }
     gpu_seq_end(g, slot);

@@ -1364,16 +1364,17 @@ static void gpu_step_greedy_async(gpu_engine *g, int nr) {
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }
 
-// Queues each row's pick (rows [0, nr) of the last step, their parameters in samp_host[0, nr), their
-// npen penalized tokens in samp_pen_host: k_sample) and its copy into the pinned ids_host: the
-// tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens, 4 bytes a row where
-// the logits are V · 4 (penalized rows' logits are penalized in place); with lp, also the rows'
-// logprobs' parts into samp_lp_host (192 bytes a row).
-static void gpu_step_sample_async(gpu_engine *g, int nr, int npen, int lp) {
+// Queues each row's pick (rows [r0, r0 + nr) of the last step, their parameters in samp_host[0, nr),
+// their npen penalized tokens in samp_pen_host: k_sample) and its copy into the pinned ids_host[0,
+// nr): the tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens, 4 bytes a
+// row where the logits are V · 4 (penalized rows' logits are penalized in place); with lp, also the
+// rows' logprobs' parts into samp_lp_host (192 bytes a row).
+static void gpu_step_sample_async(gpu_engine *g, int r0, int nr, int npen, int lp) {
     if (!nr) return;
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp, g->samp_host, sizeof(gpu_samp_row) * (size_t)nr, g->compute));
     if (npen) CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp_pen, g->samp_pen_host, 2 * sizeof(int32_t) * (size_t)npen, g->compute));
-    gpu_k_sample(&g->k, g->compute, g->logits, g->m->cfg.vocab, g->samp, g->samp_pen, g->ids, g->samp_lp, nr);
+    const CUdeviceptr rows = g->logits + (CUdeviceptr)r0 * g->m->cfg.vocab * sizeof(float);
+    gpu_k_sample(&g->k, g->compute, rows, g->m->cfg.vocab, g->samp, g->samp_pen, g->ids, g->samp_lp, nr);
     if (lp) CU_CHECK(cu.cuMemcpyDtoHAsync(g->samp_lp_host, g->samp_lp, sizeof(gpu_samp_lp) * (size_t)nr, g->compute));
     CU_CHECK(cu.cuMemcpyDtoHAsync(g->ids_host, g->ids, sizeof(int32_t) * (size_t)nr, g->compute));
 }

@@ -1006,7 +1006,7 @@ static void kernel_sample(gpu_engine *g) {
                 float want_lp[R], want_tl[R][MOET_MAX_LOGPROBS], got_lp, got_tl[MOET_MAX_LOGPROBS];
                 int npen = 0;
                 for (int k = 0; k < R; k++) {
-                    takes &= gpu_be_samp_row(&dev, k, &rows[k], pen, &npen);
+                    takes &= gpu_be_samp_row(&dev, k, NULL, 0, &rows[k], pen, &npen);
                     samp_bank_pick(&host, k, x + (size_t)k * V, &want[k], &want_lp[k], want_ids[k], want_tl[k]);
                 }
                 CU_CHECK(cu.cuMemcpyHtoD(rowsd, rows, sizeof rows));
@@ -1055,11 +1055,11 @@ static void kernel_sample(gpu_engine *g) {
             for (int i = 0; i < 7; i++) {
                 CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, prompt, 3, &e), "%s", e.msg);
                 int n = used[i];
-                ok &= gpu_be_samp_row(&b, 0, &row, pen, &n) == takes[i];
+                ok &= gpu_be_samp_row(&b, 0, NULL, 0, &row, pen, &n) == takes[i];
                 samp_bank_release(&b, 0);
             }
             int n = 0;
-            ok &= !gpu_be_samp_row(&b, 0, &row, pen, &n);   // a free slot
+            ok &= !gpu_be_samp_row(&b, 0, NULL, 0, &row, pen, &n);   // a free slot
             CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows whose penalized tokens fit, logprobs where unpenalized, and no other", GPU_SAMPLE_KMAX);
             samp_bank_free(&b);
         }
@@ -1838,18 +1838,28 @@ static void mtp_goldens(void) {
 }
 
 // Speculative decoding on the GPU (gpu_be_spec_row; the demo model and its trained head): each
-// golden prompt, then 24 tokens decoded greedily and sampled (seeded, temperature 0.8) with 0, 1,
-// 2, 3 and MOET_MAX_SPEC drafts a step, the prompt whole or in chunks of 5 (the head's pending
-// row): every run gives the tokens of the run without drafts (verification rows take the
-// recurrent GDN kernel: the bits of single steps), and the trained head gets drafts accepted.
-static int spec_run(engine_backend *be, const int32_t *pr, int P, const samp_params *sp, int k, int chunk, int32_t *out, long long *acc,
+// golden prompt, then 24 tokens decoded with 0, 1, 2, 3 and MOET_MAX_SPEC drafts a step, the
+// prompt whole or in chunks of 5 (the head's pending row), under five samplers: greedy; sampled
+// from every token (temperature 0.8: the verified rows' picks on the host); sampled from the 20
+// most likely with top_p (k_sample's picks); the same with 5 top_logprobs; and with min_p and the
+// three penalties (each verified row's penalties counting the drafts before it). Every run gives
+// the run without drafts' tokens and logprobs, bit for bit (verification rows take the recurrent
+// GDN kernel: the bits of single steps), the trained head gets drafts accepted, and the verified
+// rows of the k_sample samplers were picked on the device (b.spec_dev_rows).
+enum { SPEC_N = 24, SPEC_TOP = 5 };
+typedef struct {
+    int32_t tok[SPEC_N], top[SPEC_N][SPEC_TOP];
+    float lp[SPEC_N], top_lp[SPEC_N][SPEC_TOP];
+} spec_out;
+
+static int spec_run(engine_backend *be, const int32_t *pr, int P, const samp_params *sp, int lp, int k, int chunk, spec_out *out, long long *acc,
                     moet_err *e) {
-    enum { N = 24 };
-    engine_admit a = {*sp, 11, 0, 0, pr, P, P + N, k};
+    engine_admit a = {*sp, 11, lp, lp ? SPEC_TOP : 0, pr, P, P + SPEC_N, k};
     if (be->admit(be->self, 0, &a, e)) return -1;
     int got = 0, fed = 0, slot = 0;
     int32_t last = 0;
-    while (got < N) {
+    memset(out, 0, sizeof *out);
+    while (got < SPEC_N) {
         int c = fed < P ? (P - fed < chunk ? P - fed : chunk) : 1, off[2] = {0, c};
         const int32_t *ids = fed < P ? pr + fed : &last;
         uint8_t want = fed + c >= P;
@@ -1860,15 +1870,23 @@ static int spec_run(engine_backend *be, const int32_t *pr, int P, const samp_par
         if (!want) continue;
         int nt = res.n_tok ? res.n_tok[0] : 1;
         *acc += nt - 1;
-        for (int j = 0; j < nt && got < N; j++) out[got++] = j ? res.more[j - 1] : res.token[0];
-        last = out[got - 1];
+        for (int j = 0; j < nt && got < SPEC_N; j++, got++) {
+            out->tok[got] = j ? res.more[j - 1] : res.token[0];
+            if (!lp) continue;
+            out->lp[got] = j ? res.more_lp[j - 1] : res.logprob[0];
+            for (int q = 0; q < SPEC_TOP; q++) {
+                const size_t at = j ? (size_t)(j - 1) * MOET_MAX_LOGPROBS + q : (size_t)q;
+                out->top[got][q] = j ? res.more_top_ids[at] : res.top_ids[at];
+                out->top_lp[got][q] = j ? res.more_top_lp[at] : res.top_lp[at];
+            }
+        }
+        last = out->tok[got - 1];
     }
     be->release(be->self, 0);
     return 0;
 }
 
 static void mtp_speculation(void) {
-    enum { N = 24 };
     moet_err e = {{0}};
     ck_model m;
     st_set gs;
@@ -1879,33 +1897,49 @@ static void mtp_speculation(void) {
     engine_backend be = gpu_backend_of(&b);
     CHECK(be.max_spec == MOET_MAX_SPEC && be.set_spec, "the GPU backend with the head drafts up to %d tokens, not %d", MOET_MAX_SPEC, be.max_spec);
     static const int ks[5] = {0, 1, 2, 3, MOET_MAX_SPEC};
-    samp_params greedy = {0, 0, 1, 0, 0, 0, 1}, hot = {0.8f, 0, 1, 0, 0, 0, 1};
+    static const struct {
+        const char *name;
+        samp_params sp;
+        int lp, dev;   // logprobs; the verified rows picked on the device
+    } S[] = {
+        {"greedy", {0, 0, 1, 0, 0, 0, 1}, 0, 1},
+        {"sampled from every token", {0.8f, 0, 1, 0, 0, 0, 1}, 0, 0},
+        {"top_k 20, top_p 0.9", {0.8f, 20, 0.9f, 0, 0, 0, 1}, 0, 1},
+        {"top_k 20, top_p 0.9, 5 top_logprobs", {0.8f, 20, 0.9f, 0, 0, 0, 1}, 1, 1},
+        {"top_k 40, min_p, penalties", {1.0f, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f}, 0, 1},
+    };
+    enum { NS = sizeof S / sizeof S[0] };
     long long accepted = 0;
     int runs = 0, same = 1;
-    for (int i = 0; i < 3; i++) {
-        char pn[32];
-        snprintf(pn, sizeof pn, "prompt%d.ids", i);
-        const st_tensor *pid = st_find(&gs, pn);
-        CHECK(pid != NULL, "golden prompt %d", i);
-        if (!pid) continue;
-        const int32_t *pr = (const int32_t *)pid->data;
-        int P = (int)pid->numel;
-        for (int si = 0; si < 2; si++)
+    for (int si = 0; si < NS; si++) {
+        const long long dev0 = b.spec_dev_rows;
+        for (int i = 0; i < 3; i++) {
+            char pn[32];
+            snprintf(pn, sizeof pn, "prompt%d.ids", i);
+            const st_tensor *pid = st_find(&gs, pn);
+            CHECK(pid != NULL, "golden prompt %d", i);
+            if (!pid) continue;
+            const int32_t *pr = (const int32_t *)pid->data;
+            int P = (int)pid->numel;
             for (int chunk = 5; chunk <= 128; chunk += 123) {
-                int32_t base[N], got[N];
+                static spec_out base, got;
                 long long acc0 = 0;
-                if (spec_run(&be, pr, P, si ? &hot : &greedy, 0, chunk, base, &acc0, &e)) { CHECK(0, "%s", e.msg); continue; }
+                if (spec_run(&be, pr, P, &S[si].sp, S[si].lp, 0, chunk, &base, &acc0, &e)) { CHECK(0, "%s", e.msg); continue; }
                 for (int ki = 1; ki < 5; ki++) {
-                    if (spec_run(&be, pr, P, si ? &hot : &greedy, ks[ki], chunk, got, &accepted, &e)) { CHECK(0, "%s", e.msg); continue; }
-                    int eq = !memcmp(base, got, sizeof base);
-                    CHECK(eq, "prompt %d, %s, chunks of %d, %d drafts: other tokens than without drafts", i, si ? "sampled" : "greedy", chunk, ks[ki]);
+                    if (spec_run(&be, pr, P, &S[si].sp, S[si].lp, ks[ki], chunk, &got, &accepted, &e)) { CHECK(0, "%s", e.msg); continue; }
+                    int eq = !memcmp(&base, &got, sizeof base);
+                    CHECK(eq, "prompt %d, %s, chunks of %d, %d drafts: other tokens or logprobs than without drafts", i, S[si].name, chunk, ks[ki]);
                     same &= eq, runs++;
                 }
             }
+        }
+        const long long dev = b.spec_dev_rows - dev0;
+        CHECK(S[si].dev ? dev > 0 : dev == 0, "%s: %lld verified rows picked on the device (expected %s)", S[si].name, dev, S[si].dev ? "some" : "none");
     }
     CHECK(accepted > 0, "the trained head's drafts were never accepted on the GPU");
-    printf("speculation on the GPU (demo + its head): %d runs with 1..%d drafts, %s the tokens without drafts (greedy and sampled, "
-           "prompts whole and in chunks); %lld drafts accepted\n", runs, MOET_MAX_SPEC, same ? "each" : "NOT all", accepted);
+    printf("speculation on the GPU (demo + its head): %d runs with 1..%d drafts under %d samplers, %s the tokens and logprobs without drafts "
+           "(prompts whole and in chunks); %lld drafts accepted; %lld verified rows picked on the device\n", runs, MOET_MAX_SPEC, NS,
+           same ? "each" : "NOT all", accepted, b.spec_dev_rows);
     gpu_be_free(&b);
     st_close(&gs);
     ck_close(&m);
@@ -1916,7 +1950,7 @@ static void mtp_speculation(void) {
 // chunks of 16. A random head's drafts are rejected, so what this holds at full size is that a
 // verification's first row gives the bits of a single step (batch and chunk invariance by position).
 static void full_speculation(const char *dir, const char *planes) {
-    enum { N = 24, P = 40 };
+    enum { P = 40 };
     moet_err e = {{0}};
     ck_model m;
     if (ck_open(&m, dir, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -1930,15 +1964,15 @@ static void full_speculation(const char *dir, const char *planes) {
     int32_t pr[P];
     for (int t = 0; t < P; t++) pr[t] = (int32_t)((t * 7919 + 13) % m.cfg.vocab);
     samp_params greedy = {0, 0, 1, 0, 0, 0, 1};
-    int32_t base[N], got[N];
+    static spec_out base, got;
     long long acc = 0;
     int runs = 0, same = 1;
-    if (spec_run(&be, pr, P, &greedy, 0, 128, base, &acc, &e)) CHECK(0, "%s", e.msg);
+    if (spec_run(&be, pr, P, &greedy, 0, 0, 128, &base, &acc, &e)) CHECK(0, "%s", e.msg);
     else
         for (int k = 1; k <= 3; k += 2)
             for (int chunk = 16; chunk <= 128; chunk += 112) {
-                if (spec_run(&be, pr, P, &greedy, k, chunk, got, &acc, &e)) { CHECK(0, "%s", e.msg); continue; }
-                int eq = !memcmp(base, got, sizeof base);
+                if (spec_run(&be, pr, P, &greedy, 0, k, chunk, &got, &acc, &e)) { CHECK(0, "%s", e.msg); continue; }
+                int eq = !memcmp(&base, &got, sizeof base);
                 CHECK(eq, "%s: %d drafts a step, prompt in chunks of %d: other greedy tokens than without drafts", dir, k, chunk);
                 same &= eq, runs++;
             }
@@ -2914,6 +2948,61 @@ static void variants_act(const char *tpl, const char *cpl) {
     }
 }
 
+// A speculating row's verified rows on the device (gpu_be_samp_row with picks ahead, no GPU
+// needed): row j, built before the j drafts ahead of it are picked, is the row built after the
+// slot's sampler took them (samp_note, one draw each when it samples) — the same parameters,
+// generator and (token, times generated) pairs in the same order — for samplers greedy, sampled,
+// penalized (drafts seen in the prompt, generated before, repeated among themselves, new), and
+// none is built where the device cannot pick (top_k 0, logprobs with penalties).
+static void samp_rows_ahead(void) {
+    enum { V = 1000, NS = 5 };
+    static const samp_params P[NS] = {
+        {0, 0, 1, 0, 0, 0, 1}, {0.8f, 20, 0.9f, 0, 0, 0, 1}, {1, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f}, {0.7f, 5, 1, 0, 0, 0, 1.5f}, {0, 0, 1, 0, 1, 0, 1},
+    };
+    moet_err e = {{0}};
+    samp_bank bk;
+    if (samp_bank_init(&bk, V, 1, 256, &e)) { CHECK(0, "%s", e.msg); return; }
+    static int32_t pa[2 * GPU_SAMPLE_PEN], pb[2 * GPU_SAMPLE_PEN];
+    int trials = 0, same = 1;
+    for (int si = 0; si < NS; si++)
+        for (int n = 0; n <= MOET_MAX_SPEC; n++)
+            for (int rep = 0; rep < 6; rep++) {
+                int32_t prompt[40], ahead[MOET_MAX_SPEC];
+                for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(kt_next() % 60);
+                if (samp_bank_admit(&bk, 0, &P[si], 1000 + (uint64_t)rep, 0, 0, prompt, 40, &e)) { CHECK(0, "%s", e.msg); continue; }
+                samp_slot *s = &bk.slot[0];
+                for (int i = 0; i < rep; i++) {   // picks before: some of the prompt's, some new
+                    if (s->sp.temperature != 0) samp_next(&s->rng);
+                    if (s->penalized) samp_note(&bk, s, (int32_t)(kt_next() % 90), 1);
+                }
+                for (int a = 0; a < n; a++) ahead[a] = a && kt_next() % 3 == 0 ? ahead[a - 1] : (int32_t)(kt_next() % 120);   // (repeats too)
+                gpu_samp_row ra, rb;
+                int na = 0, nb = 0;
+                const int ta = gpu_be_samp_row(&bk, 0, ahead, n, &ra, pa, &na);
+                for (int a = 0; a < n; a++) {   // the picks as the slot takes them
+                    if (s->sp.temperature != 0) samp_next(&s->rng);
+                    if (s->penalized) samp_note(&bk, s, ahead[a], 1);
+                }
+                const int tb = gpu_be_samp_row(&bk, 0, NULL, 0, &rb, pb, &nb);
+                const int eq = ta && tb && na == nb && !memcmp(&ra, &rb, sizeof ra) && !memcmp(pa, pb, 2 * sizeof(int32_t) * (size_t)na);
+                CHECK(eq, "sampler %d, %d picks ahead (trial %d): the row built ahead differs from the row built after them", si, n, rep);
+                same &= eq, trials++;
+                samp_bank_release(&bk, 0);
+            }
+    // rows the device does not pick: none built, picks ahead or not
+    static const samp_params off[2] = {{0.8f, 0, 1, 0, 0, 0, 1}, {0.8f, 20, 1, 0, 0.5f, 0, 1}};
+    for (int i = 0; i < 2; i++) {
+        int32_t prompt[3] = {1, 2, 3}, ahead[2] = {4, 5};
+        gpu_samp_row r;
+        int np = 0;
+        if (samp_bank_admit(&bk, 0, &off[i], 7, i, i ? 3 : 0, prompt, 3, &e)) { CHECK(0, "%s", e.msg); continue; }
+        CHECK(!gpu_be_samp_row(&bk, 0, ahead, 2, &r, pa, &np) && np == 0, "%s: a row for the device", i ? "logprobs with penalties" : "top_k 0");
+        samp_bank_release(&bk, 0);
+    }
+    samp_bank_free(&bk);
+    printf("k_sample rows of a speculating slot (gpu_be_samp_row, picks ahead): %d of %d the rows built after the picks\n", same ? trials : 0, trials);
+}
+
 int main(void) {
     gpu_device d;
     moet_err e = {{0}};
@@ -2925,6 +3014,7 @@ int main(void) {
     moe_shapes();
     gdn_pieces();
     fa_geometry();
+    samp_rows_ahead();
     if (gpu_open(&d, &e)) {
         const char *req = getenv("MOET_REQUIRE_GPU");
         if (req && *req == '1') CHECK(0, "the GPU tests: a GPU is required (MOET_REQUIRE_GPU=1): %s", e.msg);
