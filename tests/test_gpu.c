@@ -9,7 +9,8 @@
 // the same prompt through the CPU reference; batch and chunk invariance (bitwise); the KV cache
 // in f32, bf16 and fp8. Every kernel against its CPU twin, alone or (attention, conv, experts)
 // within its layer's block, on Qwen3.6's shapes. MOET_GPU_TESTS=kernels runs only the kernels,
-// the blocks and one fixture end to end.
+// the blocks and one fixture end to end; =act the bf16 products and the fixtures with them; =spec
+// speculative decoding on the demo model alone; =full the full-size model's (MOET_GPU_FULL).
 #ifndef MOET_TEST
 #define MOET_TEST
 #endif
@@ -3055,6 +3056,11 @@ int main(void) {
     if (only && !strcmp(only, "full")) {
         if (full) expert_cache(full, full_pl, 48, 0, 0, 0), full_speculation(full, full_pl);
         else CHECK(0, "MOET_GPU_TESTS=full: the full-size model's directory in MOET_GPU_FULL");
+        return check_report("test_gpu");
+    }
+    // MOET_GPU_TESTS=spec: speculative decoding on the demo model and its head, alone
+    if (only && !strcmp(only, "spec")) {
+        mtp_speculation();
         return check_report("test_gpu");
     }
     // MOET_GPU_TESTS=act: the products of --act-dtype bf16 and the fixtures with them, alone
