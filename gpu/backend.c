@@ -8,7 +8,7 @@
 // same way on both). A step whose wanted rows are all greedy without penalties or logprobs
 // (samp_bank_plain_greedy) takes their tokens on the device instead (k_argmax: samp_first_max's
 // pick), and so does one whose rows are each such or sample from at most GPU_SAMPLE_KMAX tokens,
-// penalized or with logprobs but not both (gpu_be_samp_row; k_sample: samp_bank_pick's token and
+// penalized or not, with logprobs or not (gpu_be_samp_row; k_sample: samp_bank_pick's token and
 // logprobs, draw for draw), and so do a speculating row's verified tokens on the same terms: 4
 // bytes a row come back rather than the vocabulary's logits. Admission takes KV pages from the
 // free list (gpu_seq_start) and answers 1 when there are not enough: the request waits, nothing
@@ -142,8 +142,8 @@ static void gpu_be_release(void *self, int slot) {
 }
 
 // Whether slot's pick can be made on the device, samp_bank_pick's token draw for draw (k_sample,
-// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), penalized or with
-// logprobs but not both; then r is its row: the parameters as samp_pick derives them, the generator
+// sass/sample.cu): greedy, or sampled from at most GPU_SAMPLE_KMAX tokens (top_k), with penalties and
+// logprobs or without; then r is its row: the parameters as samp_pick derives them, the generator
 // and a penalized slot's seen tokens with the times each was generated (appended to pen [*npen][2];
 // room for GPU_SAMPLE_PEN pairs: a slot past it stays on the host) as they will be at the pick —
 // after the n_ahead picks ahead [n_ahead] that come before it in the same step (a speculating row's
@@ -154,8 +154,7 @@ static int gpu_be_samp_row(const samp_bank *bk, int slot, const int32_t *ahead, 
     const samp_slot *s = &bk->slot[slot];
     const samp_params *p = &s->sp;
     _Static_assert(MOET_MAX_LOGPROBS <= GPU_SAMPLE_TOP, "k_sample: a request's top_logprobs");
-    // (logprobs are of the raw logits: a penalized row's are penalized in place first)
-    if (!s->active || (s->logprobs && s->penalized) || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
+    if (!s->active || bk->n_vocab > 64 * GPU_SAMPLE_NB) return 0;   // (a row's blocks in its shared memory)
     if (p->temperature != 0 && (p->top_k < 1 || p->top_k > GPU_SAMPLE_KMAX)) return 0;
     MOET_ASSERT(n_ahead >= 0 && n_ahead <= MOET_MAX_SPEC, "k_sample: %d picks ahead of a row", n_ahead);
     // the ids ahead not seen yet (each once): the slot's pick notes them before this one

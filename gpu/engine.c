@@ -1367,8 +1367,9 @@ static void gpu_step_greedy_async(gpu_engine *g, int nr) {
 // Queues each row's pick (rows [r0, r0 + nr) of the last step, their parameters in samp_host[0, nr),
 // their npen penalized tokens in samp_pen_host: k_sample) and its copy into the pinned ids_host[0,
 // nr): the tokens of rows that are greedy or sample from at most GPU_SAMPLE_KMAX tokens, 4 bytes a
-// row where the logits are V · 4 (penalized rows' logits are penalized in place); with lp, also the
-// rows' logprobs' parts into samp_lp_host (192 bytes a row).
+// row where the logits are V · 4 (penalized rows' logits are penalized in place, and the device's
+// copy of their pairs written); with lp, also the rows' logprobs' parts into samp_lp_host (192 bytes
+// a row).
 static void gpu_step_sample_async(gpu_engine *g, int r0, int nr, int npen, int lp) {
     if (!nr) return;
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->samp, g->samp_host, sizeof(gpu_samp_row) * (size_t)nr, g->compute));

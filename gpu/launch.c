@@ -757,9 +757,10 @@ static void gpu_k_argmax(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, 
 
 // ids[r] = the token samp_bank_pick takes from row r of logits [rows, V] with rows[r]'s parameters,
 // generator and penalties (gpu_samp_row: greedy, or top_k ≤ GPU_SAMPLE_KMAX; a penalized row's seen
-// tokens are pen [pairs: id, times generated] from its pen_off; its logits are penalized in place; -1
-// where the row has no candidate), and lp[r] the parts of its logprobs where the row wants them
-// (gpu_samp_lp [rows]): a step's picks on the device (sass/sample.cu).
+// tokens are pen [pairs: id, times generated] from its pen_off; its logits are penalized in place, and
+// with logprobs its pairs' second halves take its tokens' raw logits; -1 where the row has no
+// candidate), and lp[r] the parts of its logprobs where the row wants them (gpu_samp_lp [rows]): a
+// step's picks on the device (sass/sample.cu).
 static void gpu_k_sample(gpu_kernels *k, CUstream s, CUdeviceptr logits, int V, CUdeviceptr rows, CUdeviceptr pen, CUdeviceptr ids, CUdeviceptr lp,
                          int nr) {
     MOET_ASSERT(V >= 1 && V <= 64 * GPU_SAMPLE_NB && nr >= 1, "k_sample: %d rows of %d logits (at most %d)", nr, V, 64 * GPU_SAMPLE_NB);

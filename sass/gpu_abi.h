@@ -102,7 +102,7 @@ GPU_ABI_ASSERT(GPU_SAMPLE_KMAX == GPU_SAMPLE_NT && GPU_SAMPLE_NB <= 65536, "k_sa
 // One row of a k_sample launch: its slot's sampling parameters and generator (gpu/backend.c fills
 // it from the slot's samp_bank entry before each step): temperature 0 is greedy, else a pick
 // with 1 ≤ top_k ≤ GPU_SAMPLE_KMAX; the penalties on the tokens the slot has seen; the parts of
-// the pick's logprobs (gpu_samp_lp) for a row without penalties (the host's log finishes them).
+// the pick's logprobs (gpu_samp_lp: of the raw logits, penalized row or not; the host's log finishes them).
 typedef struct {
     uint64_t rng[4];     // the slot's generator before the pick (the host's copy takes the same one draw after)
     float temperature;   // 0: greedy
@@ -112,7 +112,8 @@ typedef struct {
     float top_p;
     int top_k;
     float rep, freq, pres;   // the repetition (1: none), frequency and presence penalties
-    int pen_off, pen_n;      // the seen tokens: pairs [pen_off, pen_off + pen_n) of the launch's (id, times generated)
+    int pen_off, pen_n;      // the seen tokens: pairs [pen_off, pen_off + pen_n) of the launch's (id, times generated);
+                             // with logprobs k_sample overwrites each second half with the token's raw logit
     int logprobs, n_top;     // the pick's logprobs wanted, and this many most likely tokens (≤ GPU_SAMPLE_TOP)
     int pad[3];
 } gpu_samp_row;

@@ -19,9 +19,11 @@
 //  3. else the candidates B: every logit with such an f;
 //  4. the draw from a candidate set S of n: its k most likely, sorted, where k < n, else S in id
 //     order; then top_p and one number of the generator (samp_draw's rest: thread 0, serial).
-//  5. where the row wants logprobs (never a penalized one): the parts smp_logprobs gives.
+//  5. where the row wants logprobs: the parts smp_logprobs gives, of the raw logits (a penalized
+//     row's before its penalties, the pick's own raw logit filled in after the pick).
 // A penalized row's logits are penalized in place first (samp_bank_pick's copy of them: the step's
-// logits are not read after its picks); nothing else is written but ids and lp.
+// logits are not read after its picks), and where it wants logprobs its pairs' second halves take
+// the raw values of its penalized tokens; nothing else is written but ids and lp.
 #include <string.h>
 #include "common.cuh"
 #include "samp.h"
@@ -436,29 +438,12 @@ __device__ void smp_logprobs(const float *x, int V, float top, int id, int n_top
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
-                                                                    const int2 *__restrict__ pen, int *__restrict__ ids, gpu_samp_lp *__restrict__ lp) {
-    GPU_DEP();
-    __shared__ smp_shared sh;
-    const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const gpu_samp_row p = rows[r];
-    const int nb = (V + 63) / 64;
-    // 0. the penalties, in place on the seen tokens (distinct: each thread its own), as samp_bank_pick's
-    //    copy: the repetition penalty, then frequency · times generated + presence where generated
-    if (p.pen_n) {
-        float *xw = logits + (size_t)r * V;
-        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
-            const int2 q = pen[p.pen_off + i];
-            float v = xw[q.x];
-            if (p.rep != 1) v = v > 0 ? __fdiv_rn(v, p.rep) : __fmul_rn(v, p.rep);
-            if (q.y) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.freq, (float)q.y), p.pres));
-            xw[q.x] = v;
-        }
-        __syncthreads();   // (the block's own writes: seen by its threads past the barrier)
-    }
-    const float *x = logits + (size_t)r * V;   // (plain loads: not the read-only path, which may hold the values before)
-    // 1. the blocks' maxima, the row's: a warp takes SMP_U blocks at a time, a lane two logits of each
-    // (8-byte loads where the row allows: every load in flight before the warp's sums)
+// 1. The maxima of x's blocks of 64 into sh.bmax and the row's (every thread's result): a warp takes
+// SMP_U blocks at a time, a lane two logits of each (8-byte loads where the row allows: every load
+// in flight before the warp's sums). Plain loads: not the read-only path, which may hold the values
+// before the penalties wrote them.
+__device__ float smp_maxima(const float *x, int V, int nb, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float m = -INFINITY;
     const bool pairs = ((uintptr_t)x & 7) == 0;
     for (int b0 = SMP_U * w; b0 < nb; b0 += SMP_U * SMP_NW) {
@@ -492,7 +477,42 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logi
                 m = v[u] > m ? v[u] : m;
             }
     }
-    const float top = smp_block_maxf(m, sh);   // (its barriers publish bmax)
+    return smp_block_maxf(m, sh);   // (its barriers publish bmax)
+}
+
+extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
+                                                                    int2 *__restrict__ pen, int *__restrict__ ids, gpu_samp_lp *__restrict__ lp) {
+    GPU_DEP();
+    __shared__ smp_shared sh;
+    __shared__ int id_s;
+    __shared__ float chosen_s;
+    const int r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const gpu_samp_row p = rows[r];
+    const int nb = (V + 63) / 64;
+    float *xw = logits + (size_t)r * V;
+    const float *x = xw;
+    // a penalized row's logprobs are of its raw logits: their parts before the penalties change them
+    // (the pick's own logit filled in after it), the raw values of the tokens penalized kept in
+    // their pairs' second halves (the times generated are not read again)
+    const bool lp_raw = p.logprobs && p.pen_n;
+    if (lp_raw) {
+        smp_logprobs(x, V, smp_maxima(x, V, nb, sh), -1, p.n_top, lp + r, sh);
+        __syncthreads();   // (every read of the raw row done before the penalties write it)
+    }
+    // 0. the penalties, in place on the seen tokens (distinct: each thread its own), as samp_bank_pick's
+    //    copy: the repetition penalty, then frequency · times generated + presence where generated
+    if (p.pen_n) {
+        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
+            const int2 q = pen[p.pen_off + i];
+            float v = xw[q.x];
+            if (lp_raw) pen[p.pen_off + i].y = __float_as_int(v);
+            if (p.rep != 1) v = v > 0 ? __fdiv_rn(v, p.rep) : __fmul_rn(v, p.rep);
+            if (q.y) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.freq, (float)q.y), p.pres));
+            xw[q.x] = v;
+        }
+        __syncthreads();   // (the block's own writes: seen by its threads past the barrier)
+    }
+    const float top = smp_maxima(x, V, nb, sh);
     int id;
     if (p.temperature == 0) {   // greedy: the first index holding the maximum
         int first = V;
@@ -506,5 +526,15 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logi
         id = smp_sampled(x, V, top, nb, p, sh);
     }
     if (threadIdx.x == 0) ids[r] = id;
-    if (p.logprobs) smp_logprobs(x, V, top, id, p.n_top, lp + r, sh);   // (id: thread 0's)
+    if (p.logprobs && !lp_raw) smp_logprobs(x, V, top, id, p.n_top, lp + r, sh);   // (id: thread 0's)
+    if (lp_raw) {   // the pick's raw logit: the row's, or where the pick was penalized its pair's
+        if (threadIdx.x == 0) id_s = id, chosen_s = id >= 0 ? x[id] : 0.f;
+        __syncthreads();
+        for (int i = threadIdx.x; i < p.pen_n; i += GPU_SAMPLE_NT) {
+            const int2 q = pen[p.pen_off + i];
+            if (q.x == id_s) chosen_s = __int_as_float(q.y);   // (one pair at most: the tokens are distinct)
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) lp[r].chosen = chosen_s;
+    }
 }

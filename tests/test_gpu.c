@@ -941,9 +941,9 @@ static void kernel_sample(gpu_engine *g) {
         {0.7f, 20, 0.8f, 0, 1.5f, 0, 1}, {1, 40, 0.95f, 0.05f, 0.5f, 0.8f, 1.3f}, {0, 0, 1, 0, 1.0f, 0, 1.2f}, {0.6f, 1024, 0.9f, 0, 0, 2, 1},
     };
     enum { NP = sizeof P / sizeof P[0] };
-    // the sets whose picks also give logprobs, and with how many most likely tokens (no penalties: the
-    // device gives the raw logits' logprobs of unpenalized rows only)
-    static const int LP[NP] = {20, 0, 5, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0}, LPON[NP] = {1, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+    // the sets whose picks also give logprobs (of the raw logits, penalized rows' too), and with how
+    // many most likely tokens
+    static const int LP[NP] = {20, 0, 5, 0, 0, 1, 0, 0, 0, 3, 0, 0, 4, 0, 2, 0}, LPON[NP] = {1, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 0, 1, 0};
     moet_err e = {{0}};
     arena d;
     if (arena_init_kind(&d, "sample test", ARENA_DEVICE, sizeof(float) * (size_t)R * Vs[0] + sizeof(gpu_samp_row) * R + 8 * 4096 * R + sizeof(gpu_samp_lp) * R + 6 * 4096, &e)) {
@@ -1042,8 +1042,8 @@ static void kernel_sample(gpu_engine *g) {
         free(x);
         d.used = base;
     }
-    {   // which rows the device picks: not those with all tokens, more than it keeps, more penalized
-        // tokens than the launch has room for, or logprobs and penalties both
+    {   // which rows the device picks: not those with all tokens, more than it keeps, or more penalized
+        // tokens than the launch has room for (logprobs and penalties both: yes)
         samp_bank b;
         gpu_samp_row row;
         if (samp_bank_init(&b, 1001, 1, 16, &e)) CHECK(0, "%s", e.msg);   // (the prompt's ids: the last width's)
@@ -1051,7 +1051,7 @@ static void kernel_sample(gpu_engine *g) {
             samp_params pen_p = P[1], all = P[1], wide = P[1], edge = P[1];
             pen_p.presence_penalty = 0.5f, all.top_k = 0, wide.top_k = GPU_SAMPLE_KMAX + 1, edge.top_k = GPU_SAMPLE_KMAX;
             const samp_params *ps[] = {&pen_p, &P[1], &all, &wide, &edge, &pen_p, &pen_p};
-            const int lps[] = {0, 1, 0, 0, 0, 0, 1}, takes[] = {1, 1, 0, 0, 1, 0, 0}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN, 0};
+            const int lps[] = {0, 1, 0, 0, 0, 0, 1}, takes[] = {1, 1, 0, 0, 1, 0, 1}, used[] = {0, 0, 0, 0, 0, GPU_SAMPLE_PEN, 0};
             int ok = 1;
             for (int i = 0; i < 7; i++) {
                 CHECK(!samp_bank_admit(&b, 0, ps[i], 1, lps[i], 0, prompt, 3, &e), "%s", e.msg);
@@ -1061,7 +1061,7 @@ static void kernel_sample(gpu_engine *g) {
             }
             int n = 0;
             ok &= !gpu_be_samp_row(&b, 0, NULL, 0, &row, pen, &n);   // a free slot
-            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows whose penalized tokens fit, logprobs where unpenalized, and no other", GPU_SAMPLE_KMAX);
+            CHECK(ok, "k_sample takes greedy and top_k ≤ %d rows whose penalized tokens fit, with logprobs or not, and no other", GPU_SAMPLE_KMAX);
             samp_bank_free(&b);
         }
     }
@@ -1840,10 +1840,11 @@ static void mtp_goldens(void) {
 
 // Speculative decoding on the GPU (gpu_be_spec_row; the demo model and its trained head): each
 // golden prompt, then 24 tokens decoded with 0, 1, 2, 3 and MOET_MAX_SPEC drafts a step, the
-// prompt whole or in chunks of 5 (the head's pending row), under five samplers: greedy; sampled
+// prompt whole or in chunks of 5 (the head's pending row), under six samplers: greedy; sampled
 // from every token (temperature 0.8: the verified rows' picks on the host); sampled from the 20
 // most likely with top_p (k_sample's picks); the same with 5 top_logprobs; and with min_p and the
-// three penalties (each verified row's penalties counting the drafts before it). Every run gives
+// three penalties (each verified row's penalties counting the drafts before it), with and without
+// 5 top_logprobs (of the raw logits). Every run gives
 // the run without drafts' tokens and logprobs, bit for bit (verification rows take the recurrent
 // GDN kernel: the bits of single steps), the trained head gets drafts accepted, and the verified
 // rows of the k_sample samplers were picked on the device (b.spec_dev_rows).
@@ -1908,6 +1909,7 @@ static void mtp_speculation(void) {
         {"top_k 20, top_p 0.9", {0.8f, 20, 0.9f, 0, 0, 0, 1}, 0, 1},
         {"top_k 20, top_p 0.9, 5 top_logprobs", {0.8f, 20, 0.9f, 0, 0, 0, 1}, 1, 1},
         {"top_k 40, min_p, penalties", {1.0f, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f}, 0, 1},
+        {"top_k 40, min_p, penalties, 5 top_logprobs", {1.0f, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f}, 1, 1},
     };
     enum { NS = sizeof S / sizeof S[0] };
     long long accepted = 0;
@@ -2953,8 +2955,9 @@ static void variants_act(const char *tpl, const char *cpl) {
 // needed): row j, built before the j drafts ahead of it are picked, is the row built after the
 // slot's sampler took them (samp_note, one draw each when it samples) — the same parameters,
 // generator and (token, times generated) pairs in the same order — for samplers greedy, sampled,
-// penalized (drafts seen in the prompt, generated before, repeated among themselves, new), and
-// none is built where the device cannot pick (top_k 0, logprobs with penalties).
+// penalized (drafts seen in the prompt, generated before, repeated among themselves, new; with
+// logprobs too), and
+// none is built where the device cannot pick (top_k 0, top_k above GPU_SAMPLE_KMAX).
 static void samp_rows_ahead(void) {
     enum { V = 1000, NS = 5 };
     static const samp_params P[NS] = {
@@ -2970,7 +2973,7 @@ static void samp_rows_ahead(void) {
             for (int rep = 0; rep < 6; rep++) {
                 int32_t prompt[40], ahead[MOET_MAX_SPEC];
                 for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(kt_next() % 60);
-                if (samp_bank_admit(&bk, 0, &P[si], 1000 + (uint64_t)rep, 0, 0, prompt, 40, &e)) { CHECK(0, "%s", e.msg); continue; }
+                if (samp_bank_admit(&bk, 0, &P[si], 1000 + (uint64_t)rep, si == 2, si == 2 ? 3 : 0, prompt, 40, &e)) { CHECK(0, "%s", e.msg); continue; }
                 samp_slot *s = &bk.slot[0];
                 for (int i = 0; i < rep; i++) {   // picks before: some of the prompt's, some new
                     if (s->sp.temperature != 0) samp_next(&s->rng);
@@ -2991,13 +2994,13 @@ static void samp_rows_ahead(void) {
                 samp_bank_release(&bk, 0);
             }
     // rows the device does not pick: none built, picks ahead or not
-    static const samp_params off[2] = {{0.8f, 0, 1, 0, 0, 0, 1}, {0.8f, 20, 1, 0, 0.5f, 0, 1}};
+    static const samp_params off[2] = {{0.8f, 0, 1, 0, 0, 0, 1}, {0.8f, GPU_SAMPLE_KMAX + 1, 1, 0, 0.5f, 0, 1}};
     for (int i = 0; i < 2; i++) {
         int32_t prompt[3] = {1, 2, 3}, ahead[2] = {4, 5};
         gpu_samp_row r;
         int np = 0;
         if (samp_bank_admit(&bk, 0, &off[i], 7, i, i ? 3 : 0, prompt, 3, &e)) { CHECK(0, "%s", e.msg); continue; }
-        CHECK(!gpu_be_samp_row(&bk, 0, ahead, 2, &r, pa, &np) && np == 0, "%s: a row for the device", i ? "logprobs with penalties" : "top_k 0");
+        CHECK(!gpu_be_samp_row(&bk, 0, ahead, 2, &r, pa, &np) && np == 0, "%s: a row for the device", i ? "top_k above the device's" : "top_k 0");
         samp_bank_release(&bk, 0);
     }
     samp_bank_free(&bk);
