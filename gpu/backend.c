@@ -216,6 +216,34 @@ static void gpu_be_took(gpu_backend *b, int slot, int j, int32_t *y, float *lp, 
     if (sl->logprobs) gpu_be_lp_finish(&b->g.samp_lp_host[j], picked, sl->top_logprobs, lp, ti, tl);
 }
 
+// Queues the picks of a step's nr wanted rows (slots[k] for each k with want[k], in order) behind
+// it: where the device can make every one (gpu_be_samp_row), 4 bytes a row come back instead of the
+// vocabulary's logits — plain greedy rows through k_argmax, a step with sampling rows too through
+// k_sample; else the copy of the rows' logits, for the host's sampler. Returns whether ids come back.
+static int gpu_be_queue_picks(gpu_backend *b, int n, const int *slots, const uint8_t *want, int nr) {
+    int greedy = nr > 0, dev = nr > 0, npen = 0, lp = 0;
+    for (int k = 0, j = 0; k < n; k++) {
+        if (!want[k]) continue;
+        greedy &= samp_bank_plain_greedy(&b->bank, slots[k]);
+        dev &= j < nr && gpu_be_samp_row(&b->bank, slots[k], NULL, 0, &b->g.samp_host[j], b->g.samp_pen_host, &npen);
+        lp |= b->bank.slot[slots[k]].logprobs;
+        j++;
+    }
+    if (greedy) gpu_step_greedy_async(&b->g, nr);
+    else if (dev) gpu_step_sample_async(&b->g, 0, nr, npen, lp);
+    else gpu_step_logits_async(&b->g, nr);
+    return greedy || dev;
+}
+
+// The pick of slot's row, the j-th wanted row of the step gpu_be_queue_picks queued (ids: it queued
+// the device's picks) into result row i — once that step is done.
+static void gpu_be_take(gpu_backend *b, int ids, int slot, int j, int i) {
+    int32_t *ti = b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS;
+    float *tl = b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS;
+    if (ids) gpu_be_took(b, slot, j, &b->res_tok[i], &b->res_lp[i], ti, tl);
+    else samp_bank_pick(&b->bank, slot, b->g.logits_host + (size_t)j * b->g.m->cfg.vocab, &b->res_tok[i], &b->res_lp[i], ti, tl);
+}
+
 // spec_accept's pick from the device's (gpu_be_took: row j of the k_sample just run for slot).
 typedef struct {
     gpu_backend *b;
@@ -318,7 +346,7 @@ static int gpu_be_spec_row(gpu_backend *b, int i, int slot, const int32_t *ids, 
 // A step with speculating rows (gpu_be_spec_row, one by one), the others in one step after them,
 // all run before it returns (collect gives the results).
 static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e) {
-    int n = 0, V = b->g.m->cfg.vocab;
+    int n = 0;
     b->sub_off[0] = 0;
     for (int i = 0; i < s->n; i++) {
         int c = s->off[i + 1] - s->off[i];
@@ -335,13 +363,12 @@ static int gpu_be_launch_spec(gpu_backend *b, const engine_step *s, moet_err *e)
     if (n) {
         int nr;
         if (gpu_step(&b->g, n, b->sub_slots, b->sub_ids, b->sub_off, b->sub_want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
-        const float *lg = gpu_step_logits(&b->g, nr);
+        const int ids = gpu_be_queue_picks(b, n, b->sub_slots, b->sub_want, nr);
+        CU_CHECK(cu.cuStreamSynchronize(b->g.compute));
         for (int k = 0, j = 0; k < n; k++) {
             int i = b->sub_row[k];
             b->res_tok[i] = -1;   // no token for a mid-prompt chunk
-            if (!b->sub_want[k]) continue;
-            samp_bank_pick(&b->bank, b->sub_slots[k], lg + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
-                           b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+            if (b->sub_want[k]) gpu_be_take(b, ids, b->sub_slots[k], j++, i);
         }
     }
     b->l_sync = 1;
@@ -362,21 +389,7 @@ static int gpu_be_launch(void *self, const engine_step *s, moet_err *e) {
     if (n_spec) return gpu_be_launch_spec(b, s, e);
     int nr;
     if (gpu_step(&b->g, s->n, s->slots, s->ids, s->off, s->want, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e)) return -1;
-    // rows whose pick the device makes take it there: 4 bytes a row come back instead of the
-    // vocabulary's logits (every wanted row, or the logits of all) — plain greedy rows through
-    // k_argmax, a step with sampling rows too through k_sample (gpu_be_samp_row says which can)
-    int greedy = nr > 0, dev = nr > 0, npen = 0, lp = 0;
-    for (int i = 0, j = 0; i < s->n; i++) {
-        if (!s->want[i]) continue;
-        greedy &= samp_bank_plain_greedy(&b->bank, s->slots[i]);
-        dev &= j < nr && gpu_be_samp_row(&b->bank, s->slots[i], NULL, 0, &b->g.samp_host[j], b->g.samp_pen_host, &npen);
-        lp |= b->bank.slot[s->slots[i]].logprobs;
-        j++;
-    }
-    if (greedy) gpu_step_greedy_async(&b->g, nr);
-    else if (dev) gpu_step_sample_async(&b->g, 0, nr, npen, lp);
-    else gpu_step_logits_async(&b->g, nr);
-    b->l_ids = greedy || dev;
+    b->l_ids = gpu_be_queue_picks(b, s->n, s->slots, s->want, nr);
     memcpy(b->l_slots, s->slots, sizeof(int) * (size_t)s->n);
     memcpy(b->l_want, s->want, (size_t)s->n);
     b->l_n = s->n;
@@ -406,17 +419,9 @@ static int gpu_be_collect(void *self, engine_result *out, moet_err *e) {
         b->lost = 1, b->launched = 0;
         return err_set(e, "the GPU failed in a step: %s (%d): %s", name, r, str), ENGINE_LOST;
     }
-    int V = b->g.m->cfg.vocab;
     for (int i = 0, j = 0; i < b->l_n; i++) {
         b->res_tok[i] = -1;   // no token for a mid-prompt chunk
-        if (!b->l_want[i]) continue;
-        if (b->l_ids) {   // samp_bank_pick's token, picked on the device
-            gpu_be_took(b, b->l_slots[i], j++, &b->res_tok[i], &b->res_lp[i], b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS,
-                        b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
-            continue;
-        }
-        samp_bank_pick(&b->bank, b->l_slots[i], b->g.logits_host + (size_t)j++ * V, &b->res_tok[i], &b->res_lp[i],
-                       b->res_top_ids + (size_t)i * MOET_MAX_LOGPROBS, b->res_top_lp + (size_t)i * MOET_MAX_LOGPROBS);
+        if (b->l_want[i]) gpu_be_take(b, b->l_ids, b->l_slots[i], j++, i);
     }
     b->launched = 0;
     *out = (engine_result){.token = b->res_tok, .logprob = b->res_lp, .top_ids = b->res_top_ids, .top_lp = b->res_top_lp};
