@@ -169,10 +169,13 @@ static int gpu_be_samp_row(const samp_bank *bk, int slot, const int32_t *ahead, 
     const int pn = s->penalized ? s->n_touched + nf : 0;
     if (pn > GPU_SAMPLE_PEN - *npen) return 0;
     memset(r, 0, sizeof *r);
+    uint64_t near = 0;   // the ids ahead by their low 6 bits: most seen tokens are none of them
+    for (int a = 0; a < n_ahead; a++) near |= 1ull << (ahead[a] & 63);
     for (int i = 0; i < pn; i++) {
         const int32_t t = i < s->n_touched ? s->touched[i] : fresh[i - s->n_touched];
         int c = i < s->n_touched ? s->count[t] : 0;
-        for (int a = 0; a < n_ahead; a++) c += ahead[a] == t;
+        if (near >> (t & 63) & 1)
+            for (int a = 0; a < n_ahead; a++) c += ahead[a] == t;
         pen[2 * (*npen + i)] = t, pen[2 * (*npen + i) + 1] = c < UINT16_MAX ? c : UINT16_MAX;   // (samp_note's count saturates)
     }
     r->rep = p->repetition_penalty, r->freq = p->frequency_penalty, r->pres = p->presence_penalty;
