@@ -1937,7 +1937,8 @@ static void mtp_speculation(void) {
             }
         }
         const long long dev = b.spec_dev_rows - dev0;
-        CHECK(S[si].dev ? dev > 0 : dev == 0, "%s: %lld verified rows picked on the device (expected %s)", S[si].name, dev, S[si].dev ? "some" : "none");
+        CHECK(S[si].dev ? dev > 0 : dev == 0, "%s: %lld verified rows picked on the device (expected %s)", S[si].name, dev,
+              S[si].dev ? "some" : "none");
     }
     CHECK(accepted > 0, "the trained head's drafts were never accepted on the GPU");
     printf("speculation on the GPU (demo + its head): %d runs with 1..%d drafts under %d samplers, %s the tokens and logprobs without drafts "
@@ -2961,7 +2962,8 @@ static void variants_act(const char *tpl, const char *cpl) {
 static void samp_rows_ahead(void) {
     enum { V = 1000, NS = 5 };
     static const samp_params P[NS] = {
-        {0, 0, 1, 0, 0, 0, 1}, {0.8f, 20, 0.9f, 0, 0, 0, 1}, {1, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f}, {0.7f, 5, 1, 0, 0, 0, 1.5f}, {0, 0, 1, 0, 1, 0, 1},
+        {0, 0, 1, 0, 0, 0, 1},           {0.8f, 20, 0.9f, 0, 0, 0, 1}, {1, 40, 0.95f, 0.02f, 0.5f, 0.3f, 1.2f},
+        {0.7f, 5, 1, 0, 0, 0, 1.5f},     {0, 0, 1, 0, 1, 0, 1},
     };
     moet_err e = {{0}};
     samp_bank bk;
@@ -2973,7 +2975,10 @@ static void samp_rows_ahead(void) {
             for (int rep = 0; rep < 6; rep++) {
                 int32_t prompt[40], ahead[MOET_MAX_SPEC];
                 for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(kt_next() % 60);
-                if (samp_bank_admit(&bk, 0, &P[si], 1000 + (uint64_t)rep, si == 2, si == 2 ? 3 : 0, prompt, 40, &e)) { CHECK(0, "%s", e.msg); continue; }
+                if (samp_bank_admit(&bk, 0, &P[si], 1000 + (uint64_t)rep, si == 2, si == 2 ? 3 : 0, prompt, 40, &e)) {   // (2: with logprobs)
+                    CHECK(0, "%s", e.msg);
+                    continue;
+                }
                 samp_slot *s = &bk.slot[0];
                 for (int i = 0; i < rep; i++) {   // picks before: some of the prompt's, some new
                     if (s->sp.temperature != 0) samp_next(&s->rng);
@@ -3004,7 +3009,8 @@ static void samp_rows_ahead(void) {
         samp_bank_release(&bk, 0);
     }
     samp_bank_free(&bk);
-    printf("k_sample rows of a speculating slot (gpu_be_samp_row, picks ahead): %d of %d the rows built after the picks\n", same ? trials : 0, trials);
+    printf("k_sample rows of a speculating slot (gpu_be_samp_row, picks ahead): %d of %d the rows built after the picks\n", same ? trials : 0,
+           trials);
 }
 
 int main(void) {
