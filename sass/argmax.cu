@@ -11,35 +11,6 @@
 // as one pass over the row counts both). The result depends on no block order.
 #include "common.cuh"
 
-// The block's largest of v (NaN loses every comparison; −inf when none), every thread's result.
-__device__ __forceinline__ float am_block_max(float m, float *wmax) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, m, o);
-        m = v > m ? v : m;
-    }
-    __syncthreads();   // wmax free (a previous use read)
-    if (lane == 0) wmax[w] = m;
-    __syncthreads();
-    m = wmax[0];
-    for (int i = 1; i < GPU_ARGMAX_NT / 32; i++) m = wmax[i] > m ? wmax[i] : m;
-    return m;
-}
-
-// The block's least of f, every thread's result.
-__device__ __forceinline__ int am_block_min(int f, int *wmin) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) f = min(f, __shfl_xor_sync(0xffffffffu, f, o));
-    __syncthreads();
-    if (lane == 0) wmin[w] = f;
-    __syncthreads();
-    f = wmin[0];
-    for (int i = 1; i < GPU_ARGMAX_NT / 32; i++) f = min(f, wmin[i]);
-    return f;
-}
-
 extern "C" __global__ void __launch_bounds__(GPU_ARGMAX_NT) k_argmax(const float *__restrict__ logits, int V, int *__restrict__ buf, int cap) {
     GPU_DEP();
     __shared__ float wmax[GPU_ARGMAX_NT / 32];
@@ -57,14 +28,14 @@ extern "C" __global__ void __launch_bounds__(GPU_ARGMAX_NT) k_argmax(const float
         const float v = x[t];
         m = v > m ? v : m;
     }
-    m = am_block_max(m, wmax);
+    m = block_max_cmp<GPU_ARGMAX_NT / 32>(m, wmax);
     int first = V;
     for (int t = lo + threadIdx.x; t < hi; t += GPU_ARGMAX_NT)
         if (x[t] == m) {
             first = t;
             break;
         }
-    first = am_block_min(first, wmin);
+    first = block_min_int<GPU_ARGMAX_NT / 32>(first, wmin);
     if (threadIdx.x == 0) {
         part[2 * b] = __float_as_int(m), part[2 * b + 1] = first;
         __threadfence();   // the slice's pair visible to every block before the count says it is there
@@ -78,8 +49,8 @@ extern "C" __global__ void __launch_bounds__(GPU_ARGMAX_NT) k_argmax(const float
     float sm = -INFINITY;
     int sf = V;
     if ((int)threadIdx.x < nb) sm = __int_as_float(__ldcg(part + 2 * threadIdx.x)), sf = __ldcg(part + 2 * threadIdx.x + 1);
-    const float M = am_block_max(sm, wmax);
-    const int F = am_block_min((int)threadIdx.x < nb && sm == M ? sf : V, wmin);
+    const float M = block_max_cmp<GPU_ARGMAX_NT / 32>(sm, wmax);
+    const int F = block_min_int<GPU_ARGMAX_NT / 32>((int)threadIdx.x < nb && sm == M ? sf : V, wmin);
     if (threadIdx.x == 0) {
         ids[r] = F < V ? F : 0;
         cnt[r] = 0;   // ready for the next launch

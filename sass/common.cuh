@@ -99,6 +99,38 @@ __device__ __forceinline__ float block_max(float v, float *red) {
     return s;
 }
 
+// The block's largest of m where NaN never wins (a comparison, not fmaxf: −inf when every value is
+// NaN), and the block's least int: NW warps (NW · 32 threads), red [NW] (free: its barriers come
+// first); every thread gets the result, in an order that depends on no timing.
+template <int NW>
+__device__ __forceinline__ float block_max_cmp(float m, float *red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, m, o);
+        m = v > m ? v : m;
+    }
+    __syncthreads();
+    if (lane == 0) red[w] = m;
+    __syncthreads();
+    m = red[0];
+    for (int i = 1; i < NW; i++) m = red[i] > m ? red[i] : m;
+    return m;
+}
+
+template <int NW>
+__device__ __forceinline__ int block_min_int(int v, int *red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = red[0];
+    for (int i = 1; i < NW; i++) v = min(v, red[i]);
+    return v;
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
 

@@ -49,20 +49,7 @@ __device__ __forceinline__ unsigned long long smp_key(float f, int t) {
 __device__ __forceinline__ float smp_key_p(unsigned long long k) { return __uint_as_float((unsigned)(k >> 32)); }
 __device__ __forceinline__ int smp_key_id(unsigned long long k) { return (int)(0xffffffffu - (unsigned)k); }
 
-__device__ __forceinline__ float smp_block_maxf(float m, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, m, o);
-        m = v > m ? v : m;
-    }
-    __syncthreads();
-    if (lane == 0) sh.wf[w] = m;
-    __syncthreads();
-    m = sh.wf[0];
-    for (int i = 1; i < SMP_NW; i++) m = sh.wf[i] > m ? sh.wf[i] : m;
-    return m;
-}
+// The block's sum of v, every thread's result (sh.wi free: its barriers come first).
 __device__ __forceinline__ int smp_block_sum(int v, smp_shared &sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
@@ -72,17 +59,6 @@ __device__ __forceinline__ int smp_block_sum(int v, smp_shared &sh) {
     __syncthreads();
     v = 0;
     for (int i = 0; i < SMP_NW; i++) v += sh.wi[i];
-    return v;
-}
-__device__ __forceinline__ int smp_block_min(int v, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0) sh.wi[w] = v;
-    __syncthreads();
-    v = sh.wi[0];
-    for (int i = 1; i < SMP_NW; i++) v = min(v, sh.wi[i]);
     return v;
 }
 
@@ -477,7 +453,7 @@ __device__ float smp_maxima(const float *x, int V, int nb, smp_shared &sh) {
                 m = v[u] > m ? v[u] : m;
             }
     }
-    return smp_block_maxf(m, sh);   // (its barriers publish bmax)
+    return block_max_cmp<SMP_NW>(m, sh.wf);   // (its barriers publish bmax)
 }
 
 extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logits, int V, const gpu_samp_row *__restrict__ rows,
@@ -520,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(GPU_SAMPLE_NT) k_sample(float *logi
             if (sh.bmax[b] == top)
                 for (int t = 64 * b + lane; t < min(V, 64 * b + 64); t += 32)
                     if (x[t] == top) first = min(first, t);
-        first = smp_block_min(first, sh);
+        first = block_min_int<SMP_NW>(first, sh.wi);
         id = first < V ? first : 0;
     } else {
         id = smp_sampled(x, V, top, nb, p, sh);
