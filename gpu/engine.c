@@ -65,6 +65,10 @@ typedef struct {
     int n_cache_layers;              // the plane file's layers
     gpu_cache cache;
     int step_failed;                 // a fetch of this step failed: nothing more is launched (step_err says why)
+    // the MoE layer's combine left to the norm after it (gpu_moe_layer, gpu_norm: k_moe_add_rmsnorm
+    // makes y in place, one launch fewer a layer, the same bits); no_fold: combine then norm, as
+    // before (tests compare the two)
+    int comb_pending, no_fold;
     moet_err step_err;
     // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
     size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
@@ -1006,6 +1010,13 @@ static void gpu_linear(gpu_engine *g, const gpu_mat *W, CUdeviceptr x, int ldx, 
 static void gpu_norm(gpu_engine *g, CUdeviceptr x, CUdeviceptr y, const gpu_mat *w, CUdeviceptr xn, CUdeviceptr rows, int n) {
     const ck_config *c = &g->m->cfg;
     // xn's bf16 parts too (g->xs), for the tensor-core products that read it next (gpu_linear_n's parts)
+    if (g->comb_pending) {   // y is the MoE layer's, made here from its parts (gpu_moe_layer)
+        MOET_ASSERT(y == g->y, "the MoE layer's output left to a norm that does not add it");
+        gpu_k_moe_add_rmsnorm(&g->k, g->compute, x, g->ye, g->sel, g->selw, g->sh, g->sgate, c->topk, *w, xn, g->xs, rows, c->hidden,
+                              (float)c->eps, n);
+        g->comb_pending = 0;
+        return;
+    }
     gpu_k_add_rmsnorm(&g->k, g->compute, x, y, *w, xn, g->xs, rows, c->hidden, (float)c->eps, n);
 }
 
@@ -1105,7 +1116,10 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         gpu_k_moe_down(&g->k, g->compute, G->experts, g->sel, g->eh, I, g->ye, H, T * K);
     }
     if (cache_l < 0) gpu_linear(g, &G->sh_down, g->sg, SI, T, g->sh, H, g->shs);
-    gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
+    // y = the experts' outputs weighted + the gated shared expert's: made by the norm that adds it
+    // to the residual stream next (every caller's next launch), or here
+    if (g->no_fold) gpu_k_moe_combine(&g->k, g->compute, g->ye, g->sel, g->selw, g->sh, g->sgate, g->y, K, H, T);
+    else g->comb_pending = 1;
 }
 
 // What a step returns: logits of each row's last token, or of every token.
@@ -1176,6 +1190,7 @@ static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr
     const ck_config *c = &g->m->cfg;
     int H = c->hidden;
     CUdeviceptr none = 0;
+    g->comb_pending = 0;   // (a step that wanted no logits left its last layer's)
     gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, T);
     if (hidden) {   // the stream is non-blocking: a plain copy does not wait for it
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
@@ -1418,6 +1433,7 @@ static void gpu_mtp_rows(gpu_engine *g, int slot, int n, CUdeviceptr h, const in
     gpu_step_meta_at(g, g->mtp_pos, 1, &slot, next, off, NULL, GPU_OUT_ALL, &nr, &n1, &nm);
     CU_CHECK(cu.cuMemcpyHtoDAsync(g->meta, g->meta_host, sizeof(int32_t) * g->meta_ints, g->compute));
     // a = norm_emb(embed(next)); y = fc_emb · a
+    g->comb_pending = 0;
     gpu_k_embed(&g->k, g->compute, g->embed, gpu_meta(g, GM_IDS), g->x, H, n);
     gpu_k_add_rmsnorm(&g->k, g->compute, g->x, none, g->mtp_norm_emb, g->xn, g->xs, none, H, (float)c->eps, n);
     gpu_mtp_stage(g, stages, 0, g->xn, n);

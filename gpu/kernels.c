@@ -26,7 +26,7 @@ GPU_EMBED(gpu_img_bf_sm121, "sass/moet_bf.sm_121.cubin")
 GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
 
 #define GPU_KERNELS(X)                                                                               \
-    X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
+    X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_MOE_ADD_RMSNORM, "k_moe_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
     X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
     X(K_GDN_CHUNK, "k_gdn_chunk") X(K_GDN_PREP, "k_gdn_prep")                                                \

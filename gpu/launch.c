@@ -57,6 +57,18 @@ static void gpu_k_add_rmsnorm(gpu_kernels *k, CUstream s, CUdeviceptr x, CUdevic
     gpu_launch(k, K_ADD_RMSNORM, (gpu_dim){n, 1, 1, "(rows, 1, 1)"}, GPU_NORM_NT, 0, s, GPU_ARGS(&x, &y, &w, &xn, &xs, &rows, &H, &eps));
 }
 
+// gpu_k_add_rmsnorm with y the MoE layer's output made in the kernel from its parts, as
+// gpu_k_moe_combine makes it (the same bits as that launch then gpu_k_add_rmsnorm of its y):
+// ye [·K, H] the experts' outputs by (token, choice), sel / selw [·, K], sh [·, H] the shared
+// expert's, sg [·] its gate's logit — of token r for output row i.
+static void gpu_k_moe_add_rmsnorm(gpu_kernels *k, CUstream s, CUdeviceptr x, CUdeviceptr ye, CUdeviceptr sel, CUdeviceptr selw, CUdeviceptr sh,
+                                  CUdeviceptr sg, int K, gpu_mat w, CUdeviceptr xn, CUdeviceptr xs, CUdeviceptr rows, int H, float eps, int n) {
+    MOET_ASSERT(w.cols == H, "k_moe_add_rmsnorm: a weight of %d for H = %d", w.cols, H);
+    MOET_ASSERT(K >= 1 && K <= GPU_ROUTER_MAX_K && K <= GPU_NORM_NT, "k_moe_add_rmsnorm: top-%d", K);
+    gpu_launch(k, K_MOE_ADD_RMSNORM, (gpu_dim){n, 1, 1, "(rows, 1, 1)"}, GPU_NORM_NT, 0, s,
+               GPU_ARGS(&x, &ye, &sel, &selw, &sh, &sg, &K, &w, &xn, &xs, &rows, &H, &eps));
+}
+
 // ---- matrix products -------------------------------------------------------------------------
 
 // y_i = x W_iᵀ for the set's matrices (sass/gpu_abi.h: gpu_lin_set, first[] in row blocks of

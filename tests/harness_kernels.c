@@ -873,6 +873,28 @@ static void hk_combine_silu(void) {
         char shape[64];
         snprintf(shape, sizeof shape, "T=%d x top-%d, H %d", T, K, H);
         hk_row("k_moe_combine", shape, "f32", err, HK_TOL_SUM, us, 4.0 * T * K * H + 8.0 * T * H + 8.0 * T * K + 4.0 * T);
+        // the same y made in the norm that adds it (k_moe_add_rmsnorm, a decode step's form): against
+        // ref_moe_combine + the add + ref_rmsnorm1p; its time against k_moe_combine + k_add_rmsnorm's
+        {
+            uint16_t *wb = malloc(sizeof(uint16_t) * H);
+            ck_mat nw = kt_bf16_vec(wb, H, 0.0f, 0.3f);
+            gpu_mat nwd = gpu_put(&hk.d, &nw, "norm");
+            const size_t n = (size_t)T * H;
+            float *x = hk_normal(n, 3.0f), *nref = malloc(sizeof(float) * n);
+            CUdeviceptr xd = hk_up(x, sizeof(float) * n), nd = hk_up(NULL, sizeof(float) * n), pd = hk_up(NULL, 2 * GPU_MM_SPLITS * n);
+            gpu_k_moe_add_rmsnorm(&hk.k, hk.s, xd, yed, sd, wd, shd, sgd, K, nwd, nd, pd, 0, H, (float)c->eps, T);
+            float *gn = hk_down(nd, sizeof(float) * n);
+            for (size_t i = 0; i < n; i++) x[i] += ref[i];
+            for (int t = 0; t < T; t++) ref_rmsnorm1p(x + (size_t)t * H, &nw, H, c->eps, nref + (size_t)t * H);
+            double nerr = check_nerr(gn, nref, n), us2;
+            HK_TIME(us, gpu_k_moe_add_rmsnorm(&hk.k, hk.s, xd, yed, sd, wd, shd, sgd, K, nwd, nd, pd, 0, H, (float)c->eps, T));
+            HK_TIME(us2, (gpu_k_moe_combine(&hk.k, hk.s, yed, sd, wd, shd, sgd, yd, K, H, T),
+                          gpu_k_add_rmsnorm(&hk.k, hk.s, xd, yd, nwd, nd, pd, 0, H, (float)c->eps, T)));
+            hk_row("k_moe_add_rmsnorm", shape, "f32, bf16 w", nerr, HK_TOL_SUM, us,
+                   4.0 * T * K * H + 16.0 * n + 8.0 * T * K + 4.0 * T + 2.0 * H + 2.0 * GPU_MM_SPLITS * n);
+            hk_row("k_moe_combine + k_add_rmsnorm", shape, "f32, bf16 w", nerr, HK_TOL_SUM, us2, 0);
+            free(wb), free(x), free(nref), free(gn);
+        }
         free(sel), free(w), free(ye), free(sh), free(sg), free(ref), free(got);
         // the shared expert's activation: h = SiLU(g) · u over [T, SI]
         size_t n = (size_t)T * SI;

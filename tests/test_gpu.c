@@ -462,7 +462,9 @@ static void graph_costs(void) {
 // Decode graphs (gpu_graphs_capture): steps that replay a graph give the bits of the same steps
 // launched kernel by kernel (gpu_opts.no_graphs), with one row and with two, across a chunk
 // boundary of split attention (the graphs' attention nodes then set to two chunks), for an f32
-// cache (k_attn_part_f32) and a bf16 one (k_fa); the replays are counted, so the graphs ran.
+// cache (k_attn_part_f32) and a bf16 one (k_fa); the replays are counted, so the graphs ran. And
+// the same steps, prompts included, with each MoE layer's output made by k_moe_combine before the
+// norm that adds it (g.no_fold) rather than in that norm (k_moe_add_rmsnorm): the same bits.
 static void graph_replay(void) {
     ck_model m;
     moet_err e = {{0}};
@@ -472,13 +474,14 @@ static void graph_replay(void) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)P);
     for (int t = 0; t < P; t++) ids[t] = (int32_t)((t * 31 + 7) % V);
     size_t per = (size_t)S * 2 * V;
-    float *out = calloc(2 * per, sizeof(float));
+    float *out = calloc(3 * per, sizeof(float));
     for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {
-        uint64_t replays[2] = {0, 0};
-        for (int ng = 0; ng < 2; ng++) {
+        uint64_t replays[3] = {0, 0, 0};
+        for (int ng = 0; ng < 3; ng++) {
             gpu_engine g;
-            gpu_opts o = {.max_seqs = 2, .max_len = P + S + 1, .max_tokens = P, .kv_dtype = kv, .no_graphs = ng};
+            gpu_opts o = {.max_seqs = 2, .max_len = P + S + 1, .max_tokens = P, .kv_dtype = kv, .no_graphs = ng > 0};
             if (gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) { CHECK(0, "%s", e.msg); continue; }
+            g.no_fold = ng == 2;
             int nr, off0[2] = {0, P}, off1[2] = {0, P1}, s0 = 0, s1 = 1;
             CHECK(gpu_seq_start(&g, 0, P + S) == 0 && gpu_seq_start(&g, 1, P1 + S) == 0, "pages");
             CHECK(gpu_step(&g, 1, &s0, ids, off0, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0, "%s", e.msg);
@@ -493,12 +496,14 @@ static void graph_replay(void) {
             replays[ng] = g.graph_steps - before;
             gpu_free(&g);
         }
-        int eq = !memcmp(out, out + per, sizeof(float) * per);
+        int eq = !memcmp(out, out + per, sizeof(float) * per), eqf = !memcmp(out, out + 2 * per, sizeof(float) * per);
         CHECK(eq && replays[0] == S && replays[1] == 0,
               "kv %s: decode steps replayed from graphs (%llu of %d) and launched kernel by kernel (%llu replays) %s", kv_name(kv),
               (unsigned long long)replays[0], S, (unsigned long long)replays[1], eq ? "agree" : "differ");
-        printf("decode graphs, kv %s: %d steps of 1 and 2 rows across positions %d..%d, replayed = launched kernel by kernel, bit for bit: %s\n",
-               kv_name(kv), S, P, P + S, eq ? "yes" : "NO");
+        CHECK(eqf && replays[2] == 0, "kv %s: the MoE's output made before the norm (k_moe_combine) and in it differ", kv_name(kv));
+        printf("decode graphs, kv %s: %d steps of 1 and 2 rows across positions %d..%d, replayed = launched kernel by kernel, bit for bit: %s; "
+               "k_moe_combine + k_add_rmsnorm = k_moe_add_rmsnorm: %s\n",
+               kv_name(kv), S, P, P + S, eq ? "yes" : "NO", eqf ? "yes" : "NO");
     }
     free(out);
     free(ids);
@@ -1079,6 +1084,7 @@ static void kernel_misc(gpu_engine *g) {
     moet_err e = {{0}};
     arena plan = arena_measure("kernel test"), d;
     for (int i = 0; i < 26; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
+    for (int i = 0; i < 3; i++) arena_take(&plan, sizeof(float) * (size_t)T * H * KT + 4096, 256, "test buffer");   // (k_moe_add_rmsnorm's)
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = H, .row_bytes = 2 * H}, "w");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = DV, .row_bytes = 2 * DV}, "w");
     if (arena_init_kind(&d, "kernel test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
@@ -1214,6 +1220,78 @@ static void kernel_misc(gpu_engine *g) {
         CHECK(!memcmp(got, xs, sizeof(float) * T * H), "k_add_rmsnorm: x + y differs from the host's sum");
         printf("k_add_rmsnorm [%d, %d]: normalised error vs ref_rmsnorm1p %.2g, residual add exact\n", T, H, err);
         free(x), free(y), free(ref), free(got), free(xs);
+    }
+    // the MoE layer's output made in the norm (k_moe_add_rmsnorm): the bits of k_moe_combine then
+    // k_add_rmsnorm — the residual stream after the add, xn and its bf16 parts — over every row and
+    // over a gather of rows (the final norm's, whose other rows stay as they were); and against the
+    // CPU: ref_moe_combine, the add, ref_rmsnorm1p (2e-6: as k_add_rmsnorm's, the combine's 9 terms
+    // in f32 on both sides, fused multiply-adds on the device, a few ulps of y)
+    {
+        enum { NG = 4 };
+        uint16_t wb[H];
+        ck_mat wm = kt_bf16_vec(wb, H, 0.0f, 0.3f);
+        const size_t TH = (size_t)T * H, NP = (size_t)GPU_MM_SPLITS * T * H / 2;   // (the parts: bf16, in floats' room)
+        float *x = malloc(sizeof(float) * TH), *ye = malloc(sizeof(float) * TH * KT), *sh = malloc(sizeof(float) * TH), sg[T], selw[T * KT];
+        float *a = malloc(sizeof(float) * TH), *b = malloc(sizeof(float) * TH), *y = malloc(sizeof(float) * H), *ref = malloc(sizeof(float) * TH),
+              *pa = malloc(sizeof(float) * NP), *pb = malloc(sizeof(float) * NP);
+        int sel[T * KT];
+        const int rows[NG] = {5, 0, 36, 17};
+        for (size_t i = 0; i < TH; i++) x[i] = 3.0f * kt_normal(), sh[i] = kt_normal();
+        for (size_t i = 0; i < TH * KT; i++) ye[i] = kt_normal();
+        for (int t = 0; t < T; t++) {
+            sg[t] = 2.0f * kt_normal();
+            for (int k = 0; k < KT; k++) {   // distinct ids in no order, weights in (0, 1)
+                int id, dup;
+                do {
+                    id = (int)(kt_next() % E), dup = 0;
+                    for (int q = 0; q < k; q++) dup |= sel[t * KT + q] == id;
+                } while (dup);
+                sel[t * KT + k] = id, selw[t * KT + k] = 0.05f + 0.9f * (float)(kt_next() & 0xffff) / 65536.0f;
+            }
+        }
+        gpu_mat gw = gpu_put(&d, &wm, "w");
+        CUdeviceptr yed = kt_dev(&d, ye, TH * KT), shd = kt_dev(&d, sh, TH), sgd = kt_dev(&d, sg, T), swd = kt_dev(&d, selw, T * KT);
+        CUdeviceptr sd = kt_dev(&d, NULL, T * KT), rd = kt_dev(&d, NULL, NG), yd = kt_dev(&d, NULL, TH);
+        CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof sel));
+        CU_CHECK(cu.cuMemcpyHtoD(rd, rows, sizeof rows));
+        CUdeviceptr xa = kt_dev(&d, x, TH), xb = kt_dev(&d, x, TH), na = kt_dev(&d, NULL, TH), nb = kt_dev(&d, NULL, TH);
+        CUdeviceptr psa = kt_dev(&d, NULL, NP), psb = kt_dev(&d, NULL, NP);
+        int same = 1;
+        for (int gather = 0; gather < 2; gather++) {
+            const int n = gather ? NG : T;
+            const CUdeviceptr rws = gather ? rd : 0;
+            if (gather) CU_CHECK(cu.cuMemcpyHtoD(xa, x, sizeof(float) * TH)), CU_CHECK(cu.cuMemcpyHtoD(xb, x, sizeof(float) * TH));
+            gpu_k_moe_combine(&g->k, g->compute, yed, sd, swd, shd, sgd, yd, KT, H, T);
+            gpu_k_add_rmsnorm(&g->k, g->compute, xa, yd, gw, na, psa, rws, H, 1e-6f, n);
+            gpu_k_moe_add_rmsnorm(&g->k, g->compute, xb, yed, sd, swd, shd, sgd, KT, gw, nb, psb, rws, H, 1e-6f, n);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            const size_t nh = (size_t)n * H, np = (size_t)GPU_MM_SPLITS * n * H / 2;
+            CU_CHECK(cu.cuMemcpyDtoH(a, xa, sizeof(float) * TH)), CU_CHECK(cu.cuMemcpyDtoH(b, xb, sizeof(float) * TH));
+            same &= !memcmp(a, b, sizeof(float) * TH);
+            if (gather)   // the rows not gathered: untouched
+                for (int t = 0; t < T; t++) {
+                    int in = 0;
+                    for (int q = 0; q < NG; q++) in |= rows[q] == t;
+                    if (!in) same &= !memcmp(b + (size_t)t * H, x + (size_t)t * H, sizeof(float) * H);
+                }
+            CU_CHECK(cu.cuMemcpyDtoH(pa, psa, sizeof(float) * np)), CU_CHECK(cu.cuMemcpyDtoH(pb, psb, sizeof(float) * np));
+            same &= !memcmp(pa, pb, sizeof(float) * np);
+            CU_CHECK(cu.cuMemcpyDtoH(a, na, sizeof(float) * nh)), CU_CHECK(cu.cuMemcpyDtoH(b, nb, sizeof(float) * nh));
+            same &= !memcmp(a, b, sizeof(float) * nh);
+        }
+        CHECK(same, "k_moe_add_rmsnorm: not the bits of k_moe_combine then k_add_rmsnorm (x, xn or its parts)");
+        // the CPU (b: the gathered rows' xn from the last launch)
+        for (int q = 0; q < NG; q++) {
+            const int t = rows[q];
+            ref_moe_combine(ye + (size_t)t * KT * H, sel + t * KT, selw + t * KT, sg[t], sh + (size_t)t * H, KT, H, y);
+            for (int j = 0; j < H; j++) a[j] = x[(size_t)t * H + j] + y[j];
+            ref_rmsnorm1p(a, &wm, H, 1e-6, ref + (size_t)q * H);
+        }
+        double err = check_nerr(b, ref, (size_t)NG * H);
+        CHECK(err < 2e-6, "k_moe_add_rmsnorm: normalised error %.3g against ref_moe_combine + ref_rmsnorm1p", err);
+        printf("k_moe_add_rmsnorm [%d, %d, top-%d]: the bits of k_moe_combine + k_add_rmsnorm (all rows; %d gathered), "
+               "normalised error vs the CPU %.2g\n", T, H, KT, NG, err);
+        free(x), free(ye), free(sh), free(a), free(b), free(y), free(ref), free(pa), free(pb);
     }
     // gated RMSNorm of the GDN output
     {
