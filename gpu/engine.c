@@ -66,8 +66,9 @@ typedef struct {
     gpu_cache cache;
     int step_failed;                 // a fetch of this step failed: nothing more is launched (step_err says why)
     // the MoE layer's combine left to the norm after it (gpu_moe_layer, gpu_norm: k_moe_add_rmsnorm
-    // makes y in place, one launch fewer a layer, the same bits); no_fold: combine then norm, as
-    // before (tests compare the two)
+    // makes y in place), and a decode step's GDN output norm folded into the rule (gpu_gdn_layer:
+    // k_gdn_rule_norm): a launch fewer a layer each, the same bits; no_fold: neither, the kernels
+    // one by one as before (tests compare the two)
     int comb_pending, no_fold;
     moet_err step_err;
     // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
@@ -1058,6 +1059,12 @@ static void gpu_gdn_layer(gpu_engine *g, const gpu_layer *G, int layer, int n, i
     CUdeviceptr hw = g->keep_hist ? g->hist_win + gi * (size_t)(Kc - 1) * cd * 4 : 0, hs = g->keep_hist ? g->hist_ssm + gi * (size_t)nv * dk * dv * 4 : 0;
     gpu_k_gdn_conv(&g->k, g->compute, g->proj, cd, G->conv, Kc, win, win_stride, rs, r0, rn, n, T - n + 1, hw, (long long)g->win_slot);
     CUdeviceptr rp = gpu_meta(g, GM_ROW_POS), one = gpu_meta(g, GM_ROWS_ONE), many = gpu_meta(g, GM_ROWS_MANY);
+    if (n1 && !nm && !g->no_fold && gpu_gdn_rule_norm_ok(dk, dv)) {   // every row one rule: the gated norm folded in (the same bits)
+        gpu_k_gdn_rule_norm(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs,
+                            r0, rn, one, n1, hs, (long long)g->ssm_slot, g->zz, G->gnorm, (float)c->eps, g->xs, T);
+        gpu_linear(g, &G->out, g->core, vd, T, g->y, H, g->xs);
+        return;
+    }
     if (n1)
         gpu_k_gdn_rule(&g->k, g->compute, g->proj, cd, g->bb, g->aa, G->A_log, G->dt_bias, ssm, ssm_stride, g->core, nk, nv, dk, dv, rs, r0,
                        rn, one, n1, hs, (long long)g->ssm_slot);

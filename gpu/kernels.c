@@ -28,7 +28,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
 #define GPU_KERNELS(X)                                                                               \
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_MOE_ADD_RMSNORM, "k_moe_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
-    X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule")                    \
+    X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule") X(K_GDN_RULE_NORM, "k_gdn_rule_norm")                    \
     X(K_GDN_CHUNK, "k_gdn_chunk") X(K_GDN_PREP, "k_gdn_prep")                                                \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \

@@ -635,6 +635,28 @@ static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdevice
                GPU_ARGS(&o, &z, &w, &nv, &dv, &eps, &xs));
 }
 
+// Whether gpu_k_gdn_rule_norm takes a layer of value heads of dv with keys of dk: a head in one block
+// of GPU_GNORM_NT threads, the state in registers.
+static int gpu_gdn_rule_norm_ok(int dk, int dv) { return GPU_GDN_RULE_REGS(dk) && dv <= GPU_GNORM_NT; }
+
+// gpu_k_gdn_rule, then gpu_k_gated_norm of its rows' tokens (z, w, eps, xs as its), in one launch
+// (the same bits): for a step whose every row takes the recurrent rule (T its tokens: xs's part
+// stride), where gpu_gdn_rule_norm_ok.
+static void gpu_k_gdn_rule_norm(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log,
+                                gpu_mat dt_bias, CUdeviceptr S_base, long long S_slot_stride, CUdeviceptr o, int nk, int nv, int dk, int dv,
+                                CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr rows, int n_rows, CUdeviceptr hist,
+                                long long hist_stride, CUdeviceptr z, gpu_mat w, float eps, CUdeviceptr xs, int T) {
+    MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule_norm: %d key heads, %d value heads of %d, %d, conv dim %d",
+                nk, nv, dk, dv, cd);
+    MOET_ASSERT(gpu_gdn_rule_norm_ok(dk, dv), "k_gdn_rule_norm: keys of %d, value heads of %d", dk, dv);
+    MOET_ASSERT(w.cols == dv, "k_gdn_rule_norm: a norm weight of %d for value heads of %d", w.cols, dv);
+    MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule_norm: states after each token for %d rows", n_rows);
+    const size_t smem = sizeof(float) * (GPU_GNORM_NT / 32) * 2 * (size_t)dk;   // q̂ and k̂ [dk] a warp
+    gpu_launch(k, K_GDN_RULE_NORM, (gpu_dim){nv, n_rows, 1, "(value heads, rows, 1)"}, GPU_GNORM_NT, smem, s,
+               GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
+                        &row_len, &rows, &hist, &hist_stride, &z, &w, &eps, &xs, &T));
+}
+
 // ---- gated attention ----------------------------------------------------------------------------
 
 static void gpu_assert_attn(const char *kernel, int kv_dtype, CUdeviceptr ks, CUdeviceptr vs, int nh, int kvh, int hd) {

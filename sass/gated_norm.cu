@@ -4,6 +4,7 @@
 // GPU_GNORM_NT, grid (T, nv) (tokens along grid.x). o, z: [T, nv·dv]; if xs: o's three bf16 parts
 // for the output projection (k_mm_split's layout, [3][T][nv·dv]).
 #include "mm.cuh"
+#include "gdn.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT) k_gated_norm(float *__restrict__ o, const float *__restrict__ z, gpu_mat w,
                                                                         int nv, int dv, float eps, __nv_bfloat16 *__restrict__ xs) {
@@ -13,9 +14,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT) k_gated_norm(float *_
     float ss = 0.f;
     for (int v = threadIdx.x; v < dv; v += blockDim.x) ss += o[base + v] * o[base + v];
     ss = block_sum(ss, red);
-    float rn = 1.f / sqrtf(ss / (float)dv + eps);
+    float rn = gnorm_rn(ss, dv, eps);
     for (int v = threadIdx.x; v < dv; v += blockDim.x) {
-        float r = vec_at(w, v) * (o[base + v] * rn) * silu(z[base + v]);
+        float r = gnorm_out(w, v, o[base + v], rn, z[base + v]);
         o[base + v] = r;
         if (xs) mm_split3(r, xs + base + v, (size_t)gridDim.x * nv * dv);
     }

@@ -35,6 +35,12 @@ __device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *r
     *rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
 }
 
+// The gated output norm's two steps (MODEL.md §3.3; k_gated_norm, and k_gdn_rule_norm that folds it
+// into the rule): the factor from a head's Σ o² (block_sum over its dv columns, one a thread), then
+// a column's output. One spelling for both kernels, so the same bits. CPU twin: ref_gated_rmsnorm.
+__device__ __forceinline__ float gnorm_rn(float ss, int dv, float eps) { return 1.f / sqrtf(ss / (float)dv + eps); }
+__device__ __forceinline__ float gnorm_out(gpu_mat w, int v, float o, float rn, float z) { return vec_at(w, v) * (o * rn) * silu(z); }
+
 // One token, recurrent form, by the calling warp (lane = value column v0 + lane):
 //   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
 //   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)

@@ -1015,6 +1015,35 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
     snprintf(shape, sizeof shape, "T=%d in %d row%s, %d/%d heads of %d", T, nrows, nrows > 1 ? "s" : "", nk, nv, dk);
     hk_row(kernel == K_GDN_RULE ? "k_gdn_rule" : "k_gdn_chunk", shape, "f32", err, GPU_TOL_GDN, us,
            8.0 * nS + 4.0 * T * cd + 8.0 * T * nv + 4.0 * nO);
+    if (kernel == K_GDN_RULE && gpu_gdn_rule_norm_ok(dk, dv)) {
+        // the gated norm folded in (k_gdn_rule_norm, a decode step's): against kt_gdn_row then
+        // ref_gated_rmsnorm from the same state; its time against k_gdn_rule + k_gated_norm's
+        uint16_t *wb = malloc(sizeof(uint16_t) * dv);
+        ck_mat w = kt_bf16_vec(wb, dv, 1.0f, 0.2f);
+        gpu_mat wd = gpu_put(&hk.d, &w, "gated norm");
+        float *z = hk_normal(nO, 1.0f), *S1 = hk_normal(nS, 0.1f);
+        CUdeviceptr zd = hk_up(z, sizeof(float) * nO), xd = hk_up(NULL, 2 * GPU_MM_SPLITS * nO);
+        CU_CHECK(cu.cuMemcpyHtoD(Sd, S1, sizeof(float) * nS));
+        const CUdeviceptr st4 = (CUdeviceptr)nrows * 4;
+        const long long ss = (long long)slot;
+#define HK_RN gpu_k_gdn_rule_norm(&hk.k, hk.s, qd, cd, bd, ad, ga, gd, Sd, ss, od, nk, nv, dk, dv, m, m + st4, m + 2 * st4, m + 4 * st4, nrows, 0, 0, \
+                                  zd, wd, (float)c->eps, xd, T)
+        HK_RN;
+        float *fo = hk_down(od, sizeof(float) * nO), *fS = hk_down(Sd, sizeof(float) * nS);
+        for (int i = 0, t = 0; i < nrows; t += rw[i].len, i++)
+            kt_gdn_row(qkv + (size_t)t * cd, cd, bb + (size_t)t * nv, aa + (size_t)t * nv, &alog, &dtb, S1 + (size_t)i * slot,
+                       o + (size_t)t * nv * dv, nk, nv, dk, dv, rw[i].pos, rw[i].len, 1);
+        for (size_t h = 0; h < (size_t)T * nv; h++) ref_gated_rmsnorm(o + h * dv, z + h * dv, &w, dv, c->eps);
+        double ferr = fmax(check_nerr(fo, o, nO), check_nerr(fS, S1, nS)), fus, pus;
+        HK_TIME(fus, HK_RN);
+#undef HK_RN
+        HK_TIME(pus, (kt_gdn_run(&hk.k, hk.s, K_GDN_RULE, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv),
+                      gpu_k_gated_norm(&hk.k, hk.s, od, zd, wd, nv, dv, (float)c->eps, xd, T)));
+        hk_row("k_gdn_rule_norm", shape, "f32, bf16 w", ferr, GPU_TOL_GDN, fus,
+               8.0 * nS + 4.0 * T * cd + 8.0 * T * nv + 12.0 * nO + 2.0 * GPU_MM_SPLITS * nO + 2.0 * dv);
+        hk_row("k_gdn_rule + k_gated_norm", shape, "f32, bf16 w", ferr, GPU_TOL_GDN, pus, 0);
+        free(wb), free(z), free(S1), free(fo), free(fS);
+    }
     if (kernel == K_GDN_CHUNK) {   // of which k_gdn_prep (its first launch), timed alone: the walk is the rest
         double prep;
         HK_TIME(prep, kt_gdn_prep_run(&hk.k, hk.s, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, nk, nv, dk, dv));

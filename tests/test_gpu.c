@@ -1379,7 +1379,8 @@ static void kernel_gdn(gpu_engine *g) {
         // GPU
         moet_err e = {{0}};
         arena plan = arena_measure("gdn test"), d;
-        for (int i = 0; i < 12; i++) arena_take(&plan, sizeof(float) * (nO > nS ? nO : nS) + (size_t)T * cd * 4 + 4096, 256, "buffer");
+        for (int i = 0; i < 20; i++) arena_take(&plan, sizeof(float) * (nO > nS ? nO : nS) + (size_t)T * cd * 4 + 4096, 256, "buffer");
+        gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = dv, .row_bytes = 2 * dv}, "gated norm w");
         if (arena_init_kind(&d, "gdn test", ARENA_DEVICE, plan.used, &e)) { CHECK(0, "%s", e.msg); return; }
         gpu_mat ga = gpu_put(&d, &alog, "A_log"), gd = gpu_put(&d, &dtb, "dt_bias");
         CUdeviceptr qd = kt_dev(&d, qkv, (size_t)T * cd), bd = kt_dev(&d, bb, (size_t)T * nv), ad = kt_dev(&d, aa, (size_t)T * nv);
@@ -1464,10 +1465,41 @@ static void kernel_gdn(gpu_engine *g) {
         }
         CHECK(same_h, "k_gdn_rule [nv %d dk %d dv %d]: the states it leaves after each token differ from those of the shorter rows", nv, dk, dv);
         free(hh), free(st);
+        // the gated output norm folded into the rule (k_gdn_rule_norm, a decode step's): the bits of
+        // k_gdn_rule then k_gated_norm over the rows above — outputs, their bf16 parts, states
+        const char *fold = "not taken (keys or value heads of this size)";
+        if (gpu_gdn_rule_norm_ok(dk, dv)) {
+            uint16_t wb[GPU_GNORM_NT];
+            ck_mat wm = kt_bf16_vec(wb, dv, 1.0f, 0.2f);
+            gpu_mat gw = gpu_put(&d, &wm, "gated norm w");
+            float *z = malloc(sizeof(float) * nO), *pa = malloc(sizeof(float) * nO * 2), *pb = malloc(sizeof(float) * nO * 2);
+            for (size_t i = 0; i < nO; i++) z[i] = kt_normal();
+            const size_t np = (size_t)GPU_MM_SPLITS * nO / 2 + 1;   // (the parts: bf16, in floats' room)
+            CUdeviceptr zd = kt_dev(&d, z, nO), xa = kt_dev(&d, NULL, np), xb = kt_dev(&d, NULL, np);
+            CUdeviceptr Sa = kt_dev(&d, S0, nS), Sb = kt_dev(&d, S0, nS), oa = kt_dev(&d, NULL, nO), ob = kt_dev(&d, NULL, nO);
+            const CUdeviceptr st4 = (CUdeviceptr)NR * 4;
+            const long long ss = (long long)nv * dk * dv;
+            gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sa, ss, oa, nk, nv, dk, dv, rm, rm + st4, rm + 2 * st4, rm + 4 * st4, NR, 0, 0);
+            gpu_k_gated_norm(&g->k, g->compute, oa, zd, gw, nv, dv, 1e-6f, xa, T);
+            gpu_k_gdn_rule_norm(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sb, ss, ob, nk, nv, dk, dv, rm, rm + st4, rm + 2 * st4, rm + 4 * st4, NR,
+                                0, 0, zd, gw, 1e-6f, xb, T);
+            CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            int same_f = 1;
+            CU_CHECK(cu.cuMemcpyDtoH(got, oa, sizeof(float) * nO)), CU_CHECK(cu.cuMemcpyDtoH(got2, ob, sizeof(float) * nO));
+            same_f &= !memcmp(got, got2, sizeof(float) * nO);
+            CU_CHECK(cu.cuMemcpyDtoH(pa, xa, 2 * GPU_MM_SPLITS * nO)), CU_CHECK(cu.cuMemcpyDtoH(pb, xb, 2 * GPU_MM_SPLITS * nO));
+            same_f &= !memcmp(pa, pb, 2 * GPU_MM_SPLITS * nO);
+            CU_CHECK(cu.cuMemcpyDtoH(gS, Sa, sizeof(float) * nS)), CU_CHECK(cu.cuMemcpyDtoH(gS2, Sb, sizeof(float) * nS));
+            same_f &= !memcmp(gS, gS2, sizeof(float) * nS);
+            CHECK(same_f, "k_gdn_rule_norm [nv %d dk %d dv %d]: not the bits of k_gdn_rule then k_gated_norm", nv, dk, dv);
+            fold = same_f ? "equal" : "DIFFER";
+            free(z), free(pa), free(pb);
+        }
         printf("k_gdn_chunk / k_gdn_rule [nk %d, nv %d, dk %d, dv %d; %d tokens in %d rows]: chunked vs ref_gdn_chunk %.2g, recurrent vs "
                "the recurrence %.2g; CPU chunked vs recurrent %.2g; single tokens bitwise %s; cut in three bitwise %s; states after each "
-               "token bitwise %s\n",
-               nk, nv, dk, dv, T, NR, ec, er, fmax(cpu_o, cpu_s), same1 ? "equal" : "DIFFER", same3 ? "equal" : "DIFFER", same_h ? "equal" : "DIFFER");
+               "token bitwise %s; the rule with the gated norm folded in vs the two kernels bitwise: %s\n",
+               nk, nv, dk, dv, T, NR, ec, er, fmax(cpu_o, cpu_s), same1 ? "equal" : "DIFFER", same3 ? "equal" : "DIFFER", same_h ? "equal" : "DIFFER",
+               fold);
         arena_release(&d);
         free(qkv), free(bb), free(aa), free(S0), free(Sc), free(Sr), free(oc), free(orr), free(got), free(gS), free(got2), free(gS2);
     }
