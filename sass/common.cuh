@@ -134,6 +134,20 @@ __device__ __forceinline__ int block_min_int(int v, int *red) {
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
 
+// Token t's MoE choices by ascending expert id (the order the reference adds the experts in):
+// order[n] the choice of rank n, wk[n] its weight — by the block's threads k < K (the caller
+// synchronises before reading them). sel, selw [·, K]; the token's ids are distinct.
+__device__ __forceinline__ void moe_choice_order(const int *__restrict__ sel, const float *__restrict__ selw, int t, int K, int *order, float *wk) {
+    const int *s = sel + (size_t)t * K;
+    if (threadIdx.x < K) {   // choice k's rank among the token's ids
+        const int id = s[threadIdx.x];
+        int rank = 0;
+        for (int k = 0; k < K; k++) rank += s[k] < id;
+        order[rank] = threadIdx.x;
+        wk[rank] = selw[(size_t)t * K + threadIdx.x];
+    }
+}
+
 // ---- one weight row · a tile of activations ------------------------------------------------
 //
 // row_dot<TT>: the calling warp computes acc[t] = Σ_k W[row, k] · x[t·ldx + k] for t < nt ≤ TT.

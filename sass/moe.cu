@@ -46,14 +46,7 @@ extern "C" __global__ void __launch_bounds__(GPU_COMBINE_NT) k_moe_combine(const
     __shared__ int order[GPU_ROUTER_MAX_K];   // the token's choices by ascending expert id
     __shared__ float wk[GPU_ROUTER_MAX_K];
     const int j = blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
-    const int *s = sel + (size_t)t * K;
-    if (threadIdx.x < K) {   // choice k's rank among the token's (distinct) ids
-        const int id = s[threadIdx.x];
-        int rank = 0;
-        for (int k = 0; k < K; k++) rank += s[k] < id;
-        order[rank] = threadIdx.x;
-        wk[rank] = selw[(size_t)t * K + threadIdx.x];
-    }
+    moe_choice_order(sel, selw, t, K, order, wk);
     __syncthreads();
     if (j >= H) return;
     float acc = 0.f;

@@ -38,14 +38,7 @@ struct norm_y_moe {
     int K, H;
     __device__ __forceinline__ bool on() const { return true; }
     __device__ __forceinline__ void prep(int r) const {
-        const int *s = sel + (size_t)r * K;
-        if (threadIdx.x < K) {   // choice k's rank among the token's (distinct) ids
-            const int id = s[threadIdx.x];
-            int rank = 0;
-            for (int k = 0; k < K; k++) rank += s[k] < id;
-            moe_order[rank] = threadIdx.x;
-            moe_wk[rank] = selw[(size_t)r * K + threadIdx.x];
-        }
+        moe_choice_order(sel, selw, r, K, moe_order, moe_wk);
         if (threadIdx.x == 0) moe_gate = sigm(sg[r]);
         __syncthreads();
     }
