@@ -1773,6 +1773,7 @@ static void blocks_real(const char *dir, const char *planes) {
     gpu_opts o = {.max_seqs = 2, .max_len = TM + 1, .max_tokens = TM, .kv_dtype = GPU_KV_F32};
     if (ref_init(&r, &m2, 2, TM + 1, TM, 16, &e)) { CHECK(0, "%s", e.msg); return; }
     if (gpu_init(&g, &m, &o, planes, &po, &e)) { CHECK(0, "%s", e.msg); ref_free(&r); return; }
+    g.no_fold = 1;   // the layers alone: gpu_moe_layer writes y itself (no next norm here to make it)
     size_t big = (size_t)TM * (qd > vd ? qd : vd) + (size_t)TM * H;
     float *xn = malloc(sizeof(float) * (size_t)TM * H), *tmp = malloc(sizeof(float) * big);
     int32_t *gsel = malloc(sizeof(int32_t) * (size_t)TM * Kt), ids[TM] = {0};
