@@ -3068,8 +3068,8 @@ static void variants_act(const char *tpl, const char *cpl) {
 // slot's sampler took them (samp_note, one draw each when it samples) — the same parameters,
 // generator and (token, times generated) pairs in the same order — for samplers greedy, sampled,
 // penalized (drafts seen in the prompt, generated before, repeated among themselves, new; with
-// logprobs too), and
-// none is built where the device cannot pick (top_k 0, top_k above GPU_SAMPLE_KMAX).
+// logprobs too), and none is built where the device cannot pick (top_k 0, top_k above
+// GPU_SAMPLE_KMAX).
 static void samp_rows_ahead(void) {
     enum { V = 1000, NS = 5 };
     static const samp_params P[NS] = {
