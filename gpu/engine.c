@@ -70,6 +70,13 @@ typedef struct {
     // k_gdn_rule_norm): a launch fewer a layer each, the same bits; no_fold: neither, the kernels
     // one by one as before (tests compare the two)
     int comb_pending, no_fold;
+    // the FP8 products of prompts' full pieces in chain order (k_mm_c; sass/mm_c.cu says why the bits hold): mmc where the
+    // image has it (k.mm_c, one part; no_mmc: never, for tests), this step's pieces and the other tokens (gpu_step_meta_at:
+    // GM_MMC_PIECES, GM_MMC_TAIL), mmc_live while the layers' products run (gpu_step_kernels); those other tokens'
+    // inputs [mmc_tail_max][mm_width] (one bf16 part) and outputs [mmc_tail_max][mmc_rows] gathered and scattered there
+    int mmc, no_mmc, mmc_live, mmc_np, mmc_nt, mmc_tail_max;
+    size_t mmc_rows;
+    CUdeviceptr xs_t, y_t;
     moet_err step_err;
     // KV cache: pages of GPU_KV_PAGE positions, one page id per (slot, block) for every layer
     size_t n_pages, page_bytes_all;  // pages; bytes of one page over all attention layers (K and V)
@@ -157,11 +164,12 @@ typedef struct {
     size_t weight_bytes, pool_bytes;
 } gpu_engine;
 
-// Step metadata, ints, in this order (offsets in units of Tm): ids, tok_slot, tok_pos, out_rows
+// Step metadata, ints, in this order (offsets in units of Tm): ids, tok_slot, tok_pos, out_rows,
+// mmc_pieces (the first token of each full piece: gpu_step_meta_at), mmc_tail (the other tokens)
 // ([Tm] each), then row_slot, row_start, row_len, row_pos (the row's first absolute position),
 // rows_one (the rows of one token), rows_many (the others), piece0 (k_gdn_chunk's pieces before
 // each of rows_many: gpu_gdn_pieces) ([max_seqs] each).
-enum { GM_IDS, GM_TOK_SLOT, GM_TOK_POS, GM_OUT_ROWS, GM_ROWS };
+enum { GM_IDS, GM_TOK_SLOT, GM_TOK_POS, GM_OUT_ROWS, GM_MMC_PIECES, GM_MMC_TAIL, GM_ROWS };
 static CUdeviceptr gpu_meta(const gpu_engine *g, int which) {
     if (which < GM_ROWS) return g->meta + (CUdeviceptr)which * g->o.max_tokens * 4;
     return g->meta + (CUdeviceptr)GM_ROWS * g->o.max_tokens * 4 + (CUdeviceptr)(which - GM_ROWS) * g->o.max_seqs * 4;
@@ -401,6 +409,15 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->mm_width = mw;
     g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
     g->shs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * (size_t)c->shared_inter, 256, "shared expert activations (bf16 parts)");
+    // k_mm_c's other tokens: at most 63 before a row's first full piece and 63 after its last (126 where it has none)
+    g->mmc = g->k.mm_c && g->k.parts == 1 && !g->no_mmc;
+    g->mmc_tail_max = (int)(Tm < (size_t)126 * g->o.max_seqs ? Tm : (size_t)126 * g->o.max_seqs);
+    size_t mr = (size_t)c->conv_dim + c->value_dim, ma = 2 * qd + 2 * kvd;   // a set's rows: GDN in-projections, attention q|k|v
+    mr = mr > ma ? mr : ma;
+    mr = mr > H ? mr : H;
+    g->mmc_rows = mr;
+    g->xs_t = g->mmc ? (CUdeviceptr)(uintptr_t)arena_take(a, 2 * (size_t)g->mmc_tail_max * mw, 256, "chain products' other tokens' inputs") : 0;
+    g->y_t = g->mmc ? gpu_take_f32(a, (size_t)g->mmc_tail_max * mr, "chain products' other tokens' outputs") : 0;
     if (g->moe_mm) {
         g->hs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * K * (size_t)c->inter, 256, "expert activations (bf16 parts)");
         g->moe_map = (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "experts' pairs");
@@ -991,7 +1008,11 @@ static void gpu_linear_n(gpu_engine *g, int n, const gpu_lin_out *outs, CUdevice
     int K = outs[0].W->cols;
     if (mm && (size_t)K <= g->mm_width) {   // tensor cores: the input's parts, then one k_mm launch
         if (!parts) gpu_k_mm_split(&g->k, g->compute, x, ldx, K, T, g->xs);
-        gpu_k_mm(&g->k, g->compute, &set, parts ? parts : g->xs, T);
+        if (g->mmc_live && g->mmc_np) {   // the step's full pieces by k_mm_c (gpu_mmc_split)
+            const gpu_mmc_step ms = {gpu_meta(g, GM_MMC_PIECES), gpu_meta(g, GM_MMC_TAIL), g->xs_t, g->y_t, g->mmc_np, g->mmc_nt, g->mmc_rows};
+            gpu_k_mm_mmc(&g->k, g->compute, &set, parts ? parts : g->xs, T, &ms);
+        }
+        else gpu_k_mm(&g->k, g->compute, &set, parts ? parts : g->xs, T);
         return;
     }
     if (g->k.parts == 1 && n > 1 && (size_t)K <= g->mm_width) {
@@ -1147,6 +1168,27 @@ static void gpu_step_assert(const gpu_engine *g, int n, const int *slots, const 
     for (int t = 0; t < T; t++) MOET_ASSERT(ids[t] >= 0 && ids[t] < V, "token id %d", ids[t]);
 }
 
+// k_mm_c's share of a step (g->mmc): the full pieces — positions [64m, 64m + 64) of a row wholly in it — as the step
+// index of their first tokens (GM_MMC_PIECES, mmc_np of them), every other token (GM_MMC_TAIL, mmc_nt). A token's
+// side depends on its sequence's position alone (sass/mm_c.cu). Without mmc: none.
+static void gpu_mmc_split(gpu_engine *g, const int *pos, int n, const int *slots, const int *off) {
+    int Tm = g->o.max_tokens, np = 0, nt = 0;
+    int32_t *mh = g->meta_host;
+    for (int i = 0; i < n && g->mmc; i++) {
+        const int p = pos[slots[i]], len = off[i + 1] - off[i];
+        const int m0 = (p + GPU_MMC_PIECE - 1) / GPU_MMC_PIECE, m1 = (p + len) / GPU_MMC_PIECE;   // the row's full pieces [m0, m1)
+        for (int t = off[i]; t < off[i + 1]; t++) {
+            const int q = p + (t - off[i]);
+            if (q >= m0 * GPU_MMC_PIECE && q < m1 * GPU_MMC_PIECE) {
+                if (q % GPU_MMC_PIECE == 0) mh[GM_MMC_PIECES * Tm + np++] = t;
+            } else
+                mh[GM_MMC_TAIL * Tm + nt++] = t;
+        }
+    }
+    MOET_ASSERT(nt <= g->mmc_tail_max || !np, "a step of %d tokens outside full pieces; room for %d", nt, g->mmc_tail_max);
+    g->mmc_np = np, g->mmc_nt = nt;
+}
+
 // Writes a step's metadata into meta_host (the layout above) for rows at positions pos[slot]
 // (the slots' current ones: gpu_step_meta; the MTP head's: gpu_mtp_rows): nr output rows (as
 // gpu_step's out and want say), n1 rows of one token and nm longer ones (the two GDN kernels' row
@@ -1179,6 +1221,7 @@ static void gpu_step_meta_at(gpu_engine *g, const int *pos, int n, const int *sl
     }
     MOET_ASSERT(pieces <= gpu_gdn_pieces_max(Tm, ms), "a step of %d GDN pieces; room for %d", pieces, gpu_gdn_pieces_max(Tm, ms));
     g->pieces = pieces;
+    gpu_mmc_split(g, pos, n, slots, off);
     *nr_out = nr, *n1_out = n1, *nm_out = nm;
     g->reach = reach;   // the step's deepest token (position + 1): the chunks split attention covers
     g->step_rows = n;
@@ -1203,6 +1246,7 @@ static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(hidden[0], g->x, sizeof(float) * (size_t)T * H));
     }
+    g->mmc_live = 1;   // (the layers' products: their inputs' rows are the step's tokens)
     for (int l = 0; l < c->n_layers; l++) {
         const gpu_layer *G = &g->layers[l];
         gpu_norm(g, g->x, l ? g->y : none, &G->in_norm, g->xn, none, T);
@@ -1214,13 +1258,17 @@ static void gpu_step_kernels(gpu_engine *g, int n, int n1, int nm, int T, int nr
         else gpu_gdn_layer(g, G, l, n, n1, nm, T);
         gpu_norm(g, g->x, g->y, &G->post_norm, g->xn, none, T);
         gpu_moe_layer(g, G, T);
-        if (g->step_failed) return;   // an expert could not be fetched: the step ends here (gpu_step says why)
+        if (g->step_failed) {   // an expert could not be fetched: the step ends here (gpu_step says why)
+            g->mmc_live = 0;
+            return;
+        }
         if (trace_ids) {
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
             CU_CHECK(cu.cuMemcpyDtoH(trace_ids[l], g->sel, sizeof(int32_t) * (size_t)T * c->topk));
             CU_CHECK(cu.cuMemcpyDtoH(trace_w[l], g->selw, sizeof(float) * (size_t)T * c->topk));
         }
     }
+    g->mmc_live = 0;
     if (nr == 0) return;
     gpu_norm(g, g->x, g->y, &g->final_norm, g->xn, gpu_meta(g, GM_OUT_ROWS), nr);
     if (hidden) {
@@ -1242,6 +1290,7 @@ static void gpu_graphs_capture(gpu_engine *g) {
         G->att_p = g->graph_att_p + (size_t)n * c->n_full;
         g->reach = 1;   // one chunk; every step sets its own
         G->nz = 1;
+        g->mmc_np = 0;   // (rows of one token: no full piece)
         CU_CHECK(cu.cuStreamBeginCapture(g->compute, GPU_CAPTURE_RELAXED));
         gpu_step_kernels(g, n, n, 0, n, n, NULL, NULL, NULL);
         CU_CHECK(cu.cuStreamEndCapture(g->compute, &G->graph));

@@ -34,7 +34,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_FA_W, "k_fa_w") X(K_ARGMAX, "k_argmax") X(K_SAMPLE, "k_sample")                                                                                    \
-    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_V4, "k_mm_v4") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") \
+    X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_V4, "k_mm_v4") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") X(K_MM_C, "k_mm_c") X(K_ROWS, "k_rows") \
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_DG4, "k_moe_up_dg4") X(K_MOE_DN_DG4, "k_moe_dn_dg4") X(K_MOE_UP_DG1, "k_moe_up_dg1") X(K_MOE_DN_DG1, "k_moe_dn_dg1") \
@@ -46,7 +46,7 @@ enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
 // reading hi alone (gpu_kernels.parts 1), by the same name.
-static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MOE_UP_D,
+static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MM_C, K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_DG4, K_MOE_DN_DG4,
                                         K_MOE_UP_DG1, K_MOE_DN_DG1};
@@ -132,6 +132,7 @@ typedef struct {
     int mm_g128_min;       // tokens from which such a step takes k_mm_g128 where the products read one part (0: never)
     int mm_w_min;          // ... and k_mm_w for its FP8 and NVFP4 matrices (the sm_90a cubin only; 0: never)
     int mm_w_small;        // ... and up to this many tokens too (steps of decoding sequences; 0: none)
+    int mm_c;              // the FP8 products of prompts' full pieces through k_mm_c (the sm_90a cubin's one-part image only)
     int fa_w_min;          // tokens from which a prompt step's attention takes k_fa_w (the sm_90a cubin, one part; 0: never)
     int moe_w;             // the experts' _g128 items through k_moe_up_w / k_moe_dn_w (the sm_90a cubin only; 0: never)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
@@ -203,6 +204,8 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // 5,368.9-5,377.4 / 5,905.7 / 5,917.5-5,926.9, batch 256 6,487.4-6,488.5 / 6,494.0 /
     // 6,358.5-6,360.1 (its one 128-token tile against k_mm_g32's four of 32 at 128 tokens)
     k->mm_w_small = k->mm_w_min ? 128 : 0;
+    // k_mm_c for the full pieces of prompts where k_mm_w runs (the one-part image: gpu_engine's mmc)
+    k->mm_c = k->mm_w_min != 0;
     // k_moe_up_w / k_moe_dn_w for every _g128 step there, and _g128 from 64 pairs per expert with
     // them: on the H200 (the harness's k_moe_* shapes rows, Qwen3.6's experts) at 2,048 tokens (64
     // pairs per expert) _w against _g, up + down, 1,342 / 1,518 µs with planes, 1,276 / 1,443 with

@@ -248,7 +248,67 @@ static int gpu_mm_w_take(gpu_kernels *k, const gpu_lin_set *set, int T) {
     return any && gpu_smem_exact(k, K_MM_W, GPU_MMW_SMEM);
 }
 
+// k_mm_c over np full pieces (pieces: their first tokens' step indices, int [np]) for the set's matrices, every one
+// FP8 (set->first is set here, in row blocks of GPU_MMC_BM); xs: the step's one bf16 part [T][K] (k->mm_c: the
+// one-part sm_90a image).
+static void gpu_k_mm_c(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, CUdeviceptr pieces, int np) {
+    MOET_ASSERT(k->mm_c && k->parts == 1 && np >= 1 && set->n >= 1 && gpu_smem_exact(k, K_MM_C, GPU_MMC_SMEM), "k_mm_c: %d pieces, %d parts",
+                np, k->parts);
+    set->first[0] = 0;
+    for (int i = 0; i < set->n; i++) {
+        MOET_ASSERT(set->W[i].kind == GPU_W_FP8 && (set->W[i].cols & 63) == 0 && set->W[i].cols == set->W[0].cols, "k_mm_c: matrix %d (kind %d, [%d, %d])",
+                    i, set->W[i].kind, set->W[i].rows, set->W[i].cols);
+        set->first[i + 1] = set->first[i] + (int)gpu_cdiv(set->W[i].rows, GPU_MMC_BM);
+    }
+    gpu_launch(k, K_MM_C, (gpu_dim){set->first[set->n], gpu_cdiv(np, GPU_MMC_BN / GPU_MMC_PIECE), 1, "(row blocks of every matrix, token tiles of pieces, 1)"},
+               GPU_MMC_NT, GPU_MMC_SMEM, s, GPU_ARGS((void *)set, &xs, &pieces, &np));
+}
+
+// k_rows: n rows of `words` 4-byte words, dst[i] = src[list[i]] (scatter 0) or dst[list[i]] = src[i] (scatter 1).
+static void gpu_k_rows(gpu_kernels *k, CUstream s, CUdeviceptr src, long long lds, CUdeviceptr dst, long long ldd, CUdeviceptr list, int n, int words,
+                       int scatter) {
+    MOET_ASSERT(n >= 1 && words >= 1 && lds >= words && ldd >= words, "k_rows: %d rows of %d words (ld %lld, %lld)", n, words, lds, ldd);
+    gpu_launch(k, K_ROWS, (gpu_dim){n, gpu_cdiv(words, GPU_ROWS_NT), 1, "(rows, blocks of a row's words, 1)"}, GPU_ROWS_NT, 0, s,
+               GPU_ARGS(&src, &lds, &dst, &ldd, &list, &words, &scatter));
+}
+
 static void gpu_k_mm(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, int T);
+
+// A step's full pieces and the other tokens (gpu/engine.c: gpu_mmc_split): the pieces' first tokens (int [np]) and the
+// others (int [nt]), device addresses; room for the others' inputs (xs_t: [nt][K] bf16) and outputs (y_t: [nt][rows]).
+typedef struct {
+    CUdeviceptr pieces, tail, xs_t, y_t;
+    int np, nt;
+    size_t rows;
+} gpu_mmc_step;
+
+// The set's products for a step with full pieces, from xs (one bf16 part [T][K]): its FP8 matrices by k_mm_c over the
+// pieces and by gpu_k_mm over the other tokens (gathered into xs_t, their outputs into y_t and scattered back by
+// k_rows), its other matrices by gpu_k_mm over every token. A token's outputs: k_mm_c's bits in a piece, gpu_k_mm's
+// (the same as a step without pieces) elsewhere.
+static void gpu_k_mm_mmc(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdeviceptr xs, int T, const gpu_mmc_step *m) {
+    gpu_lin_set cs, ts, rs;
+    memset(&cs, 0, sizeof cs), memset(&ts, 0, sizeof ts), memset(&rs, 0, sizeof rs);
+    const int K = set->W[0].cols;
+    size_t col = 0;
+    for (int i = 0; i < set->n; i++) {
+        gpu_lin_set *d = set->W[i].kind == GPU_W_FP8 ? &cs : &rs;
+        d->W[d->n] = set->W[i], d->y[d->n] = set->y[i], d->ldy[d->n] = set->ldy[i], d->n++;
+        if (set->W[i].kind == GPU_W_FP8) ts.W[ts.n] = set->W[i], ts.y[ts.n] = m->y_t + 4 * col, ts.n++, col += (size_t)set->W[i].rows;
+    }
+    for (int i = 0; i < ts.n; i++) ts.ldy[i] = (int)col;
+    MOET_ASSERT(col <= m->rows && m->np >= 1 && m->nt >= 0 && m->np * GPU_MMC_PIECE + m->nt == T,
+                "k_mm_c: a set of %zu rows (room for %zu); %d pieces and %d other tokens of %d", col, m->rows, m->np, m->nt, T);
+    if (cs.n) {
+        gpu_k_mm_c(k, s, &cs, xs, m->pieces, m->np);
+        if (m->nt) {
+            gpu_k_rows(k, s, xs, K / 2, m->xs_t, K / 2, m->tail, m->nt, K / 2, 0);
+            gpu_k_mm(k, s, &ts, m->xs_t, m->nt);
+            for (int i = 0; i < ts.n; i++) gpu_k_rows(k, s, ts.y[i], (long long)col, cs.y[i], cs.ldy[i], m->tail, m->nt, cs.W[i].rows, 1);
+        }
+    }
+    if (rs.n) gpu_k_mm(k, s, &rs, xs, T);
+}
 
 // k_mm_w on the set's FP8 and NVFP4 matrices, then gpu_k_mm on the others (BF16: never k_mm_w's).
 static void gpu_k_mm_w(gpu_kernels *k, CUstream s, const gpu_lin_set *set, CUdeviceptr xs, int T) {

@@ -8,6 +8,8 @@
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
+#include "mm_c.cu"
+#include "rows.cu"
 #include "moe_w.cu"
 #include "silu_mul.cu"
 #include "route.cu"

@@ -11,6 +11,7 @@
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
+#include "mm_c.cu"
 #include "moe_w.cu"
 #include "flash.cu"
 #include "flash_w.cu"

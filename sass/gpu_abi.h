@@ -208,6 +208,24 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MMW_RAW_A 80
 #define GPU_MMW_RAW_B 144
 #define GPU_MMW_SMEM (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B) + 1024)
+// k_mm_c (sass/mm_c.cu; the sm_90a cubin's one-part image only): the FP8 products of a prompt's full
+// pieces (GPU_MMC_PIECE tokens at positions [64m, 64m + 64) of one sequence, wholly in the step) in
+// chain order — one accumulator over K, the 64-blocks and their k in ascending order — on wgmma, in
+// tiles of GPU_MMC_BM rows × GPU_MMC_BN tokens (GPU_MMC_BN / GPU_MMC_PIECE pieces), GPU_MMC_NT
+// threads (one producer warpgroup, two consumer warpgroups of 64 rows × 256 tokens each),
+// GPU_MMC_STAGES widened 64-blocks and GPU_MMC_RAW raw ones of weights (GPU_MMC_RAW_A bytes a
+// row) in flight, GPU_MMC_SMEM of dynamic shared memory (1 KiB of it to align the stages).
+#define GPU_MMC_PIECE 64
+#define GPU_MMC_BM 128
+#define GPU_MMC_BN 256
+#define GPU_MMC_NT 384
+#define GPU_MMC_STAGES 4
+#define GPU_MMC_RAW (GPU_MMC_STAGES - 1)
+#define GPU_MMC_RAW_A 80
+#define GPU_MMC_SMEM (GPU_MMC_STAGES * (GPU_MMC_BM + GPU_MMC_BN) * 128 + GPU_MMC_RAW * GPU_MMC_BM * GPU_MMC_RAW_A + 1024)
+// k_rows (sass/rows.cu): threads a block (a row's words in blocks of them).
+#define GPU_ROWS_NT 256
+GPU_ABI_ASSERT(GPU_MMC_BN % GPU_MMC_PIECE == 0 && GPU_MMC_PIECE == 64, "k_mm_c: whole pieces a token tile");
 GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MMG_BN32 % 16 == 0 && GPU_MMG_BN128 % 16 == 0 && GPU_MM_WARPS == 8,
                "mmg_run: a row tile per warp, warps 4 × 2");
 // k_moe_sort: one block, a thread per expert for its scans.

@@ -2277,6 +2277,59 @@ static void gdn_pieces(void) {
            !bad && !over ? "yes" : "NO");
 }
 
+// k_mm_c's share of a step (gpu_mmc_split), without a GPU: steps of 1 to 4 rows at random positions and lengths (and
+// rows of one token, a verification's few): the pieces are runs of 64 tokens of one row at positions [64m, 64m + 64),
+// every token lies in exactly one piece or the other list, and a token lies in a piece iff its row holds all of
+// [64m, 64m + 64) around its position — so its side is the same alone, batched or cut at multiples of 64; the other
+// tokens stay within mmc_tail_max (126 a row).
+static void mmc_split(void) {
+    enum { TM = 4 * 320, MS = 4 };
+    static gpu_engine g;
+    static int32_t mh[(GM_ROWS + 1) * TM];
+    memset(&g, 0, sizeof g);
+    g.o.max_tokens = TM, g.o.max_seqs = MS, g.meta_host = mh, g.mmc = 1, g.mmc_tail_max = 126 * MS;
+    int bad = 0, trials = 0, pieces = 0;
+    uint64_t r = 12345;
+    for (int trial = 0; trial < 2000; trial++) {
+        int n = 1 + (int)(((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 33) % MS), pos[MS], slots[MS], off[MS + 1];
+        off[0] = 0;
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const int kind = (int)((r >> 60) % 4);   // 0: one token, 1: a verification (2 .. 9), else 1 .. 300
+            const int len = kind == 0 ? 1 : kind == 1 ? 2 + (int)(r >> 40) % 8 : 1 + (int)(r >> 40) % 300;
+            slots[i] = i, pos[i] = (int)((r >> 20) % 400), off[i + 1] = off[i] + len;
+        }
+        gpu_mmc_split(&g, pos, n, slots, off);
+        const int T = off[n];
+        static int seen[TM];
+        memset(seen, 0, sizeof seen);
+        for (int p = 0; p < g.mmc_np; p++) {
+            const int t0 = mh[GM_MMC_PIECES * TM + p];
+            int i = 0;
+            while (i + 1 < n && t0 >= off[i + 1]) i++;
+            const int q0 = pos[i] + t0 - off[i];
+            bad += q0 % GPU_MMC_PIECE != 0 || t0 + GPU_MMC_PIECE > off[i + 1];
+            for (int u = 0; u < GPU_MMC_PIECE && t0 + u < T; u++) seen[t0 + u]++;
+        }
+        for (int j = 0; j < g.mmc_nt; j++) seen[mh[GM_MMC_TAIL * TM + j]] += 2;
+        for (int i = 0; i < n; i++)
+            for (int t = off[i]; t < off[i + 1]; t++) {
+                const int q = pos[i] + t - off[i], m = q / GPU_MMC_PIECE;
+                const int full = m * GPU_MMC_PIECE >= pos[i] && (m + 1) * GPU_MMC_PIECE <= pos[i] + off[i + 1] - off[i];
+                bad += seen[t] != (full ? 1 : 2);
+            }
+        bad += g.mmc_nt > 126 * n;
+        pieces += g.mmc_np, trials++;
+    }
+    g.mmc = 0;   // without k_mm_c: no pieces, no list
+    int pos1[1] = {0}, slot1[1] = {0}, off1[2] = {0, 256};
+    gpu_mmc_split(&g, pos1, 1, slot1, off1);
+    bad += g.mmc_np != 0 || g.mmc_nt != 0;
+    CHECK(!bad, "gpu_mmc_split: %d faults in %d steps", bad, trials);
+    printf("k_mm_c's pieces (gpu_mmc_split): %d steps of 1 to 4 rows, %d pieces; each token once, in a piece iff its row holds "
+           "the piece's 64 positions: %s\n", trials, pieces, bad ? "NO" : "yes");
+}
+
 // The routed experts' launch shapes and maps (gpu/launch.c), without a GPU: _d up to GPU_MM_TOK_B
 // pairs or moe_d_ppe pairs per expert, _g from moe_g_min (planes and NVFP4 where its shared memory
 // fits), _p between; a map's items bound holds the items of any grouping under the shape's cap (the
@@ -2769,6 +2822,98 @@ static void kernel_mm_g128(gpu_engine *g) {
     }
 }
 
+// k_mm_c (the FP8 products of prompts' full pieces in chain order: the sm_90a cubin's one-part image) over 7 of the 9 full
+// pieces of a 600-token step, out of order (two token tiles, the last of 3 pieces), against ref_linear on the rounded
+// inputs; alone it writes the pieces' rows and nothing else. Through gpu_k_mm_mmc (the engine's split: k_mm_c for the
+// pieces, the other 152 tokens — two runs of 64 between pieces and 24 after — gathered, through gpu_k_mm and scattered
+// back by k_rows, the set's other matrices over every token): the pieces' outputs are k_mm_c's bits and every other
+// output is gpu_k_mm's over the whole step, bit for bit. Sets with rows not a multiple of the tile, and one mixing kinds.
+static void kernel_mm_c(gpu_engine *g) {
+    static const struct { int n, K, kind[3], rows[3]; } sets[] = {
+        {2, 2048, {CK_W_FP8, CK_W_FP8, 0}, {1000, 136, 0}},
+        {3, 768, {CK_W_FP8, CK_W_BF16, CK_W_FP8}, {130, 33, 256}},
+    };
+    enum { T = 600, NP = 7, NT = T - NP * GPU_MMC_PIECE };
+    static const int piece[NP] = {5, 0, 7, 1, 8, 3, 2};   // (pieces 4 and 6, tokens 256 .. 319 and 384 .. 447, not taken)
+    if (!g->k.mm_c || g->k.parts != 1) {
+        CHECK_SKIP("k_mm_c", "not the sm_90a cubin's one-part image (gpu_kernels.mm_c 0)");
+        return;
+    }
+    int32_t pieces[NP], tail[NT], in_piece[T] = {0}, nt = 0;
+    for (int p = 0; p < NP; p++) {
+        pieces[p] = GPU_MMC_PIECE * piece[p];
+        for (int u = 0; u < GPU_MMC_PIECE; u++) in_piece[pieces[p] + u] = 1;
+    }
+    for (int t = 0; t < T; t++)
+        if (!in_piece[t]) tail[nt++] = t;
+    CHECK(nt == NT, "k_mm_c test: %d other tokens", nt);
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const int n = sets[si].n, K = sets[si].K;
+        kt_set ks;
+        if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, T)) return;
+        const size_t outs = ks.outs;
+        moet_err e = {{0}};
+        arena d;
+        if (arena_init_kind(&d, "k_mm_c test", ARENA_DEVICE, sizeof(float) * (NP + NT + (size_t)NT * outs) + 2 * (size_t)NT * K + 4 * 4096, &e)) {
+            CHECK(0, "%s", e.msg);
+            kt_set_free(&ks);
+            return;
+        }
+        const gpu_mmc_step ms = {kt_dev(&d, (const float *)pieces, NP), kt_dev(&d, (const float *)tail, NT),
+                                 (uintptr_t)arena_take(&d, 2 * (size_t)NT * K, 256, "other tokens' inputs"), kt_dev(&d, NULL, (size_t)NT * outs), NP,
+                                 NT, outs};
+        float *h[3], *ref = malloc(sizeof(float) * T * outs);
+        for (int v = 0; v < 3; v++) h[v] = malloc(sizeof(float) * T * outs);
+        gpu_k_mm_split(&g->k, g->compute, ks.xd, K, K, T, ks.xs);
+        gpu_lin_set all = ks.set, c = ks.set;   // c: the FP8 matrices alone
+        kt_set_clear(g, &ks, T);
+        gpu_k_mm(&g->k, g->compute, &all, ks.xs, T);
+        kt_set_get(g, &ks, T, h[0]);
+        kt_set_clear(g, &ks, T);
+        gpu_k_mm_mmc(&g->k, g->compute, &ks.set, ks.xs, T, &ms);
+        kt_set_get(g, &ks, T, h[1]);
+        c.n = 0;
+        for (int i = 0; i < n; i++)
+            if (ks.set.W[i].kind == GPU_W_FP8) c.W[c.n] = ks.set.W[i], c.y[c.n] = ks.set.y[i], c.ldy[c.n] = ks.set.ldy[i], c.n++;
+        kt_set_clear(g, &ks, T);
+        gpu_k_mm_c(&g->k, g->compute, &c, ks.xs, ms.pieces, NP);
+        kt_set_get(g, &ks, T, h[2]);
+        kt_set_ref(g, &ks, T, ref);
+        // per output: pieces of FP8 matrices → k_mm_c's (h[2]) in h[1], near ref; everything else → h[0]'s in h[1], NaN in h[2]
+        size_t np_out = 0, bad_mmc = 0, bad_rest = 0, bad_untouched = 0, differ = 0;
+        float *pc = malloc(sizeof(float) * T * outs), *pr = malloc(sizeof(float) * T * outs);
+        for (size_t i = 0, o = 0; i < (size_t)n; o += (size_t)T * ks.W[i].rows, i++) {
+            const int fp8 = ks.set.W[i].kind == GPU_W_FP8, R = ks.W[i].rows;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < R; r++) {
+                    const size_t q = o + (size_t)t * R + r;
+                    uint32_t u2;
+                    memcpy(&u2, &h[2][q], 4);
+                    if (fp8 && in_piece[t]) {
+                        bad_mmc += memcmp(&h[1][q], &h[2][q], 4) != 0;
+                        differ += memcmp(&h[2][q], &h[0][q], 4) != 0;
+                        pc[np_out] = h[2][q], pr[np_out++] = ref[q];
+                    } else {
+                        bad_rest += memcmp(&h[1][q], &h[0][q], 4) != 0;
+                        bad_untouched += fp8 && u2 != 0xffffffffu;
+                    }
+                }
+        }
+        const double err = np_out ? check_nerr(pc, pr, np_out) : 1e9;
+        CHECK(np_out && !bad_mmc && !bad_rest && !bad_untouched && err < GPU_TOL_LINEAR,
+              "k_mm_c set %zu (K %d): error %.3g vs ref_linear over %zu outputs; through gpu_k_mm_mmc %zu pieces' outputs not k_mm_c's, %zu others "
+              "not gpu_k_mm's; alone %zu outputs outside the pieces written",
+              si, K, err, np_out, bad_mmc, bad_rest, bad_untouched);
+        printf("k_mm_c set %zu (%d matrices, %zu rows, K %d; %d pieces, %d other tokens): error vs ref_linear %.2g over %zu outputs (%zu of them "
+               "not the class order's bits); gpu_k_mm_mmc: the pieces k_mm_c's bits, the others gpu_k_mm's: %s\n",
+               si, n, outs, K, NP, NT, err, np_out, differ, !bad_mmc && !bad_rest ? "yes" : "NO");
+        free(pc), free(pr), free(ref);
+        for (int v = 0; v < 3; v++) free(h[v]);
+        arena_release(&d);
+        kt_set_free(&ks);
+    }
+}
+
 // k_fa_w (k_fa's walk on wgmma: the sm_90a cubin's one-part image) against k_fa's walk on the same step, bit for bit (the
 // gated output in core and its three bf16 parts in xs), over a bf16 and an fp8 cache of random contents (fp8: every
 // code but NaN, scales over a decade) with Qwen3.6's heads (16 over 2 KV heads of 256): two sequences in one step —
@@ -3045,9 +3190,88 @@ static void kernels_act(void) {
     kernel_mm_stream(&g);
     kernel_widen_codes(&g);
     kernel_mm_g128(&g);
+    kernel_mm_c(&g);
     kernel_moe_g128(&g);
     kernel_moe_dg(&g);
     kernel_fa_w(&g);
+    gpu_free(&g);
+    ck_close(&m);
+}
+
+// The chain products (k_mm_c) in whole steps, on the tiny fixture's FP8 projections with `--act-dtype bf16` and a bf16
+// cache (the sm_90a cubin's one-part image): a 330-token prompt (5 full pieces, 10 tokens after) gives the same logits
+// bits in one step, in chunks of 64 and beside another sequence's 100-token prompt in one step; its logits are as near
+// the CPU reference (the inputs rounded as the GPU's) as those of the same step without k_mm_c (every token in the class
+// order): both are the f32 sums of the same exact products in different orders, so neither should be more than twice
+// the other's distance (plus 1e-6 of the logits' spread for the case where both are nearly exact).
+static void mmc_steps(void) {
+    enum { T = 330, T2 = 100 };
+    ck_model m;
+    gpu_engine g;
+    moet_err e = {{0}};
+    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
+    if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    if (!g.mmc) {
+        CHECK_SKIP("k_mm_c in whole steps", "not the sm_90a cubin's one-part image (gpu_kernels.mm_c 0)");
+        gpu_free(&g), ck_close(&m);
+        return;
+    }
+    const int V = m.cfg.vocab;
+    int32_t ids[T + T2];
+    for (int t = 0; t < T + T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
+    float *l[5], *ref = malloc(sizeof(float) * V);
+    for (int v = 0; v < 5; v++) l[v] = malloc(sizeof(float) * 2 * V);
+    int nr = 0, s0 = 0, s1 = 1, np = 0, ok = 1;
+    // 0: whole; 1: chunks of 64; 2: beside another prompt; 3: whole without k_mm_c
+    for (int v = 0; v < 4; v++) {
+        g.mmc = v != 3;
+        ok &= gpu_seq_start(&g, 0, T) == 0 && gpu_seq_start(&g, 1, T) == 0;
+        if (v == 1) {
+            for (int t0 = 0; t0 < T && ok; t0 += 64) {
+                int n = T - t0 < 64 ? T - t0 : 64, oc[2] = {0, n};
+                ok &= gpu_step(&g, 1, &s0, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+            }
+        } else if (v == 2) {
+            int sl[2] = {s1, s0}, oc[3] = {0, T2, T2 + T};
+            int32_t both[T + T2];
+            memcpy(both, ids + T, sizeof(int32_t) * T2), memcpy(both + T2, ids, sizeof(int32_t) * T);
+            ok &= gpu_step(&g, 2, sl, both, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+        } else {
+            int oc[2] = {0, T};
+            ok &= gpu_step(&g, 1, &s0, ids, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+        }
+        if (v == 0) np = g.mmc_np;
+        if (ok) memcpy(l[v], gpu_step_logits(&g, nr), sizeof(float) * (size_t)nr * V);
+        gpu_seq_end(&g, 0), gpu_seq_end(&g, 1);
+    }
+    g.mmc = 1;
+    CHECK(ok, "k_mm_c steps: %s", e.msg);
+    {   // the CPU reference, its inputs and cache rounded as the GPU's
+        ref_engine r;
+        ck_model m2;
+        int off[2] = {0, T};
+        if (ck_open(&m2, "tests/fixtures/tiny/nvfp4", &e) == 0 && ref_init(&r, &m2, 1, T + 8, T, 8, &e) == 0) {
+            r.kv_round = GPU_KV_BF16, r.act_bf16 = 1;
+            ok &= ref_forward(&r, 1, &s0, ids, off, NULL, ref, 0, NULL, &e) == 0;
+            ref_free(&r), ck_close(&m2);
+        } else
+            ok = 0;
+        CHECK(ok, "the reference: %s", e.msg);
+    }
+    const double e_on = check_nerr(l[0], ref, V), e_off = check_nerr(l[3], ref, V);
+    const int chunked = !memcmp(l[0], l[1], sizeof(float) * V), beside = !memcmp(l[0], l[2] + V, sizeof(float) * V);
+    CHECK(np == 5 && chunked && beside && e_on <= 2 * e_off + 1e-6,
+          "k_mm_c steps: %d pieces (5); chunks of 64 %s, beside another prompt %s the whole step's bits; error vs the reference %.3g "
+          "(without k_mm_c %.3g)",
+          np, chunked ? "" : "NOT", beside ? "" : "NOT", e_on, e_off);
+    printf("k_mm_c in whole steps (tiny fixture, act bf16, bf16 KV; 330 tokens, 5 pieces): in chunks of 64 %s, beside another prompt %s; "
+           "logits vs the CPU reference %.3g, without k_mm_c %.3g\n",
+           chunked ? "bit for bit" : "DIFFERENT", beside ? "bit for bit" : "DIFFERENT", e_on, e_off);
+    for (int v = 0; v < 5; v++) free(l[v]);
+    free(ref);
     gpu_free(&g);
     ck_close(&m);
 }
@@ -3134,6 +3358,7 @@ int main(void) {
     cache_victim();
     moe_shapes();
     gdn_pieces();
+    mmc_split();
     fa_geometry();
     samp_rows_ahead();
     if (gpu_open(&d, &e)) {
@@ -3189,6 +3414,7 @@ int main(void) {
         kernels_act();
         const char *tpl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp0, sizeof tp0), *cpl = planes_of("tests/fixtures/check/nvfp4", "check", cp0, sizeof cp0);
         variants_act(tpl, cpl);
+        mmc_steps();
         return check_report("test_gpu");
     }
     if (only && !strcmp(only, "kernels")) {
@@ -3213,6 +3439,7 @@ int main(void) {
         variant("tests/fixtures/check", "nvfp4", "planes", check_pl, kv);
     }
     variants_act(tiny_pl, check_pl);
+    mmc_steps();
     // MOET_GPU_FIXTURE=DIR: one more fixture of the same layout (DIR/bf16, DIR/nvfp4, DIR/golden.safetensors,
     // made by transformers), e.g. a model of other dimensions the tests have never seen
     const char *extra = getenv("MOET_GPU_FIXTURE");
