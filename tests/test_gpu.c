@@ -523,6 +523,11 @@ static void graph_replay(void) {
 // ulps of its largest partial sums: measured ≤ 2.1e-6 of the outputs' spread (every matrix and
 // T) → GPU_TOL_LINEAR 6e-6.
 #define GPU_TOL_LINEAR 6e-6
+// k_mm_c (the chain order of prompts' full pieces): one f32 accumulator over K's K / 16 k16 steps (128 at K = 2,048), where
+// the class order adds eight chains of K / 128 steps each — the rounding's walk is longer (on the H100: 1.41e-5 to
+// 1.48e-5 at K = 2,048 against k_mm_g's 3.1e-6; 5.1e-6 to 6.1e-6 at K = 768 against 1.6e-6). Both are far below what
+// the bf16 rounding of the inputs moves (2^-9 of each input; the reference makes that rounding too).
+#define GPU_TOL_LINEAR_CHAIN 3e-5
 // The reference's input to a product of engine g: x itself, or with `--act-dtype bf16` (g's
 // products read one bf16 part) and a matrix the GPU takes on its tensor cores, x rounded to bf16
 // as ref_linear rounds it (the GPU's part 0 is that rounding of the same f32 values, so the
@@ -2900,7 +2905,7 @@ static void kernel_mm_c(gpu_engine *g) {
                 }
         }
         const double err = np_out ? check_nerr(pc, pr, np_out) : 1e9;
-        CHECK(np_out && !bad_mmc && !bad_rest && !bad_untouched && err < GPU_TOL_LINEAR,
+        CHECK(np_out && !bad_mmc && !bad_rest && !bad_untouched && err < GPU_TOL_LINEAR_CHAIN,
               "k_mm_c set %zu (K %d): error %.3g vs ref_linear over %zu outputs; through gpu_k_mm_mmc %zu pieces' outputs not k_mm_c's, %zu others "
               "not gpu_k_mm's; alone %zu outputs outside the pieces written",
               si, K, err, np_out, bad_mmc, bad_rest, bad_untouched);
