@@ -71,10 +71,11 @@ typedef struct {
     // one by one as before (tests compare the two)
     int comb_pending, no_fold;
     // the FP8 products of prompts' full pieces in chain order (k_mm_c; sass/mm_c.cu says why the bits hold): mmc where the
-    // image has it (k.mm_c, one part; no_mmc: never, for tests), this step's pieces and the other tokens (gpu_step_meta_at:
-    // GM_MMC_PIECES, GM_MMC_TAIL), mmc_live while the layers' products run (gpu_step_kernels); those other tokens'
-    // inputs [mmc_tail_max][mm_width] (one bf16 part) and outputs [mmc_tail_max][mmc_rows] gathered and scattered there
-    int mmc, no_mmc, mmc_live, mmc_np, mmc_nt, mmc_tail_max;
+    // image has it (k.mm_c, one part; the tests turn it off to compare), this step's pieces and the other tokens
+    // (gpu_step_meta_at: GM_MMC_PIECES, GM_MMC_TAIL), mmc_live while the layers' products run (gpu_step_kernels); those
+    // other tokens' inputs [mmc_tail_max][mm_width] (one bf16 part) and outputs [mmc_tail_max][mmc_rows] gathered and
+    // scattered there
+    int mmc, mmc_live, mmc_np, mmc_nt, mmc_tail_max;
     size_t mmc_rows;
     CUdeviceptr xs_t, y_t;
     moet_err step_err;
@@ -410,7 +411,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->xs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * mw, 256, "product inputs (bf16 parts)");
     g->shs = (CUdeviceptr)(uintptr_t)arena_take(a, 2 * GPU_MM_SPLITS * Tm * (size_t)c->shared_inter, 256, "shared expert activations (bf16 parts)");
     // k_mm_c's other tokens: at most 63 before a row's first full piece and 63 after its last (126 where it has none)
-    g->mmc = g->k.mm_c && g->k.parts == 1 && !g->no_mmc;
+    g->mmc = g->k.mm_c && g->k.parts == 1;
     g->mmc_tail_max = (int)(Tm < (size_t)126 * g->o.max_seqs ? Tm : (size_t)126 * g->o.max_seqs);
     size_t mr = (size_t)c->conv_dim + c->value_dim, ma = 2 * qd + 2 * kvd;   // a set's rows: GDN in-projections, attention q|k|v
     mr = mr > ma ? mr : ma;
