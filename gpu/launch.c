@@ -252,8 +252,9 @@ static int gpu_mm_w_take(gpu_kernels *k, const gpu_lin_set *set, int T) {
 // FP8 (set->first is set here, in row blocks of GPU_MMC_BM); xs: the step's one bf16 part [T][K] (k->mm_c: the
 // one-part sm_90a image).
 static void gpu_k_mm_c(gpu_kernels *k, CUstream s, gpu_lin_set *set, CUdeviceptr xs, CUdeviceptr pieces, int np) {
-    MOET_ASSERT(k->mm_c && k->parts == 1 && np >= 1 && set->n >= 1 && gpu_smem_exact(k, K_MM_C, GPU_MMC_SMEM), "k_mm_c: %d pieces, %d parts",
-                np, k->parts);
+    const int room = gpu_smem_exact(k, K_MM_C, GPU_MMC_SMEM);   // (the kernel's opt-in, taken once)
+    MOET_ASSERT(k->mm_c && k->parts == 1 && np >= 1 && set->n >= 1 && room, "k_mm_c: %d pieces, %d parts, %d bytes of shared memory", np,
+                k->parts, GPU_MMC_SMEM);
     set->first[0] = 0;
     for (int i = 0; i < set->n; i++) {
         MOET_ASSERT(set->W[i].kind == GPU_W_FP8 && (set->W[i].cols & 63) == 0 && set->W[i].cols == set->W[0].cols, "k_mm_c: matrix %d (kind %d, [%d, %d])",

@@ -1,6 +1,6 @@
 // sass/rows.cu — k_rows: rows of 4-byte words moved by a row list, gathered (dst[i] = src[list[i]]) or scattered
 // (dst[list[i]] = src[i]), i < n, `words` words a row, lds / ldd words between rows of src / dst. It carries the
-// tokens of a step that k_mm_c does not take (gpu/engine.c: gpu_linear_mmc) to gpu_k_mm and their outputs back: a
+// tokens of a step that k_mm_c does not take (gpu/launch.c: gpu_k_mm_mmc) to gpu_k_mm and their outputs back: a
 // copy, no arithmetic. CPU twin: the copy itself (test_gpu compares the bytes).
 // Launch (gpu_k_rows): block GPU_ROWS_NT, grid (n, ceil(words / GPU_ROWS_NT)).
 #include "common.cuh"
