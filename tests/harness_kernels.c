@@ -79,6 +79,11 @@
 // steps: ≈ 1e-6 absolute at this harness's scores, |s| ≤ 5) and expf's ulp; 2^-14 (6.1e-5) is 60
 // times that.
 #define HK_FA1_EPS 0x1p-14
+// k_mm_c (the chain order of prompts' full pieces) against the class order of the same step (no twin at the prompt
+// rows' sizes: the class order's bits, checked against theirs, stand in): both the f32 sums of the same exact products,
+// the chain's walk longer (test_gpu's GPU_TOL_LINEAR_CHAIN: 1.5e-5 of the spread against the reference at K = 2,048 on
+// the H100, the class order 3e-6) → 3e-5.
+#define HK_TOL_CHAIN 3e-5
 // k_mm_split: three bf16 parts carry 24 bits of the f32 value; their sum (in f32) is x up to
 // 2^-24 of |x|, a few 1e-8 of the spread.
 #define HK_TOL_SPLIT 1e-7
@@ -461,6 +466,43 @@ static void hk_linear(void) {
 // memory) against k_mm_p on the same parts: the same bits, asked of every shape (sass/mm.cuh), at
 // a step of 8,192 tokens and at one of 300 (a token tile cut short); the time of both and the
 // tensor-core rate (2 · T · rows · K per product, the three parts counted once).
+// A prompt of T / 64 full pieces (T a multiple of 64): the set's FP8 matrices by k_mm_c (chain order) against k_mm_p's
+// outputs (the class order), its time and rate (HK_TOL_CHAIN). Where the image has it (gpu_kernels.mm_c).
+static void hk_gemm_chain(const gpu_lin_set *set, const ck_mat *W, CUdeviceptr xs, int T, const char *name) {
+    if (!hk.k.mm_c || hk.k.parts != 1 || T % GPU_MMC_PIECE) return;
+    gpu_lin_set cs;
+    memset(&cs, 0, sizeof cs);
+    double rows = 0;
+    int K = 0;
+    for (int i = 0; i < set->n; i++)
+        if (set->W[i].kind == GPU_W_FP8) cs.W[cs.n] = set->W[i], cs.y[cs.n] = set->y[i], cs.ldy[cs.n] = set->ldy[i], cs.n++, rows += W[i].rows, K = W[i].cols;
+    if (!cs.n) return;
+    const int np = T / GPU_MMC_PIECE;
+    int32_t *pc = malloc(sizeof(int32_t) * np);
+    for (int p = 0; p < np; p++) pc[p] = GPU_MMC_PIECE * p;
+    const CUdeviceptr pd = hk_up(pc, sizeof(int32_t) * np);
+    gpu_lin_set ps = cs;
+    gpu_k_mm_fixed(&hk.k, hk.s, &ps, xs, T, 2);
+    float *yr[GPU_LIN_SET];
+    for (int i = 0; i < cs.n; i++) {
+        yr[i] = hk_down(cs.y[i], sizeof(float) * (size_t)T * cs.W[i].rows);
+        CU_CHECK(cu.cuMemsetD8Async(cs.y[i], 0xff, sizeof(float) * (size_t)T * cs.W[i].rows, hk.s));
+    }
+    gpu_k_mm_c(&hk.k, hk.s, &cs, xs, pd, np);
+    double err = 0, us;
+    for (int i = 0; i < cs.n; i++) {
+        float *yc = hk_down(cs.y[i], sizeof(float) * (size_t)T * cs.W[i].rows);
+        const double e = check_nerr(yc, yr[i], (size_t)T * cs.W[i].rows);
+        err = e > err || isnan(e) ? e : err;
+        free(yc), free(yr[i]);
+    }
+    HK_TIME(us, gpu_k_mm_c(&hk.k, hk.s, &cs, xs, pd, np));
+    CHECK(err < HK_TOL_CHAIN, "k_mm_c %s T=%d: %.3g from the class order's outputs", name, T, err);
+    printf("%-18s %-46s T=%5d: %d FP8 matrices, %.0f rows: %9.1f µs (%6.1f TFLOP/s), %.2g from the class order (bound %.0e)\n", "k_mm_c", name, T,
+           cs.n, rows, us, 2.0 * T * rows * K / (us * 1e-6) / 1e12, err, HK_TOL_CHAIN);
+    free(pc);
+}
+
 static void hk_gemm(void) {
     const ck_config *c = &hk.m.cfg;
     int H = c->hidden;
@@ -557,6 +599,7 @@ static void hk_gemm(void) {
             if (g128) printf("; k_mm_g %.1f µs (%.1f TFLOP/s)", u64, fl / (u64 * 1e-6) / 1e12);
             if (ubelow > 0) printf("; k_mm_w (below mm_w_min) %.1f µs (%.1f TFLOP/s)", ubelow, fl / (ubelow * 1e-6) / 1e12);
             printf("\n");
+            hk_gemm_chain(&set, W, xs, T, sets[si].name);
             fflush(stdout);
             free(x);
         }
