@@ -81,9 +81,9 @@
 #define HK_FA1_EPS 0x1p-14
 // k_mm_c (the chain order of prompts' full pieces) against the class order of the same step (no twin at the prompt
 // rows' sizes: the class order's bits, checked against theirs, stand in): both the f32 sums of the same exact products,
-// the chain's walk longer (test_gpu's GPU_TOL_LINEAR_CHAIN: 1.5e-5 of the spread against the reference at K = 2,048 on
-// the H100, the class order 3e-6) → 3e-5.
-#define HK_TOL_CHAIN 3e-5
+// the chain's walk longer (one accumulator over K / 16 steps). Measured on the H100: 1.6e-5 at K = 2,048 (GDN
+// in-projections), 2.3e-5 to 2.6e-5 at K = 4,096 (GDN out-projection), T 1,024 to 8,192 → 5e-5.
+#define HK_TOL_CHAIN 5e-5
 // k_mm_split: three bf16 parts carry 24 bits of the f32 value; their sum (in f32) is x up to
 // 2^-24 of |x|, a few 1e-8 of the spread.
 #define HK_TOL_SPLIT 1e-7
@@ -462,20 +462,17 @@ static void hk_linear(void) {
     }
 }
 
-// k_mm_g (a prompt's dense products, tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens through shared
-// memory) against k_mm_p on the same parts: the same bits, asked of every shape (sass/mm.cuh), at
-// a step of 8,192 tokens and at one of 300 (a token tile cut short); the time of both and the
-// tensor-core rate (2 · T · rows · K per product, the three parts counted once).
 // A prompt of T / 64 full pieces (T a multiple of 64): the set's FP8 matrices by k_mm_c (chain order) against k_mm_p's
 // outputs (the class order), its time and rate (HK_TOL_CHAIN). Where the image has it (gpu_kernels.mm_c).
-static void hk_gemm_chain(const gpu_lin_set *set, const ck_mat *W, CUdeviceptr xs, int T, const char *name) {
+static void hk_gemm_chain(const gpu_lin_set *set, CUdeviceptr xs, int T, const char *name) {
     if (!hk.k.mm_c || hk.k.parts != 1 || T % GPU_MMC_PIECE) return;
     gpu_lin_set cs;
     memset(&cs, 0, sizeof cs);
     double rows = 0;
     int K = 0;
     for (int i = 0; i < set->n; i++)
-        if (set->W[i].kind == GPU_W_FP8) cs.W[cs.n] = set->W[i], cs.y[cs.n] = set->y[i], cs.ldy[cs.n] = set->ldy[i], cs.n++, rows += W[i].rows, K = W[i].cols;
+        if (set->W[i].kind == GPU_W_FP8)
+            cs.W[cs.n] = set->W[i], cs.y[cs.n] = set->y[i], cs.ldy[cs.n] = set->ldy[i], cs.n++, rows += set->W[i].rows, K = set->W[i].cols;
     if (!cs.n) return;
     const int np = T / GPU_MMC_PIECE;
     int32_t *pc = malloc(sizeof(int32_t) * np);
@@ -503,6 +500,10 @@ static void hk_gemm_chain(const gpu_lin_set *set, const ck_mat *W, CUdeviceptr x
     free(pc);
 }
 
+// k_mm_g (a prompt's dense products, tiles of GPU_MMG_BM rows × GPU_MMG_BN tokens through shared
+// memory) against k_mm_p on the same parts: the same bits, asked of every shape (sass/mm.cuh), at
+// a step of 8,192 tokens and at one of 300 (a token tile cut short); the time of both and the
+// tensor-core rate (2 · T · rows · K per product, the three parts counted once).
 static void hk_gemm(void) {
     const ck_config *c = &hk.m.cfg;
     int H = c->hidden;
@@ -599,7 +600,7 @@ static void hk_gemm(void) {
             if (g128) printf("; k_mm_g %.1f µs (%.1f TFLOP/s)", u64, fl / (u64 * 1e-6) / 1e12);
             if (ubelow > 0) printf("; k_mm_w (below mm_w_min) %.1f µs (%.1f TFLOP/s)", ubelow, fl / (ubelow * 1e-6) / 1e12);
             printf("\n");
-            hk_gemm_chain(&set, W, xs, T, sets[si].name);
+            hk_gemm_chain(&set, xs, T, sets[si].name);
             fflush(stdout);
             free(x);
         }
