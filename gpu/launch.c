@@ -503,7 +503,8 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     long long P = (long long)T * K;
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        gpu_launch(k, K_MOE_UP_W, (gpu_dim){bound, I / 64, 1, "(items bound, row blocks, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+        // (the row blocks along x: an item's blocks run together and read its tokens' rows while L2 holds them)
+        gpu_launch(k, K_MOE_UP_W, (gpu_dim){I / 64, bound, 1, "(row blocks, items bound, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
                    GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
@@ -531,7 +532,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        gpu_launch(k, K_MOE_DN_W, (gpu_dim){bound, H / GPU_MMW_BM, 1, "(items bound, row blocks, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+        gpu_launch(k, K_MOE_DN_W, (gpu_dim){H / GPU_MMW_BM, bound, 1, "(row blocks, items bound, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
                    GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
@@ -889,6 +890,7 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, int 
         {"attention's chunks of a context (grid.z of k_attn_part)", gpu_cdiv(max_len, GPU_ATT_CHUNK), Y},
         {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_max(pairs, c->n_experts), X},
         {"the expert rows per block (grid.y of k_moe_up / k_moe_dn)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, 16), Y},
+        {"the experts' items (grid.y of k_moe_up_w / k_moe_dn_w)", gpu_moe_items_max(pairs, c->n_experts), Y},
         {"k_mm_split's quads of a step's widest input", gpu_cdiv(T * (c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim) * 2, GPU_MM_NT), X},
     };
     for (size_t i = 0; i < sizeof dim / sizeof dim[0]; i++)
