@@ -489,6 +489,12 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
 // k_moe_*_dg4 at more than one row block a block, k_moe_*_dg1 at one, not k_moe_*_d, _d1.
 static int gpu_moe_dg(const gpu_kernels *k) { return k->moe_kind == GPU_W_PLANES && k->moe_dg; }
 
+// k_moe_up_w / k_moe_dn_w's items over grid.y and grid.z (CUDA takes 65,535 blocks along each): y · z ≥ items.
+static void gpu_moe_w_grid(int items, int *gy, int *gz) {
+    *gz = (int)gpu_cdiv(items, 65535);
+    *gy = (int)gpu_cdiv(items, *gz);
+}
+
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
 // fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (gpu_smem_exact).
 static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
@@ -504,7 +510,9 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
         // (the row blocks along x: an item's blocks run together and read its tokens' rows while L2 holds them)
-        gpu_launch(k, K_MOE_UP_W, (gpu_dim){I / 64, bound, 1, "(row blocks, items bound, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+        int gy, gz;
+        gpu_moe_w_grid(bound, &gy, &gz);
+        gpu_launch(k, K_MOE_UP_W, (gpu_dim){I / 64, gy, gz, "(row blocks, items, items past 65,535 of y)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
                    GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
@@ -532,7 +540,9 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        gpu_launch(k, K_MOE_DN_W, (gpu_dim){H / GPU_MMW_BM, bound, 1, "(row blocks, items bound, 1)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
+        int gy, gz;
+        gpu_moe_w_grid(bound, &gy, &gz);
+        gpu_launch(k, K_MOE_DN_W, (gpu_dim){H / GPU_MMW_BM, gy, gz, "(row blocks, items, items past 65,535 of y)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
                    GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
@@ -890,7 +900,6 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, int 
         {"attention's chunks of a context (grid.z of k_attn_part)", gpu_cdiv(max_len, GPU_ATT_CHUNK), Y},
         {"the experts' items (grid.x of k_moe_up / k_moe_dn)", gpu_moe_items_max(pairs, c->n_experts), X},
         {"the expert rows per block (grid.y of k_moe_up / k_moe_dn)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, 16), Y},
-        {"the experts' items (grid.y of k_moe_up_w / k_moe_dn_w)", gpu_moe_items_max(pairs, c->n_experts), Y},
         {"k_mm_split's quads of a step's widest input", gpu_cdiv(T * (c->hidden > c->n_heads * c->head_dim ? c->hidden : c->n_heads * c->head_dim) * 2, GPU_MM_NT), X},
     };
     for (size_t i = 0; i < sizeof dim / sizeof dim[0]; i++)

@@ -3,17 +3,20 @@
 // for NVFP4 and 2-bit plane experts where the products read one bf16 part and the cubin is sm_90a. The same sums as
 // k_moe_up_g128 / k_moe_dn_g128 and their epilogues, so the same bits. CPU twin: ref_moe (moet.c).
 //
-// k_moe_up_w: grid (I / 64, items bound), GPU_MMW_NT threads, GPU_MMW_SMEM bytes of dynamic shared memory. A block's A
+// k_moe_up_w: grid (I / 64, items bound over y and z), GPU_MMW_NT threads, GPU_MMW_SMEM bytes of dynamic shared memory. A block's A
 // tile is rows [64·blockIdx.x, +64) of the item's gate (A rows 0..63: consumer warpgroup 2) and of its up (64..127:
 // warpgroup 3) over K = H, times the item's pairs' tokens of xs; warpgroup 3 hands up · its scale to warpgroup 2 through
 // shared memory (the stages, every one consumed), which writes h = SiLU(gate · scale) · (up · scale) as moe_up_g does.
-// k_moe_dn_w: grid (H / 128, items bound): rows [128·blockIdx.x, +128) of the item's down over K = I, times the pairs'
+// k_moe_dn_w: grid (H / 128, items bound over y and z): rows [128·blockIdx.x, +128) of the item's down over K = I, times the pairs'
 // rows of hs, into ye [pair][H].
 #include "mmw.cuh"
 
-// The item of block blockIdx.y (none past map[0]): its expert, and its pairs (-1 past its count) into pair[].
+// The item of a block: y + gridDim.y · z (the items past 65,535 along z: gpu_moe_w_grid); none past map[0].
+__device__ __forceinline__ int mmw_item_index() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
+
+// The block's item's expert, and its pairs (-1 past its count) into pair[].
 __device__ __forceinline__ int mmw_item(const int *__restrict__ map, int items_bound, int *pair) {
-    const int *item = map + 1 + 3 * blockIdx.y, *perm = map + 1 + 3 * items_bound;
+    const int *item = map + 1 + 3 * mmw_item_index(), *perm = map + 1 + 3 * items_bound;
     const int x = item[0], first = item[1], cnt = item[2];
     for (int r = threadIdx.x; r < GPU_MMW_BN; r += blockDim.x) pair[r] = r < cnt ? perm[first + r] : -1;
     return x;
@@ -28,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     __shared__ uint32_t lut[16];
     __shared__ int pair[GPU_MMW_BN];
     GPU_DEP();   // (the map is the step's: nothing of the item is known before it)
-    if ((int)blockIdx.y >= map[0]) return;
+    if (mmw_item_index() >= map[0]) return;
     const int x = mmw_item(map, items_bound, pair);
     mm_plane_lut(lut);
     mmw_stage *st = mmw_setup(mmw_smem, full, empty);
@@ -86,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     __shared__ uint32_t lut[16];
     __shared__ int pair[GPU_MMW_BN];   // the rows of hs
     GPU_DEP();
-    if ((int)blockIdx.y >= map[0]) return;
+    if (mmw_item_index() >= map[0]) return;
     const int x = mmw_item(map, items_bound, pair);
     mm_plane_lut(lut);
     mmw_stage *st = mmw_setup(mmw_smem, full, empty);
