@@ -44,12 +44,14 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
 #define GPU_K_NAME(id, name) name,
 static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
-// The kernels that read the activations' bf16 parts: each also in the image of sass/all_bf.cu,
-// reading hi alone (gpu_kernels.parts 1), by the same name.
+// The kernels that read the activations' bf16 parts, or write them for the next product: each
+// also in the image of sass/all_bf.cu, reading and writing hi alone (gpu_kernels.parts 1), by the
+// same name.
 static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MM_C, K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_DG4, K_MOE_DN_DG4,
-                                        K_MOE_UP_DG1, K_MOE_DN_DG1};
+                                        K_MOE_UP_DG1, K_MOE_DN_DG1,
+                                        K_MM_SPLIT, K_ADD_RMSNORM, K_MOE_ADD_RMSNORM, K_SILU_MUL, K_ROUTE, K_GDN_RULE_NORM, K_GATED_NORM, K_ATTENTION_F32, K_ATTN_MERGE};
 
 // Dynamic shared memory of k_gdn_prep for key heads of dk (C = GPU_GDN_C): γ [C] (f64); k̂ and q̂
 // [C, dk + 2], A and T [C, C + 1], β [C] (f32): 98 KiB at dk = 128, two blocks a multiprocessor.

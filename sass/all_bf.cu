@@ -7,11 +7,24 @@
 // And k_fa (flash.cu: FA_P), whose queries and softmax weights enter its products as their bf16
 // rounding where the cache is bf16 or fp8 (its twin: ref_attn_fa1, with ref_engine.kv_round), and k_fa_w (flash_w.cu),
 // its walk on wgmma.
+// And the kernels that write the activations' parts for the next product (mm_split3: hi alone
+// here) — k_mm_split, the norms, SiLU·mul (k_silu_mul, k_route: with router.cu, whose k_router
+// is here unused), the GDN rule with its norm,
+// attention's output — which the engine takes from this image too where the products read one
+// part: the same kernels, the same outputs and hi, without the two parts nothing reads there
+// (Qwen3.6 at a prompt of 8,192 tokens: 8,192 × 12,800 elements a layer, 16.8 GB of stores).
 #define GPU_MM_PARTS 1
+#include "rmsnorm.cu"
 #include "mm.cu"
 #include "moe_mm.cu"
 #include "mm_w.cu"
 #include "mm_c.cu"
 #include "moe_w.cu"
+#include "silu_mul.cu"
+#include "router.cu"
+#include "route.cu"
+#include "gdn_rule.cu"
+#include "gated_norm.cu"
+#include "attention.cu"
 #include "flash.cu"
 #include "flash_w.cu"

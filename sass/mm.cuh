@@ -32,13 +32,17 @@
 
 // xs[s][t][k] for s < GPU_MM_SPLITS (parts hi, mid, lo; ss = T·K elements between parts),
 // t < T, k < K: x[t, k] = hi + mid + lo exactly up to 2^-24 · |x| (each part is the bf16
-// rounding of what the previous ones leave, and each remainder is exact in f32).
+// rounding of what the previous ones leave, and each remainder is exact in f32). In the one-part
+// image (GPU_MM_PARTS 1, sass/all_bf.cu), whose products read hi alone, hi alone is written: the
+// places of mid and lo keep what they held (nothing reads them there).
 __device__ __forceinline__ void mm_split3(float v, __nv_bfloat16 *o, size_t ss) {
     __nv_bfloat16 h = __float2bfloat16_rn(v);
+    o[0] = h;
+    if (GPU_MM_PARTS == 1) return;
     float r = v - __bfloat162float(h);
     __nv_bfloat16 m = __float2bfloat16_rn(r);
     float r2 = r - __bfloat162float(m);
-    o[0] = h, o[ss] = m, o[2 * ss] = __float2bfloat16_rn(r2);
+    o[ss] = m, o[2 * ss] = __float2bfloat16_rn(r2);
 }
 
 // e4m3 pair (low byte = first) → bf16 pair, exact, in integer operations (a conversion
