@@ -17,18 +17,21 @@
 // Only differences γ_r − γ_j ≤ 0 are exponentiated, so a strong decay underflows to 0, never
 // overflows; γ is summed in f64, so a difference of two large γ (after a strong decay) keeps
 // the precision of an f32 difference. Value columns evolve on their own: a block takes GPU_GDN_VC
-// columns of one head of one row, holds them in shared memory over the row's pieces, and repeats
-// the (cheap) q̂/k̂ work.
+// columns of one head of one row and holds them in shared memory over the row's pieces.
 // Two launches. What does not depend on S₀ — q̂, k̂, γ, β, A, M and T = (I + A)⁻¹ — depends on the
 // piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: key heads ×
-// pieces, each block its key head's value heads one after another) into tm; the walk k_gdn_chunk,
+// pieces, each block its key head's value heads one after another) into tm, and leaves q̂ and k̂ in
+// qkv over q and k (once a key head: the walk's blocks of its value heads and value columns copy
+// them as they are, where each normalised them again); the walk k_gdn_chunk,
 // whose pieces follow one another along a row, keeps what does: R, U = T R (a product instead of
 // the forward substitution's chain of n − 1 dependent rows), O and the state — its products on tensor cores, each f32 operand in two tf32 parts
 // (3xTF32, below: within ≈ 2⁻²¹ of the f32 product), so the walk is near f32 while its
 // instructions are a fraction of the scalar loops'.
 // CPU twin: ref_gdn_chunk (moet.c).
 // In/out as k_gdn_rule, plus row_pos, piece0 (the pieces of the rows before each: gpu_gdn_pieces)
-// and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten).
+// and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten);
+// and qkv is an output too: the q and k of every piece of two or more tokens are q̂ and k̂ after it
+// (a single-token piece's as they were: the walk normalises those itself, as k_gdn_rule).
 // Rows: rows[0 .. gridDim.y).
 // Launch (gpu_k_gdn_chunk): k_gdn_prep, block GPU_GDN_NT threads, grid (nk, pieces), dynamic
 // shared memory gpu_gdn_prep_smem(dk); then k_gdn_chunk, block GPU_GDN_NT threads, grid (nv, rows,
@@ -55,23 +58,32 @@ __device__ __forceinline__ void gdn_piece_gam(double *gam) {
         for (int rr = 1; rr < GPU_GDN_C; rr++) gam[rr] += gam[rr - 1];
 }
 
-// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs,
-// Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β and γ
-// (f64, summed in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0, g = 0
-// change nothing). Every thread of the block; ends after a barrier.
-__device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
-                                             float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
-                                             float *Qs, float *Ks, float *bet, double *gam) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, hd = dk / 2;
-    // q and k by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_prep),
-    // every copy of the thread in flight at once (zeros past n, nothing read there); the gates'
-    // loads meanwhile
-    for (int i = tid; i < GPU_GDN_C * hd; i += GPU_GDN_NT) {
-        const int rr = i / hd, d = 2 * (i % hd);
+// The copies of a piece's rows of q and k (n tokens from token t, key head hk) into Qs, Ks [GPU_GDN_C, KP]
+// by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_prep), every copy of
+// the thread in flight at once (zeros past n, nothing read there): issued, not committed. A thread's
+// (row, pair) walked by counters (GPU_GDN_NT = drr rows and dc pairs of hd further), not divisions.
+__device__ __forceinline__ void gdn_piece_copy_qk(const float *__restrict__ qkv, int cd, int t, int n, int hk, int dk, int key_dim, int KP, float *Qs,
+                                                  float *Ks) {
+    const int hd = dk / 2, drr = GPU_GDN_NT / hd, dc = GPU_GDN_NT % hd;
+    for (int rr = threadIdx.x / hd, c = threadIdx.x % hd; rr < GPU_GDN_C;) {
+        const int d = 2 * c;
         const float *row = qkv + (size_t)(t + min(rr, n - 1)) * cd;
         mm_cp<8>(&Qs[rr * KP + d], row + hk * dk + d, rr < n);
         mm_cp<8>(&Ks[rr * KP + d], row + key_dim + hk * dk + d, rr < n);
+        rr += drr, c += dc;
+        if (c >= hd) c -= hd, rr++;
     }
+}
+
+// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk) for k_gdn_prep: q̂ and
+// k̂ into Qs, Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β
+// and γ (f64, summed in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0,
+// g = 0 change nothing). Every thread of the block; ends after a barrier.
+__device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
+                                             float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
+                                             float *Qs, float *Ks, float *bet, double *gam) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);   // the gates' loads meanwhile
     mm_cp_commit();
     gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
     mm_cp_wait<0>();
@@ -176,7 +188,7 @@ __device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m
 // value heads into tm, one after another — q̂, k̂ and their products K̂K̂ᵀ, Q̂K̂ᵀ (the key head's)
 // once, then each value head's gates, A, M and T (each head's values as a block of its own would
 // leave them). A piece of one token writes nothing (the walk takes the recurrence there).
-extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
+extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                     const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                     float *__restrict__ tm, int nk, int nv, int dk,
                                                                     const int *__restrict__ row_start, const int *__restrict__ row_len,
@@ -197,6 +209,17 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(const flo
     if (n < 2) return;
     gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
                  Qs, Ks, bet, gam);
+    // q̂ and k̂ back over the piece's q and k in qkv (this block's alone: its key head's columns of its
+    // piece's rows), for the walk's blocks of the key head's value heads to copy as they are
+    {
+        const int hd = dk / 2;
+        for (int i = tid; i < n * hd; i += GPU_GDN_NT) {
+            const int rr = i / hd, d = 2 * (i % hd);
+            float *row = qkv + (size_t)(t + rr) * cd;
+            *(float2 *)(row + hk * dk + d) = *(const float2 *)&Qs[rr * KP + d];
+            *(float2 *)(row + key_dim + hk * dk + d) = *(const float2 *)&Ks[rr * KP + d];
+        }
+    }
     // K̂K̂ᵀ and Q̂K̂ᵀ: thread (ri, ci) takes tokens 4ri .. 4ri+3 against ci, ci+16, ci+32, ci+48, each
     // sum in ascending d (d, then d + 1: two at a time)
     const int ri = tid >> 4, ci = tid & 15;
@@ -377,7 +400,14 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
         }
         if (!lean) gdn_copy_tsw(A, tp);
-        gdn_piece_qk(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
+        // q̂ and k̂ as k_gdn_prep left them in qkv (gdn_piece_qk's values: the same bits as normalising here)
+        gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+        mm_cp_commit();
+        gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
+        mm_cp_wait<0>();
+        __syncthreads();
+        gdn_piece_gam(gam);
+        __syncthreads();
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
         const int m0 = 16 * (warp & 3);

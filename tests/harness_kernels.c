@@ -1088,6 +1088,7 @@ static void hk_gdn_rule(int kernel, int T, int crows) {
         kt_gdn_row(qkv + (size_t)t * cd, cd, bb + (size_t)t * nv, aa + (size_t)t * nv, &alog, &dtb, S + (size_t)i * slot,
                    o + (size_t)t * nv * dv, nk, nv, dk, dv, rw[i].pos, rw[i].len, kernel == K_GDN_RULE);
     double err = fmax(check_nerr(go, o, nO), check_nerr(gS, S, nS)), us;
+    // (k_gdn_chunk: the timed launches find q̂, k̂ where the first found q, k — k_gdn_prep normalises them again, the same work)
     HK_TIME(us, kt_gdn_run(&hk.k, hk.s, kernel, m, nrows, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv));
     char shape[64];
     snprintf(shape, sizeof shape, "T=%d in %d row%s, %d/%d heads of %d", T, nrows, nrows > 1 ? "s" : "", nk, nv, dk);

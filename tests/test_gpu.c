@@ -1396,6 +1396,38 @@ static void kernel_gdn(gpu_engine *g) {
         int pieces;
         CUdeviceptr rm = kt_rows_dev(&d, rows, NR, 0, &pieces), tm = kt_tm_dev(&d, pieces, nv);
         kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd, od, nk, nv, dk, dv);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        // k_gdn_prep leaves q̂, k̂ over q and k of each piece of two or more tokens (ref_gdn_qk_norm's
+        // values within 1e-6: f32 sums of dk squares on the device, f64 on the host, then one rounding
+        // each — measured well inside) and every other value of qkv as it was, bit for bit
+        {
+            float *want = malloc(sizeof(float) * (size_t)T * cd), *qg = malloc(sizeof(float) * (size_t)T * cd);
+            memcpy(want, qkv, sizeof(float) * (size_t)T * cd);
+            CU_CHECK(cu.cuMemcpyDtoH(qg, qd, sizeof(float) * (size_t)T * cd));
+            const int key_dim = nk * dk;
+            for (int i = 0, t = 0; i < NR; t += rows[i].len, i++)
+                for (int u = 0; u < rows[i].len;) {
+                    int n = GPU_GDN_C - (rows[i].pos + u) % GPU_GDN_C;
+                    if (n > rows[i].len - u) n = rows[i].len - u;
+                    for (int r = 0; n > 1 && r < n; r++) {
+                        float *row = want + (size_t)(t + u + r) * cd;
+                        ref_gdn_qk_norm(row, row + key_dim, nk, dk);
+                    }
+                    u += n;
+                }
+            double eq = 0;
+            int rest = 1;
+            for (int t = 0; t < T; t++) {
+                const float *a = qg + (size_t)t * cd, *b = want + (size_t)t * cd;
+                for (int c = 0; c < 2 * key_dim; c++) eq = fmax(eq, fabs((double)a[c] - b[c]) / fmax(fabs((double)b[c]), 1e-30) * (b[c] != 0));
+                rest &= !memcmp(a + 2 * key_dim, b + 2 * key_dim, sizeof(float) * (size_t)nv * dv);
+            }
+            CHECK(eq < 1e-6 && rest, "k_gdn_prep [dk %d]: q̂, k̂ left in qkv %.3g from ref_gdn_qk_norm (relative; bound 1e-6), the rest %s", dk, eq,
+                  rest ? "as it was" : "CHANGED");
+            free(want), free(qg);
+        }
+        CU_CHECK(cu.cuMemcpyHtoD(qd, qkv, sizeof(float) * (size_t)T * cd));   // q and k again (k_gdn_prep's q̂, k̂ over them)
+        CU_CHECK(cu.cuCtxSynchronize());
         kt_gdn_run(&g->k, g->compute, K_GDN_RULE, rm, NR, 0, 0, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
         CU_CHECK(cu.cuMemcpyDtoH(got, od, sizeof(float) * nO));
@@ -1426,6 +1458,8 @@ static void kernel_gdn(gpu_engine *g) {
             kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, mk, 1, kt_tm_dev(&d, pk, nv), pk, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
         }
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyHtoD(qd, qkv, sizeof(float) * (size_t)T * cd));   // (each launch after a k_gdn_chunk: q and k again)
+        CU_CHECK(cu.cuCtxSynchronize());
         CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
         CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
         int same3 = !memcmp(got, got2, sizeof(float) * 150 * nv * dv) && !memcmp(gS, gS2, sizeof(float) * nv * dk * dv);
@@ -1439,6 +1473,8 @@ static void kernel_gdn(gpu_engine *g) {
             gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, 1));
             kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyHtoD(qd, qkv, sizeof(float) * (size_t)T * cd));
+            CU_CHECK(cu.cuCtxSynchronize());
             g->k.gdn_lean = lay;
             gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay));
             CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
