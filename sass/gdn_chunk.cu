@@ -75,10 +75,12 @@ __device__ __forceinline__ void gdn_piece_copy_qk(const float *__restrict__ qkv,
     }
 }
 
-// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk) for k_gdn_prep: q̂ and
-// k̂ into Qs, Ks [GPU_GDN_C, KP] (zero rows past n; L2-normalised, q̂ · qscale, a warp per token), β
-// and γ (f64, summed in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0,
-// g = 0 change nothing). Every thread of the block; ends after a barrier.
+// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs, Ks
+// [GPU_GDN_C, KP] (zero rows past n; NORM, k_gdn_prep: q and k L2-normalised here, q̂ · qscale, a
+// warp per token; else, the walk: qkv holds k_gdn_prep's q̂ and k̂ already), β and γ (f64, summed
+// in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0, g = 0 change
+// nothing). Every thread of the block; ends after a barrier.
+template <bool NORM>
 __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                              float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
                                              float *Qs, float *Ks, float *bet, double *gam) {
@@ -88,7 +90,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
     gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
     mm_cp_wait<0>();
     __syncthreads();
-    for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
+    for (int rr = warp; NORM && rr < n; rr += GPU_GDN_NT / WARP) {
         float sq = 0.f, sk = 0.f;
         for (int d = lane; d < dk; d += WARP) {
             float qv = Qs[rr * KP + d], kv = Ks[rr * KP + d];
@@ -207,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
     int t, n;
     gdn_piece_at(q, piece0, n_rows, rows, row_start, row_len, row_pos, &t, &n);
     if (n < 2) return;
-    gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
+    gdn_piece_qk<true>(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
                  Qs, Ks, bet, gam);
     // q̂ and k̂ back over the piece's q and k in qkv (this block's alone: its key head's columns of its
     // piece's rows), for the walk's blocks of the key head's value heads to copy as they are
@@ -401,13 +403,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         }
         if (!lean) gdn_copy_tsw(A, tp);
         // q̂ and k̂ as k_gdn_prep left them in qkv (gdn_piece_qk's values: the same bits as normalising here)
-        gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
-        mm_cp_commit();
-        gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
-        mm_cp_wait<0>();
-        __syncthreads();
-        gdn_piece_gam(gam);
-        __syncthreads();
+        gdn_piece_qk<false>(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
         if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
         // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
         const int m0 = 16 * (warp & 3);

@@ -261,19 +261,16 @@ static double hk_split_err(CUdeviceptr xs, const float *x, size_t n) {
 // rounding boundary from b[i], what it differs from b[i] by beyond that boundary (the f32 product's
 // own error); NaN gives INFINITY.
 static double hk_bf16_err(const float *a, const float *b, size_t n) {
-    double mean = 0, var = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) mean += b[i];
-    mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (b[i] - mean) * (b[i] - mean);
+    float *past = malloc(sizeof(float) * n);   // b moved by what a differs from it beyond half a step (check_nerr's max over its sd)
     for (size_t i = 0; i < n; i++) {
         int ex;
         frexp(b[i], &ex);   // |b| in [2^(ex−1), 2^ex): a bf16 step there is 2^(ex−8)
         const double over = fabs((double)a[i] - b[i]) - ldexp(0.5, ex - 8);
-        if (isnan(a[i])) mx = INFINITY;
-        else if (over > mx) mx = over;
+        past[i] = isnan(a[i]) ? NAN : (float)(b[i] + (over > 0 ? over : 0));
     }
-    const double sd = sqrt(var / (double)n);
-    return mx / (sd > 0 ? sd : 1);
+    const double e = check_nerr(past, b, n);
+    free(past);
+    return e;
 }
 
 // k_add_rmsnorm against x + y and ref_rmsnorm1p; a BF16 weight [H].
