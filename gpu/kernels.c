@@ -88,10 +88,12 @@ static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk, int lean) {
     return need < solo && solo <= (size_t)smem_optin ? solo : need;
 }
 
-// Dynamic shared memory of k_gdn_rule for key heads of dk, per warp: q and k [dk], and S [dk,
-// GPU_GDN_VC] unless the state is in registers (GPU_GDN_RULE_REGS) (f32).
+// k_gdn_rule's threads a block for key heads of dk (sass/gdn_rule.cu): GPU_GDN_RULE_LP a column where
+// the state is in registers (GPU_GDN_RULE_REGS), else one warp; and its dynamic shared memory, per
+// warp q̂ and k̂ [dk], and for one warp S [dk, GPU_GDN_VC] where the state is not in registers (f32).
+static int gpu_gdn_rule_nt(int dk) { return GPU_GDN_RULE_REGS(dk) ? GPU_GDN_RULE_NT : 32; }
 static size_t gpu_gdn_rule_smem(int dk) {
-    return sizeof(float) * GPU_GDN_RULE_W * ((GPU_GDN_RULE_REGS(dk) ? 0 : (size_t)dk * GPU_GDN_VC) + 2 * (size_t)dk);
+    return sizeof(float) * (GPU_GDN_RULE_REGS(dk) ? (size_t)(GPU_GDN_RULE_NT / 32) * 2 * dk : (size_t)dk * GPU_GDN_VC + 2 * (size_t)dk);
 }
 
 // Dynamic shared memory of k_fa with nq tiles of 16 query rows (the walk: one per

@@ -645,8 +645,7 @@ static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule: %d key heads, %d value heads of %d, %d, conv dim %d",
                 nk, nv, dk, dv, cd);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule: states after each token for %d rows", n_rows);
-    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_RULE_W * GPU_GDN_VC), "(value heads, rows, value column blocks)"},
-               GPU_GDN_RULE_NT,
+    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, gpu_gdn_rule_nt(dk),
                gpu_gdn_rule_smem(dk), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &rows, &hist, &hist_stride));
@@ -710,7 +709,7 @@ static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdevice
 }
 
 // Whether gpu_k_gdn_rule_norm takes a layer of value heads of dv with keys of dk: a head in one block
-// of GPU_GNORM_NT threads, the state in registers.
+// of GPU_GDN_RN_NT threads (GPU_GDN_RULE_LP a column), the state in registers.
 static int gpu_gdn_rule_norm_ok(int dk, int dv) { return GPU_GDN_RULE_REGS(dk) && dv <= GPU_GNORM_NT; }
 
 // gpu_k_gdn_rule, then gpu_k_gated_norm of its rows' tokens (z, w, eps, xs as its), in one launch
@@ -725,8 +724,8 @@ static void gpu_k_gdn_rule_norm(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int
     MOET_ASSERT(gpu_gdn_rule_norm_ok(dk, dv), "k_gdn_rule_norm: keys of %d, value heads of %d", dk, dv);
     MOET_ASSERT(w.cols == dv, "k_gdn_rule_norm: a norm weight of %d for value heads of %d", w.cols, dv);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule_norm: states after each token for %d rows", n_rows);
-    const size_t smem = sizeof(float) * (GPU_GNORM_NT / 32) * 2 * (size_t)dk;   // q̂ and k̂ [dk] a warp
-    gpu_launch(k, K_GDN_RULE_NORM, (gpu_dim){nv, n_rows, 1, "(value heads, rows, 1)"}, GPU_GNORM_NT, smem, s,
+    const size_t smem = sizeof(float) * (GPU_GDN_RN_NT / 32) * 2 * (size_t)dk;   // q̂ and k̂ [dk] a warp
+    gpu_launch(k, K_GDN_RULE_NORM, (gpu_dim){nv, n_rows, 1, "(value heads, rows, 1)"}, GPU_GDN_RN_NT, smem, s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &rows, &hist, &hist_stride, &z, &w, &eps, &xs, &T));
 }

@@ -1,9 +1,11 @@
 // sass/gdn.cuh — what the two forms of the gated delta rule share (MODEL.md §3.5, §4): the
-// gates of one token and one value head, and the recurrent update of one token on the GPU_GDN_VC
-// value columns a warp holds (GPU_GDN_VC: sass/gpu_abi.h). k_gdn_rule runs every token through gdn_token; k_gdn_chunk runs
-// its single-token pieces through it too, and the two give the same bits there: the update
-// below spells out every rounding (__fmul_rn, __fmaf_rn), so no FMA contraction is left to the
-// compiler to choose differently in the two kernels.
+// gates of one token and one value head, and the recurrent update of one token: on the GPU_GDN_VC
+// value columns a warp holds, one a lane, the state in shared memory (gdn_token; GPU_GDN_VC:
+// sass/gpu_abi.h), or on columns of GPU_GDN_RULE_LP lanes each, the state in registers
+// (gdn_token_regs). k_gdn_rule runs every token through one of them, k_gdn_chunk its single-token
+// pieces through gdn_token, and all give the same bits: the update below spells out every
+// rounding (__fmul_rn, __fmaf_rn, __fadd_rn) and the order of each sum, so no FMA contraction or
+// order is left to the compiler to choose differently in the kernels.
 #pragma once
 #include "common.cuh"
 
@@ -41,65 +43,98 @@ __device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *r
 __device__ __forceinline__ float gnorm_rn(float ss, int dv, float eps) { return 1.f / sqrtf(ss / (float)dv + eps); }
 __device__ __forceinline__ float gnorm_out(gpu_mat w, int v, float o, float rn, float z) { return vec_at(w, v) * (o * rn) * silu(z); }
 
+// The sums over a state column's dk rows (Sᵀk̂ and Sᵀq̂) are GPU_GDN_RULE_LP partial sums, part p
+// over the rows d ≡ p (mod GPU_GDN_RULE_LP) in increasing d, met pairwise: ((s0 + s1) + (s2 + s3))
+// for 4. gdn_parts_sum spells that out for one lane that holds them all; gdn_lanes_sum for the
+// GPU_GDN_RULE_LP consecutive lanes that hold one each (a butterfly of xor shuffles: each add the
+// same two operands, in either order, so the same bits in every lane).
+__device__ __forceinline__ float gdn_parts_sum(float (&s)[GPU_GDN_RULE_LP]) {
+#pragma unroll
+    for (int o = 1; o < GPU_GDN_RULE_LP; o <<= 1)
+#pragma unroll
+        for (int p = 0; p < GPU_GDN_RULE_LP; p += 2 * o) s[p] = __fadd_rn(s[p], s[p + o]);
+    return s[0];
+}
+__device__ __forceinline__ float gdn_lanes_sum(float s) {
+#pragma unroll
+    for (int o = 1; o < GPU_GDN_RULE_LP; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
+
 // One token, recurrent form, by the calling warp (lane = value column v0 + lane):
 //   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
 //   S ← e^g S,  u = β (v − Sᵀk̂),  S ← S + k̂ uᵀ,  returns o = Sᵀq̂ (this lane's column)
 // S [dk, GPU_GDN_VC] and qs, ks [dk] in shared memory; row: the token's conv output q | k | v;
-// vt: this lane's value (0 for a column past dv). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
+// vt: this lane's value (0 for a column past dv). The two sums in GPU_GDN_RULE_LP parts
+// (gdn_parts_sum). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
 // SWZ: S's columns stored swizzled as k_gdn_chunk keeps them (gdn_sw); the same arithmetic.
 __device__ __forceinline__ int gdn_sw(int d, int c) { return d * GPU_GDN_VC + (c ^ ((d & 3) << 3)); }
 template <bool SWZ = false>
 __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
                                            float vt, float beta, float g, float qscale, int lane) {
+    constexpr int LP = GPU_GDN_RULE_LP;
     float rq, rk;
     gdn_qk_norm(qs, ks, row, key_dim, hk, dk, qscale, lane, &rq, &rk);
     __syncwarp();
     float decay = expf(g);
-    float kS = 0.f;
-    for (int d = 0; d < dk; d++) {
-        const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
-        float s = __fmul_rn(S[i], decay);
-        S[i] = s;
-        kS = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS);
-    }
-    float u = __fmul_rn(__fsub_rn(vt, kS), beta);
-    float out = 0.f;
-    for (int d = 0; d < dk; d++) {
-        const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
-        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[i]);
-        S[i] = s;
-        out = __fmaf_rn(s, __fmul_rn(qs[d], rq), out);
-    }
+    float kS[LP] = {};
+    for (int d0 = 0; d0 < dk; d0 += LP)
+#pragma unroll
+        for (int p = 0; p < LP; p++) {
+            const int d = d0 + p;
+            if (d < dk) {
+                const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
+                float s = __fmul_rn(S[i], decay);
+                S[i] = s;
+                kS[p] = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS[p]);
+            }
+        }
+    float u = __fmul_rn(__fsub_rn(vt, gdn_parts_sum(kS)), beta);
+    float out[LP] = {};
+    for (int d0 = 0; d0 < dk; d0 += LP)
+#pragma unroll
+        for (int p = 0; p < LP; p++) {
+            const int d = d0 + p;
+            if (d < dk) {
+                const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
+                float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[i]);
+                S[i] = s;
+                out[p] = __fmaf_rn(s, __fmul_rn(qs[d], rq), out[p]);
+            }
+        }
     __syncwarp();
-    return out;
+    return gdn_parts_sum(out);
 }
 
-// gdn_token with this lane's state column S[0 .. DK) in registers (k_gdn_rule for DK of
-// GPU_GDN_RULE_REGS): the same operations in the same order, so the same bits.
+// gdn_token with a state column held by GPU_GDN_RULE_LP consecutive lanes in registers (k_gdn_rule
+// for DK of GPU_GDN_RULE_REGS): this lane's part p, S[i] = row LP·i + p of its column: the same
+// operations in the same order, each part's sum in one lane, then gdn_lanes_sum, so the same bits.
+// Every lane of the warp takes part (the shuffles), its column live or not.
 template <int DK>
-__device__ __forceinline__ float gdn_token_regs(float (&S)[DK], float *qs, float *ks, const float *row, int key_dim, int hk, float vt, float beta,
-                                                float g, float qscale, int lane) {
+__device__ __forceinline__ float gdn_token_regs(float (&S)[DK / GPU_GDN_RULE_LP], float *qs, float *ks, const float *row, int key_dim, int hk,
+                                                float vt, float beta, float g, float qscale, int lane, int p) {
+    constexpr int LP = GPU_GDN_RULE_LP;
     float rq, rk;
     gdn_qk_norm(qs, ks, row, key_dim, hk, DK, qscale, lane, &rq, &rk);
     // q̂ and k̂ in place, each lane its own elements (the products gdn_token forms at each use);
-    // read back through volatile so that the compiler keeps none of the 2·DK in registers
+    // read back through volatile so that the compiler keeps none of them in registers
     for (int d = lane; d < DK; d += GPU_GDN_VC) qs[d] = __fmul_rn(qs[d], rq), ks[d] = __fmul_rn(ks[d], rk);
     __syncwarp();
     const volatile float *qh = qs, *kh = ks;
     float decay = expf(g);
     float kS = 0.f;
 #pragma unroll
-    for (int d = 0; d < DK; d++) {
-        S[d] = __fmul_rn(S[d], decay);
-        kS = __fmaf_rn(S[d], kh[d], kS);
+    for (int i = 0; i < DK / LP; i++) {
+        S[i] = __fmul_rn(S[i], decay);
+        kS = __fmaf_rn(S[i], kh[LP * i + p], kS);
     }
-    float u = __fmul_rn(__fsub_rn(vt, kS), beta);
+    float u = __fmul_rn(__fsub_rn(vt, gdn_lanes_sum(kS)), beta);
     float out = 0.f;
 #pragma unroll
-    for (int d = 0; d < DK; d++) {
-        S[d] = __fmaf_rn(kh[d], u, S[d]);
-        out = __fmaf_rn(S[d], qh[d], out);
+    for (int i = 0; i < DK / LP; i++) {
+        S[i] = __fmaf_rn(kh[LP * i + p], u, S[i]);
+        out = __fmaf_rn(S[i], qh[LP * i + p], out);
     }
     __syncwarp();
-    return out;
+    return gdn_lanes_sum(out);
 }

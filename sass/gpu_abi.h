@@ -21,14 +21,17 @@
 #define GPU_LIN_NT (GPU_LIN_ROWS * 32)
 // k_linear: tokens per block (a weight chunk is decoded once per this many tokens).
 #define GPU_LIN_TT 8
-// k_gdn_rule, k_gdn_chunk: value columns per block, one per lane of a warp (k_gdn_rule's block
-// is one warp).
+// k_gdn_rule, k_gdn_chunk: value columns per block (k_gdn_chunk: one a lane of a warp).
 #define GPU_GDN_VC 32
-// k_gdn_rule: warps per block (each GPU_GDN_VC value columns of one head), and the key head
-// dimensions whose state column a lane keeps in registers (others: in shared memory).
-#define GPU_GDN_RULE_W 1
-#define GPU_GDN_RULE_NT (GPU_GDN_RULE_W * 32)
+// k_gdn_rule: the key head dimensions whose state is kept in registers (others: in shared
+// memory, a warp's GPU_GDN_VC columns one a lane, blocks of one warp), and the lanes that share a
+// state column there (GPU_GDN_RULE_LP: each its rows d ≡ its part mod GPU_GDN_RULE_LP, the
+// column's sums meeting by shuffles; blocks of GPU_GDN_RULE_NT threads, GPU_GDN_VC columns).
 #define GPU_GDN_RULE_REGS(dk) ((dk) == 32 || (dk) == 64 || (dk) == 128)
+#define GPU_GDN_RULE_LP 4
+#define GPU_GDN_RULE_NT (GPU_GDN_RULE_LP * GPU_GDN_VC)
+GPU_ABI_ASSERT(GPU_GDN_RULE_LP >= 1 && GPU_GDN_RULE_LP <= 32 && (GPU_GDN_RULE_LP & (GPU_GDN_RULE_LP - 1)) == 0,
+               "k_gdn_rule: a power of two of lanes a column, at most a warp (so it divides the registers forms' dk)");
 // k_gdn_chunk: tokens per piece (prompts are cut at its multiples of their positions: the GPU
 // backend's chunk_align) and threads per block; its thread mapping (16 × 16 tiles of 4 × 4
 // tokens, 8 warps, 8 lanes per value column) is written for exactly these three numbers.
@@ -82,6 +85,7 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 
 #define GPU_EMBED_NT 256     // k_embed: a block per token
 #define GPU_NORM_NT 256      // k_add_rmsnorm: a block per row
 #define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
+#define GPU_GDN_RN_NT (GPU_GDN_RULE_LP * GPU_GNORM_NT)   // k_gdn_rule_norm: a value head a block, GPU_GDN_RULE_LP lanes a column
 #define GPU_COMBINE_NT 256   // k_moe_combine: a thread per (token, hidden element)
 #define GPU_SILU_NT 256      // k_silu_mul: a thread per element
 #define GPU_ARGMAX_NT 256    // k_argmax: a block per slice of a row of logits
