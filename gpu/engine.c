@@ -682,7 +682,8 @@ static int gpu_init_prefix(gpu_engine *g, const ck_model *m, const gpu_opts *o, 
         return err_set(e, "geometry beyond the GPU kernels' limits (head_dim ≤ %d, top-k ≤ %d, experts ≤ %d, conv ≤ %d)", GPU_ATT_MAX_HD,
                        GPU_ROUTER_MAX_K, GPU_ROUTER_MAX_E, GPU_CONV_MAX_K), gpu_close(&g->dev), -1;
     {
-        size_t smem = gpu_gdn_rule_smem(c->lk_dim);
+        size_t smem = gpu_gdn_rule_smem(c->lk_dim, 1), smem4 = gpu_gdn_rule_smem(c->lk_dim, GPU_GDN_RULE_LP);
+        if (smem4 > smem) smem = smem4;
         if (smem > (size_t)g->dev.smem_optin)
             return err_set(e, "linear_key_head_dim %d needs %zu bytes of shared memory per block; the GPU has %d", c->lk_dim, smem,
                            g->dev.smem_optin), gpu_close(&g->dev), -1;

@@ -28,7 +28,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
 #define GPU_KERNELS(X)                                                                               \
     X(K_EMBED, "k_embed") X(K_ADD_RMSNORM, "k_add_rmsnorm") X(K_MOE_ADD_RMSNORM, "k_moe_add_rmsnorm") X(K_LINEAR, "k_linear") X(K_ROUTER, "k_router") \
     X(K_MOE_GATE_UP, "k_moe_gate_up") X(K_MOE_DOWN, "k_moe_down") X(K_MOE_COMBINE, "k_moe_combine")        \
-    X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule") X(K_GDN_RULE_NORM, "k_gdn_rule_norm")                    \
+    X(K_SILU_MUL, "k_silu_mul") X(K_ROUTE, "k_route") X(K_GDN_CONV, "k_gdn_conv") X(K_GDN_RULE, "k_gdn_rule") X(K_GDN_RULE4, "k_gdn_rule4") X(K_GDN_RULE_NORM, "k_gdn_rule_norm") X(K_GDN_RULE_NORM4, "k_gdn_rule_norm4")                    \
     X(K_GDN_CHUNK, "k_gdn_chunk") X(K_GDN_PREP, "k_gdn_prep")                                                \
     X(K_GATED_NORM, "k_gated_norm") X(K_ATTN_PREP_F32, "k_attn_prep_f32") X(K_ATTN_PREP_BF16, "k_attn_prep_bf16") \
     X(K_ATTN_PREP_FP8, "k_attn_prep_fp8") X(K_ATTENTION_F32, "k_attention_f32")                           \
@@ -51,7 +51,7 @@ static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, 
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
                                         K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_DG4, K_MOE_DN_DG4,
                                         K_MOE_UP_DG1, K_MOE_DN_DG1,
-                                        K_MM_SPLIT, K_ADD_RMSNORM, K_MOE_ADD_RMSNORM, K_SILU_MUL, K_ROUTE, K_GDN_RULE_NORM, K_GATED_NORM, K_ATTENTION_F32, K_ATTN_MERGE};
+                                        K_MM_SPLIT, K_ADD_RMSNORM, K_MOE_ADD_RMSNORM, K_SILU_MUL, K_ROUTE, K_GDN_RULE_NORM, K_GDN_RULE_NORM4, K_GATED_NORM, K_ATTENTION_F32, K_ATTN_MERGE};
 
 // Dynamic shared memory of k_gdn_prep for key heads of dk (C = GPU_GDN_C): γ [C] (f64); k̂ and q̂
 // [C, dk + 2], A and T [C, C + 1], β [C] (f32): 98 KiB at dk = 128, two blocks a multiprocessor.
@@ -88,12 +88,12 @@ static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk, int lean) {
     return need < solo && solo <= (size_t)smem_optin ? solo : need;
 }
 
-// k_gdn_rule's threads a block for key heads of dk (sass/gdn_rule.cu): GPU_GDN_RULE_LP a column where
-// the state is in registers (GPU_GDN_RULE_REGS), else one warp; and its dynamic shared memory, per
-// warp q̂ and k̂ [dk], and for one warp S [dk, GPU_GDN_VC] where the state is not in registers (f32).
-static int gpu_gdn_rule_nt(int dk) { return GPU_GDN_RULE_REGS(dk) ? GPU_GDN_RULE_NT : 32; }
-static size_t gpu_gdn_rule_smem(int dk) {
-    return sizeof(float) * (GPU_GDN_RULE_REGS(dk) ? (size_t)(GPU_GDN_RULE_NT / 32) * 2 * dk : (size_t)dk * GPU_GDN_VC + 2 * (size_t)dk);
+// Dynamic shared memory of k_gdn_rule (lanes 1: one warp a block) or k_gdn_rule4 (lanes
+// GPU_GDN_RULE_LP: GPU_GDN_RULE_NT threads) for key heads of dk (sass/gdn_rule.cu), per warp q̂ and k̂
+// [dk], and S [dk, GPU_GDN_VC] where the state is not in registers (GPU_GDN_RULE_REGS; f32).
+static size_t gpu_gdn_rule_smem(int dk, int lanes) {
+    const size_t warps = lanes > 1 ? GPU_GDN_RULE_NT / 32 : 1;
+    return sizeof(float) * warps * ((GPU_GDN_RULE_REGS(dk) ? 0 : (size_t)dk * GPU_GDN_VC) + 2 * (size_t)dk);
 }
 
 // Dynamic shared memory of k_fa with nq tiles of 16 query rows (the walk: one per
@@ -125,6 +125,7 @@ typedef struct {
     int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
     int gdn_lean;          // k_gdn_chunk's layout (gpu_gdn_layout: 1 = lean), 0 until the engine picks it
+    int gdn_rule_lanes;    // the recurrent rule's lanes a state column: 0 by the launch's size (gpu_gdn_rule_lanes), else 1 or GPU_GDN_RULE_LP (tests)
     int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
     int moe_g128_min;      // ... and the _g128 shape (items of up to GPU_MMG_BN128 pairs) where the products read one part (0: never)
@@ -177,6 +178,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
         CU_CHECK(cu.cuModuleGetFunction(&k->fn_bf[gpu_parts_kernels[i]], k->mod_bf, gpu_kernel_names[gpu_parts_kernels[i]]));
     k->parts = GPU_MM_SPLITS;
     k->gdn_lean = 0;
+    k->gdn_rule_lanes = 0;
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
     k->moe_g_min = GPU_MMG_BN / 2;

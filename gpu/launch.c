@@ -634,6 +634,18 @@ static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
                GPU_ARGS(&qkv, &cd, &w, &Kc, &win_base, &win_slot_stride, &row_slot, &row_start, &row_len, &hist, &hist_stride, &nseg));
 }
 
+// The recurrent rule's lanes a state column for a launch of nv value heads over n_rows rows with keys
+// of dk (sass/gdn_rule.cu; the same bits either way): GPU_GDN_RULE_LP where the state is in registers
+// and the heads' blocks number at most two waves of k_gdn_rule_norm4 (2 a multiprocessor), else 1
+// (fewer instructions a column). On an H100, a decode step at depth 64: batch 1 (32 blocks) 354.0,
+// 354.9 → 373.5, 374.8 tok/s, 16 (512) 2,629.5, 2,657.5 → 2,668.3, 2,662.5, 64 (2,048) 4,925.4,
+// 4,949.4 → 4,850.3, 4,860.4. k->gdn_rule_lanes forces one (tests).
+static int gpu_gdn_rule_lanes(const gpu_kernels *k, int nv, int n_rows, int dk) {
+    if (!GPU_GDN_RULE_REGS(dk)) return 1;
+    if (k->gdn_rule_lanes) return k->gdn_rule_lanes;
+    return (long long)nv * n_rows <= 4LL * k->sms ? GPU_GDN_RULE_LP : 1;
+}
+
 // The gated delta rule, recurrent form, over the rows rows[0 .. n_rows) (int32 indices into
 // row_slot / row_start / row_len): qkv [T, cd] after the conv, bb, aa [T, nv], state of slot s at
 // S_base + s·S_slot_stride [nv, dk, dv] (floats), o [T, nv·dv]. With hist (one row only): the
@@ -645,8 +657,9 @@ static void gpu_k_gdn_rule(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
     MOET_ASSERT(nk >= 1 && gpu_multiple(nv, nk) && cd == 2 * nk * dk + nv * dv, "k_gdn_rule: %d key heads, %d value heads of %d, %d, conv dim %d",
                 nk, nv, dk, dv, cd);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule: states after each token for %d rows", n_rows);
-    gpu_launch(k, K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, gpu_gdn_rule_nt(dk),
-               gpu_gdn_rule_smem(dk), s,
+    const int lanes = gpu_gdn_rule_lanes(k, nv, n_rows, dk);
+    gpu_launch(k, lanes > 1 ? K_GDN_RULE4 : K_GDN_RULE, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"},
+               lanes > 1 ? GPU_GDN_RULE_NT : 32, gpu_gdn_rule_smem(dk, lanes), s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &rows, &hist, &hist_stride));
 }
@@ -709,7 +722,7 @@ static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdevice
 }
 
 // Whether gpu_k_gdn_rule_norm takes a layer of value heads of dv with keys of dk: a head in one block
-// of GPU_GDN_RN_NT threads (GPU_GDN_RULE_LP a column), the state in registers.
+// (GPU_GNORM_NT columns, one or GPU_GDN_RULE_LP lanes each), the state in registers.
 static int gpu_gdn_rule_norm_ok(int dk, int dv) { return GPU_GDN_RULE_REGS(dk) && dv <= GPU_GNORM_NT; }
 
 // gpu_k_gdn_rule, then gpu_k_gated_norm of its rows' tokens (z, w, eps, xs as its), in one launch
@@ -724,8 +737,9 @@ static void gpu_k_gdn_rule_norm(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int
     MOET_ASSERT(gpu_gdn_rule_norm_ok(dk, dv), "k_gdn_rule_norm: keys of %d, value heads of %d", dk, dv);
     MOET_ASSERT(w.cols == dv, "k_gdn_rule_norm: a norm weight of %d for value heads of %d", w.cols, dv);
     MOET_ASSERT(!hist || n_rows == 1, "k_gdn_rule_norm: states after each token for %d rows", n_rows);
-    const size_t smem = sizeof(float) * (GPU_GDN_RN_NT / 32) * 2 * (size_t)dk;   // q̂ and k̂ [dk] a warp
-    gpu_launch(k, K_GDN_RULE_NORM, (gpu_dim){nv, n_rows, 1, "(value heads, rows, 1)"}, GPU_GDN_RN_NT, smem, s,
+    const int lanes = gpu_gdn_rule_lanes(k, nv, n_rows, dk), nt = lanes * GPU_GNORM_NT;
+    const size_t smem = sizeof(float) * (nt / 32) * 2 * (size_t)dk;   // q̂ and k̂ [dk] a warp
+    gpu_launch(k, lanes > 1 ? K_GDN_RULE_NORM4 : K_GDN_RULE_NORM, (gpu_dim){nv, n_rows, 1, "(value heads, rows, 1)"}, nt, smem, s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
                         &row_len, &rows, &hist, &hist_stride, &z, &w, &eps, &xs, &T));
 }

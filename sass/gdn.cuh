@@ -60,6 +60,14 @@ __device__ __forceinline__ float gdn_lanes_sum(float s) {
     for (int o = 1; o < GPU_GDN_RULE_LP; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return s;
 }
+// A column's sum from a lane's NA accumulators: all GPU_GDN_RULE_LP parts in this lane, or its one
+// part of GPU_GDN_RULE_LP lanes.
+template <int NA>
+__device__ __forceinline__ float gdn_acc_sum(float (&a)[NA]) {
+    static_assert(NA == GPU_GDN_RULE_LP || NA == 1, "gdn_acc_sum: every part in one lane, or one a lane");
+    if constexpr (NA == GPU_GDN_RULE_LP) return gdn_parts_sum(a);
+    else return gdn_lanes_sum(a[0]);
+}
 
 // One token, recurrent form, by the calling warp (lane = value column v0 + lane):
 //   q̂, k̂ ← L2-normalised q, k (eps 1e-6 inside the sqrt), q̂ · 1/sqrt(dk)
@@ -106,14 +114,16 @@ __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const
     return gdn_parts_sum(out);
 }
 
-// gdn_token with a state column held by GPU_GDN_RULE_LP consecutive lanes in registers (k_gdn_rule
-// for DK of GPU_GDN_RULE_REGS): this lane's part p, S[i] = row LP·i + p of its column: the same
-// operations in the same order, each part's sum in one lane, then gdn_lanes_sum, so the same bits.
-// Every lane of the warp takes part (the shuffles), its column live or not.
-template <int DK>
-__device__ __forceinline__ float gdn_token_regs(float (&S)[DK / GPU_GDN_RULE_LP], float *qs, float *ks, const float *row, int key_dim, int hk,
-                                                float vt, float beta, float g, float qscale, int lane, int p) {
-    constexpr int LP = GPU_GDN_RULE_LP;
+// gdn_token with the state in registers (k_gdn_rule for DK of GPU_GDN_RULE_REGS), a column held by
+// L lanes: L = 1, this lane all of it (S[i] = row i, each sum's GPU_GDN_RULE_LP parts in this lane,
+// then gdn_parts_sum); or L = GPU_GDN_RULE_LP consecutive lanes, this lane's part p (S[i] = row
+// LP·i + p, its part's sum, then gdn_lanes_sum). The same operations in the same order, so the same
+// bits either way. Every lane of the warp takes part (L > 1: the shuffles), its column live or not.
+template <int DK, int L>
+__device__ __forceinline__ float gdn_token_regs(float (&S)[DK / L], float *qs, float *ks, const float *row, int key_dim, int hk, float vt,
+                                                float beta, float g, float qscale, int lane, int p) {
+    constexpr int LP = GPU_GDN_RULE_LP, NA = LP / L;   // NA: this lane's parts (accumulators)
+    static_assert(L == 1 || L == LP, "gdn_token_regs: a column in one lane or in GPU_GDN_RULE_LP");
     float rq, rk;
     gdn_qk_norm(qs, ks, row, key_dim, hk, DK, qscale, lane, &rq, &rk);
     // q̂ and k̂ in place, each lane its own elements (the products gdn_token forms at each use);
@@ -122,19 +132,19 @@ __device__ __forceinline__ float gdn_token_regs(float (&S)[DK / GPU_GDN_RULE_LP]
     __syncwarp();
     const volatile float *qh = qs, *kh = ks;
     float decay = expf(g);
-    float kS = 0.f;
+    float kS[NA] = {};
 #pragma unroll
-    for (int i = 0; i < DK / LP; i++) {
+    for (int i = 0; i < DK / L; i++) {
         S[i] = __fmul_rn(S[i], decay);
-        kS = __fmaf_rn(S[i], kh[LP * i + p], kS);
+        kS[i % NA] = __fmaf_rn(S[i], kh[L * i + p], kS[i % NA]);
     }
-    float u = __fmul_rn(__fsub_rn(vt, gdn_lanes_sum(kS)), beta);
-    float out = 0.f;
+    float u = __fmul_rn(__fsub_rn(vt, gdn_acc_sum(kS)), beta);
+    float out[NA] = {};
 #pragma unroll
-    for (int i = 0; i < DK / LP; i++) {
-        S[i] = __fmaf_rn(kh[LP * i + p], u, S[i]);
-        out = __fmaf_rn(S[i], qh[LP * i + p], out);
+    for (int i = 0; i < DK / L; i++) {
+        S[i] = __fmaf_rn(kh[L * i + p], u, S[i]);
+        out[i % NA] = __fmaf_rn(S[i], qh[L * i + p], out[i % NA]);
     }
     __syncwarp();
-    return gdn_lanes_sum(out);
+    return gdn_acc_sum(out);
 }

@@ -4,15 +4,16 @@
 //   q, k ← L2-normalised (eps 1e-6 inside the sqrt), q · 1/sqrt(dk)
 //   β = σ(b[t, j]),  g = −exp(A_log[j]) · softplus(a[t, j] + dt_bias[j]),  S ← exp(g) · S
 //   u = β (v − Sᵀk),  S ← S + k uᵀ,  o = Sᵀq
-// Each value column of S evolves on its own. The state in registers (dk one of
-// GPU_GDN_RULE_REGS): GPU_GDN_RULE_LP consecutive lanes hold a column, each its rows d ≡ p (mod
-// GPU_GDN_RULE_LP) (gdn_token_regs, sass/gdn.cuh), a block GPU_GDN_VC columns of one head of one
-// row (GPU_GDN_RULE_NT threads), its tokens in order: every dk load in flight at once, the state
-// read and written once per step, chains of dk / GPU_GDN_RULE_LP dependent FMAs. Else in shared
-// memory, a block of one warp, lane c column c of GPU_GDN_VC (gdn_token). The two give the same
-// bits (each sum in GPU_GDN_RULE_LP parts met the same way). It serves the rows of one token
-// (decode) and a verification's rows; longer rows go to k_gdn_chunk. CPU twin: ref_gdn_rule
-// (moet.c; one token, every value head, called for a row's tokens in order).
+// Each value column of S evolves on its own; its tokens run in order, the state in registers where
+// dk is one of GPU_GDN_RULE_REGS (gdn_token_regs, sass/gdn.cuh: every dk load in flight at once,
+// the state read and written once per step), held by one lane (k_gdn_rule: a block one warp, 32
+// columns; chains of dk dependent FMAs) or by GPU_GDN_RULE_LP consecutive lanes, each its rows d ≡ p
+// (mod GPU_GDN_RULE_LP) (k_gdn_rule4: GPU_GDN_RULE_NT threads, 32 columns; chains a quarter as long,
+// four times the warps, each warp's gates and q̂, k̂ its own), else in shared memory (k_gdn_rule, a
+// lane a column: gdn_token). Every form gives the same bits (each sum in GPU_GDN_RULE_LP parts, met
+// the same way). It serves the rows of one token (decode) and a verification's rows; longer rows go
+// to k_gdn_chunk. CPU twin: ref_gdn_rule (moet.c; one token, every value head, called for a row's
+// tokens in order).
 // In: qkv [T, cd] after conv + SiLU (q [key_dim] | k [key_dim] | v [value_dim]), b, a [T, nv].
 // Out: o [T, nv·dv] (before the gated norm). State of slot s: S_base + s·S_slot_stride.
 // Rows: the step's rows rows[0 .. gridDim.y), each row_slot / row_start / row_len.
@@ -20,20 +21,21 @@
 // but the last is also left at S_hist + t·hist_stride (t: the token's index in the row; the
 // layer's place as in a slot's state), so that a rejection past token t takes it back as it was
 // (gpu/backend.c) instead of running the kept tokens again; the outputs are the same bits.
-// Launch (gpu_k_gdn_rule): grid (nv, rows, ceil(dv / GPU_GDN_VC)), block GPU_GDN_RULE_NT threads
-// (registers) or 32 (shared memory); dynamic shared memory gpu_gdn_rule_smem(dk): per warp q̂ and
-// k̂ [dk] (and, for the shared-memory state, S [dk, GPU_GDN_VC]).
-// k_gdn_rule_norm: the same with the gated output norm folded in (sass/gated_norm.cu: k_gated_norm's
-// operations, gnorm_rn / gnorm_out, its bits; o is then the norm's output and xs its bf16 parts,
-// [3][T][nv·dv] for the T tokens of the step), for a decode step, whose every row takes this rule:
-// a block of GPU_GDN_RN_NT threads holds a whole value head (dv ≤ GPU_GNORM_NT, GPU_GDN_RULE_LP
-// lanes a column), grid (nv, rows, 1), state in registers (dk of GPU_GDN_RULE_REGS); the head's
-// Σ o² summed in k_gated_norm's order (gnorm_head_ss). CPU twins: ref_gdn_rule, then
-// ref_gated_rmsnorm.
+// Launch (gpu_k_gdn_rule: gpu_gdn_rule_lanes picks the form): grid (nv, rows, ceil(dv / GPU_GDN_VC)),
+// block 32 (k_gdn_rule) or GPU_GDN_RULE_NT threads (k_gdn_rule4); dynamic shared memory
+// gpu_gdn_rule_smem(dk, lanes): per warp q̂ and k̂ [dk] (and, for the shared-memory state, S [dk,
+// GPU_GDN_VC]).
+// k_gdn_rule_norm, k_gdn_rule_norm4: the same with the gated output norm folded in
+// (sass/gated_norm.cu: k_gated_norm's operations, gnorm_rn / gnorm_out, its bits; o is then the
+// norm's output and xs its bf16 parts, [3][T][nv·dv] for the T tokens of the step), for a decode
+// step, whose every row takes this rule: a block holds a whole value head (dv ≤ GPU_GNORM_NT
+// columns, one lane each: GPU_GNORM_NT threads; or GPU_GDN_RULE_LP: GPU_GDN_RN_NT), grid (nv, rows,
+// 1), state in registers (dk of GPU_GDN_RULE_REGS); the head's Σ o² summed in k_gated_norm's order
+// (gnorm_head_ss). CPU twins: ref_gdn_rule, then ref_gated_rmsnorm.
 #include "mm.cuh"
 #include "gdn.cuh"
 
-// Column v of head j of row r, rows d ≡ p (mod GPU_GDN_RULE_LP) of it in this lane's registers:
+// Column v of head j of row r, rows d ≡ p (mod L) of it in this lane's registers (L lanes a column):
 // requested before the wait for the kernels before (GPU_DEP) — no kernel of the step writes a
 // slot's state before its layer's rule does, and the step's row metadata and the state as the last
 // step (or the host) left it are there before the step's first kernel.
@@ -60,16 +62,16 @@ __device__ __forceinline__ float gnorm_head_ss(const float *os, int lane) {
     return s;
 }
 
-template <int DK, bool NORM>
+template <int DK, bool NORM, int L>
 __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                               float Aexp, float dtb, float *__restrict__ Sg, float *__restrict__ o, int nk, int nv, int dv,
                                               int j, int v, int p, int t0, int n, float *qs, float *ks, int lane, float *__restrict__ Sh,
                                               long long hs, const gdn_norm_args &nm, float *os) {
-    constexpr int LP = GPU_GDN_RULE_LP, DR = DK / LP;
+    constexpr int DR = DK / L;
     const bool live = v < dv;
     float S[DR];
 #pragma unroll
-    for (int i = 0; i < DR; i++) S[i] = live ? Sg[(size_t)(LP * i + p) * dv + v] : 0.f;
+    for (int i = 0; i < DR; i++) S[i] = live ? Sg[(size_t)(L * i + p) * dv + v] : 0.f;
     GPU_DEP();
     const float qscale = 1.f / sqrtf((float)DK);
     const int key_dim = nk * DK, hk = j / (nv / nk);
@@ -78,7 +80,7 @@ __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int
         float beta, g;
         gdn_gates(bb[(size_t)t * nv + j], aa[(size_t)t * nv + j], Aexp, dtb, &beta, &g);
         float vt = live ? row[2 * key_dim + j * dv + v] : 0.f;
-        float out = gdn_token_regs<DK>(S, qs, ks, row, key_dim, hk, vt, beta, g, qscale, lane, p);
+        float out = gdn_token_regs<DK, L>(S, qs, ks, row, key_dim, hk, vt, beta, g, qscale, lane, p);
         if (NORM) {   // k_gated_norm's block of the head: Σ o² (0 past dv), the factor, each column's output
             if (p == 0) os[v] = live ? out : 0.f;
             __syncthreads();
@@ -93,16 +95,16 @@ __device__ __forceinline__ void gdn_rule_regs(const float *__restrict__ qkv, int
         if (live && p == 0) o[(size_t)t * nv * dv + (size_t)j * dv + v] = out;
         if (Sh && live && t + 1 < t0 + n)   // the state after this token, for a rejection past it
 #pragma unroll
-            for (int i = 0; i < DR; i++) Sh[(size_t)(t - t0) * hs + (size_t)(LP * i + p) * dv + v] = S[i];
+            for (int i = 0; i < DR; i++) Sh[(size_t)(t - t0) * hs + (size_t)(L * i + p) * dv + v] = S[i];
     }
     if (live)
 #pragma unroll
-        for (int i = 0; i < DR; i++) Sg[(size_t)(LP * i + p) * dv + v] = S[i];
+        for (int i = 0; i < DR; i++) Sg[(size_t)(L * i + p) * dv + v] = S[i];
 }
 
-// A block: columns c0 .. c0 + blockDim / LP of head j (registers; NORM: the whole head, every warp
-// to its barriers) or c0 + lane (shared memory, one warp).
-template <bool NORM>
+// A block: columns c0 .. c0 + blockDim / L of head j (registers; NORM: the whole head, every warp
+// to its barriers) or c0 + lane (shared memory, L = 1, one warp).
+template <bool NORM, int L>
 __device__ __forceinline__ void gdn_rule(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                          gpu_mat A_log, gpu_mat dt_bias, float *__restrict__ S_base, long long S_slot_stride,
                                          float *__restrict__ o, int nk, int nv, int dk, int dv, const int *__restrict__ row_slot,
@@ -119,13 +121,13 @@ __device__ __forceinline__ void gdn_rule(const float *__restrict__ qkv, int cd, 
     float *Sg = S_base + (size_t)row_slot[r] * S_slot_stride + (size_t)j * dk * dv;
     float *Sh = S_hist ? S_hist + (size_t)j * dk * dv : NULL;
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
-    if (NORM || GPU_GDN_RULE_REGS(dk)) {   // (NORM: the launcher takes only these dk)
-        const int v = c0 + threadIdx.x / GPU_GDN_RULE_LP, p = threadIdx.x % GPU_GDN_RULE_LP;
+    if (NORM || L > 1 || GPU_GDN_RULE_REGS(dk)) {   // (NORM, L > 1: the launcher takes only these dk)
+        const int v = c0 + threadIdx.x / L, p = threadIdx.x % L;
         float *qs = sm + w * 2 * dk, *ks = qs + dk;
         switch (dk) {
-        case 32: gdn_rule_regs<32, NORM>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
-        case 64: gdn_rule_regs<64, NORM>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
-        default: gdn_rule_regs<128, NORM>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
+        case 32: gdn_rule_regs<32, NORM, L>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
+        case 64: gdn_rule_regs<64, NORM, L>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
+        default: gdn_rule_regs<128, NORM, L>(qkv, cd, bb, aa, Aexp, dtb, Sg, o, nk, nv, dv, j, v, p, t0, n, qs, ks, lane, Sh, hist_stride, nm, os); return;
         }
     }
     GPU_DEP();
@@ -148,25 +150,29 @@ __device__ __forceinline__ void gdn_rule(const float *__restrict__ qkv, int cd, 
         for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[d * GPU_GDN_VC + lane];
 }
 
-extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
-                                                                         const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
-                                                                         float *__restrict__ S_base, long long S_slot_stride,
-                                                                         float *__restrict__ o, int nk, int nv, int dk, int dv,
-                                                                         const int *__restrict__ row_slot, const int *__restrict__ row_start,
-                                                                         const int *__restrict__ row_len, const int *__restrict__ rows,
-                                                                         float *__restrict__ S_hist, long long hist_stride) {
-    gdn_rule<false>(qkv, cd, bb, aa, A_log, dt_bias, S_base, S_slot_stride, o, nk, nv, dk, dv, row_slot, row_start, row_len, rows,
-                                    S_hist, hist_stride, gdn_norm_args{});
-}
+// The entry points: one lane a column (k_gdn_rule: blocks of one warp; k_gdn_rule_norm: GPU_GNORM_NT
+// threads) and GPU_GDN_RULE_LP lanes a column (k_gdn_rule4: GPU_GDN_RULE_NT threads; k_gdn_rule_norm4:
+// GPU_GDN_RN_NT, two blocks a multiprocessor), the same bits; the launcher picks by the launch's
+// size (gpu_gdn_rule_lanes: the wide forms for few blocks, whose chains of dependent instructions are
+// then the kernel's time; the narrow ones, fewer instructions a column, for many). k_gdn_rule_norm
+// asks for three blocks a multiprocessor (168 registers, no spills: without it ptxas takes 254,
+// holding the loads of its four parts' sums); k_gdn_rule_norm4 for two (64 registers, 28 bytes of
+// spills, where one block a multiprocessor of 82 registers was 5 % slower at batch 64).
+#define GDN_RULE_PARAMS                                                                                                                         \
+    const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,             \
+        float *__restrict__ S_base, long long S_slot_stride, float *__restrict__ o, int nk, int nv, int dk, int dv,                                 \
+        const int *__restrict__ row_slot, const int *__restrict__ row_start, const int *__restrict__ row_len, const int *__restrict__ rows,         \
+        float *__restrict__ S_hist, long long hist_stride
+#define GDN_RULE_ARGS qkv, cd, bb, aa, A_log, dt_bias, S_base, S_slot_stride, o, nk, nv, dk, dv, row_slot, row_start, row_len, rows, S_hist, hist_stride
+#define GDN_NORM_PARAMS const float *__restrict__ z, gpu_mat w, float eps, __nv_bfloat16 *__restrict__ xs, int T
 
-extern "C" __global__ void __launch_bounds__(GPU_GDN_RN_NT) k_gdn_rule_norm(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
-                                                                          const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
-                                                                          float *__restrict__ S_base, long long S_slot_stride,
-                                                                          float *__restrict__ o, int nk, int nv, int dk, int dv,
-                                                                          const int *__restrict__ row_slot, const int *__restrict__ row_start,
-                                                                          const int *__restrict__ row_len, const int *__restrict__ rows,
-                                                                          float *__restrict__ S_hist, long long hist_stride, const float *__restrict__ z,
-                                                                          gpu_mat w, float eps, __nv_bfloat16 *__restrict__ xs, int T) {
-    gdn_rule<true>(qkv, cd, bb, aa, A_log, dt_bias, S_base, S_slot_stride, o, nk, nv, dk, dv, row_slot, row_start, row_len, rows,
-                                      S_hist, hist_stride, gdn_norm_args{z, w, eps, xs, T});
+extern "C" __global__ void __launch_bounds__(32) k_gdn_rule(GDN_RULE_PARAMS) { gdn_rule<false, 1>(GDN_RULE_ARGS, gdn_norm_args{}); }
+extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule4(GDN_RULE_PARAMS) {
+    gdn_rule<false, GPU_GDN_RULE_LP>(GDN_RULE_ARGS, gdn_norm_args{});
+}
+extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT, 3) k_gdn_rule_norm(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
+    gdn_rule<true, 1>(GDN_RULE_ARGS, gdn_norm_args{z, w, eps, xs, T});
+}
+extern "C" __global__ void __launch_bounds__(GPU_GDN_RN_NT, 2) k_gdn_rule_norm4(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
+    gdn_rule<true, GPU_GDN_RULE_LP>(GDN_RULE_ARGS, gdn_norm_args{z, w, eps, xs, T});
 }

@@ -1395,7 +1395,7 @@ int main(void) {
     hk.act = act && !strcmp(act, "bf16");
     hk.k.parts = hk.act ? 1 : GPU_MM_SPLITS, hk.r.act_bf16 = hk.act;
     const ck_config *c = &hk.m.cfg;
-    gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim));
+    gpu_kernel_smem(&hk.k, K_GDN_RULE, gpu_gdn_rule_smem(c->lk_dim, 1));
     // k_gdn_chunk's layout as the engine picks it; HK_GDN_LEAN=1 the lean one (what a 99 KiB block takes)
     const char *lean = getenv("HK_GDN_LEAN");
     hk.k.gdn_lean = lean && !strcmp(lean, "1") ? 1 : gpu_gdn_layout(hk.k.smem_optin, c->lk_dim) == 1;

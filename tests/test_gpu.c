@@ -1449,6 +1449,27 @@ static void kernel_gdn(gpu_engine *g) {
             same1 &= !memcmp(gS + so, gS2 + so, sizeof(float) * nv * dk * dv);
         }
         CHECK(same1, "k_gdn_chunk's single-token pieces differ from k_gdn_rule's bits");
+        // the rule's two forms (one lane a state column, or GPU_GDN_RULE_LP lanes: gpu_gdn_rule_lanes
+        // picks by the launch's size) give the same bits, outputs and states (k_gdn_rule_norm's below)
+        const char *forms = "one form (state in shared memory)";
+        if (GPU_GDN_RULE_REGS(dk)) {
+            float *fo[2], *fS[2];
+            for (int f = 0; f < 2; f++) {
+                CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
+                CU_CHECK(cu.cuCtxSynchronize());
+                g->k.gdn_rule_lanes = f ? GPU_GDN_RULE_LP : 1;
+                kt_gdn_run(&g->k, g->compute, K_GDN_RULE, rm, NR, 0, 0, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                fo[f] = malloc(sizeof(float) * nO), fS[f] = malloc(sizeof(float) * nS);
+                CU_CHECK(cu.cuMemcpyDtoH(fo[f], od2, sizeof(float) * nO));
+                CU_CHECK(cu.cuMemcpyDtoH(fS[f], Sd2, sizeof(float) * nS));
+            }
+            g->k.gdn_rule_lanes = 0;
+            const int same_l = !memcmp(fo[0], fo[1], sizeof(float) * nO) && !memcmp(fS[0], fS[1], sizeof(float) * nS);
+            CHECK(same_l, "k_gdn_rule [dk %d]: one lane a column and %d give other bits", dk, GPU_GDN_RULE_LP);
+            forms = same_l ? "equal" : "DIFFER";
+            free(fo[0]), free(fo[1]), free(fS[0]), free(fS[1]);
+        }
         // row 0 (150 tokens from 0) again from S0 on slot 0, cut at 64 and 128 into three launches
         CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
         CU_CHECK(cu.cuCtxSynchronize());
@@ -1523,25 +1544,36 @@ static void kernel_gdn(gpu_engine *g) {
             const long long ss = (long long)nv * dk * dv;
             gpu_k_gdn_rule(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sa, ss, oa, nk, nv, dk, dv, rm, rm + st4, rm + 2 * st4, rm + 4 * st4, NR, 0, 0);
             gpu_k_gated_norm(&g->k, g->compute, oa, zd, gw, nv, dv, 1e-6f, xa, T);
-            gpu_k_gdn_rule_norm(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sb, ss, ob, nk, nv, dk, dv, rm, rm + st4, rm + 2 * st4, rm + 4 * st4, NR,
-                                0, 0, zd, gw, 1e-6f, xb, T);
             CU_CHECK(cu.cuStreamSynchronize(g->compute));
+            CU_CHECK(cu.cuMemcpyDtoH(got, oa, sizeof(float) * nO));
+            CU_CHECK(cu.cuMemcpyDtoH(pa, xa, 2 * GPU_MM_SPLITS * nO));
+            CU_CHECK(cu.cuMemcpyDtoH(gS, Sa, sizeof(float) * nS));
             int same_f = 1;
-            CU_CHECK(cu.cuMemcpyDtoH(got, oa, sizeof(float) * nO)), CU_CHECK(cu.cuMemcpyDtoH(got2, ob, sizeof(float) * nO));
-            same_f &= !memcmp(got, got2, sizeof(float) * nO);
-            CU_CHECK(cu.cuMemcpyDtoH(pa, xa, 2 * GPU_MM_SPLITS * nO)), CU_CHECK(cu.cuMemcpyDtoH(pb, xb, 2 * GPU_MM_SPLITS * nO));
-            same_f &= !memcmp(pa, pb, 2 * GPU_MM_SPLITS * nO);
-            CU_CHECK(cu.cuMemcpyDtoH(gS, Sa, sizeof(float) * nS)), CU_CHECK(cu.cuMemcpyDtoH(gS2, Sb, sizeof(float) * nS));
-            same_f &= !memcmp(gS, gS2, sizeof(float) * nS);
-            CHECK(same_f, "k_gdn_rule_norm [nv %d dk %d dv %d]: not the bits of k_gdn_rule then k_gated_norm", nv, dk, dv);
+            for (int f = 0; f < 2; f++) {   // each form (one lane a column, GPU_GDN_RULE_LP lanes)
+                CU_CHECK(cu.cuMemcpyHtoD(Sb, S0, sizeof(float) * nS));
+                CU_CHECK(cu.cuCtxSynchronize());
+                g->k.gdn_rule_lanes = f ? GPU_GDN_RULE_LP : 1;
+                gpu_k_gdn_rule_norm(&g->k, g->compute, qd, cd, bd, ad, ga, gd, Sb, ss, ob, nk, nv, dk, dv, rm, rm + st4, rm + 2 * st4, rm + 4 * st4,
+                                    NR, 0, 0, zd, gw, 1e-6f, xb, T);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                g->k.gdn_rule_lanes = 0;
+                CU_CHECK(cu.cuMemcpyDtoH(got2, ob, sizeof(float) * nO));
+                same_f &= !memcmp(got, got2, sizeof(float) * nO);
+                CU_CHECK(cu.cuMemcpyDtoH(pb, xb, 2 * GPU_MM_SPLITS * nO));
+                same_f &= !memcmp(pa, pb, 2 * GPU_MM_SPLITS * nO);
+                CU_CHECK(cu.cuMemcpyDtoH(gS2, Sb, sizeof(float) * nS));
+                same_f &= !memcmp(gS, gS2, sizeof(float) * nS);
+            }
+            CHECK(same_f, "k_gdn_rule_norm [nv %d dk %d dv %d]: not the bits of k_gdn_rule then k_gated_norm (one lane a column and %d)", nv, dk,
+                  dv, GPU_GDN_RULE_LP);
             fold = same_f ? "equal" : "DIFFER";
             free(z), free(pa), free(pb);
         }
         printf("k_gdn_chunk / k_gdn_rule [nk %d, nv %d, dk %d, dv %d; %d tokens in %d rows]: chunked vs ref_gdn_chunk %.2g, recurrent vs "
                "the recurrence %.2g; CPU chunked vs recurrent %.2g; single tokens bitwise %s; cut in three bitwise %s; states after each "
-               "token bitwise %s; the rule with the gated norm folded in vs the two kernels bitwise: %s\n",
+               "token bitwise %s; the rule's two forms bitwise: %s; the rule with the gated norm folded in vs the two kernels bitwise (both forms): %s\n",
                nk, nv, dk, dv, T, NR, ec, er, fmax(cpu_o, cpu_s), same1 ? "equal" : "DIFFER", same3 ? "equal" : "DIFFER", same_h ? "equal" : "DIFFER",
-               fold);
+               forms, fold);
         arena_release(&d);
         free(qkv), free(bb), free(aa), free(S0), free(Sc), free(Sr), free(oc), free(orr), free(got), free(gS), free(got2), free(gS2);
     }
