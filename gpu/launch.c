@@ -637,9 +637,11 @@ static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
 // The recurrent rule's lanes a state column for a launch of nv value heads over n_rows rows with keys
 // of dk (sass/gdn_rule.cu; the same bits either way): GPU_GDN_RULE_LP where the state is in registers
 // and the heads' blocks number at most two waves of k_gdn_rule_norm4 (2 a multiprocessor), else 1
-// (fewer instructions a column). On an H100, a decode step at depth 64: batch 1 (32 blocks) 354.0,
-// 354.9 → 373.5, 374.8 tok/s, 16 (512) 2,629.5, 2,657.5 → 2,668.3, 2,662.5, 64 (2,048) 4,925.4,
-// 4,949.4 → 4,850.3, 4,860.4. k->gdn_rule_lanes forces one (tests).
+// (fewer instructions a column: the four-lane form's gates and q̂, k̂ are each warp's own). On an
+// H100, decode at depth 64, one lane a column at every size → four at every size: batch 1 (32
+// blocks) 354.0, 354.9 → 373.5, 374.8 tok/s, 16 (512) 2,629.5, 2,657.5 → 2,668.3, 2,662.5, 64
+// (2,048) 4,925.4, 4,949.4 → 4,850.3, 4,860.4 (this bound keeps 64 on one lane: gpu/PERF.md §2).
+// k->gdn_rule_lanes forces one (tests).
 static int gpu_gdn_rule_lanes(const gpu_kernels *k, int nv, int n_rows, int dk) {
     if (!GPU_GDN_RULE_REGS(dk)) return 1;
     if (k->gdn_rule_lanes) return k->gdn_rule_lanes;
