@@ -77,39 +77,37 @@ __device__ __forceinline__ float gdn_acc_sum(float (&a)[NA]) {
 // (gdn_parts_sum). CPU twins: ref_gdn_qk_norm, then ref_gdn_token.
 // SWZ: S's columns stored swizzled as k_gdn_chunk keeps them (gdn_sw); the same arithmetic.
 __device__ __forceinline__ int gdn_sw(int d, int c) { return d * GPU_GDN_VC + (c ^ ((d & 3) << 3)); }
+// f(d, p, i) for each row d < dk of the lane's column, by groups of GPU_GDN_RULE_LP rows in
+// increasing d: p = d mod GPU_GDN_RULE_LP, i its place in S [dk, GPU_GDN_VC].
+template <bool SWZ, typename F>
+__device__ __forceinline__ void gdn_rows(int dk, int lane, F &&f) {
+    for (int d0 = 0; d0 < dk; d0 += GPU_GDN_RULE_LP)
+#pragma unroll
+        for (int p = 0; p < GPU_GDN_RULE_LP; p++) {
+            const int d = d0 + p;
+            if (d < dk) f(d, p, SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane);
+        }
+}
 template <bool SWZ = false>
 __device__ __forceinline__ float gdn_token(float *S, float *qs, float *ks, const float *row, int key_dim, int hk, int dk,
                                            float vt, float beta, float g, float qscale, int lane) {
-    constexpr int LP = GPU_GDN_RULE_LP;
     float rq, rk;
     gdn_qk_norm(qs, ks, row, key_dim, hk, dk, qscale, lane, &rq, &rk);
     __syncwarp();
     float decay = expf(g);
-    float kS[LP] = {};
-    for (int d0 = 0; d0 < dk; d0 += LP)
-#pragma unroll
-        for (int p = 0; p < LP; p++) {
-            const int d = d0 + p;
-            if (d < dk) {
-                const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
-                float s = __fmul_rn(S[i], decay);
-                S[i] = s;
-                kS[p] = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS[p]);
-            }
-        }
+    float kS[GPU_GDN_RULE_LP] = {};
+    gdn_rows<SWZ>(dk, lane, [&](int d, int p, int i) {
+        float s = __fmul_rn(S[i], decay);
+        S[i] = s;
+        kS[p] = __fmaf_rn(s, __fmul_rn(ks[d], rk), kS[p]);
+    });
     float u = __fmul_rn(__fsub_rn(vt, gdn_parts_sum(kS)), beta);
-    float out[LP] = {};
-    for (int d0 = 0; d0 < dk; d0 += LP)
-#pragma unroll
-        for (int p = 0; p < LP; p++) {
-            const int d = d0 + p;
-            if (d < dk) {
-                const int i = SWZ ? gdn_sw(d, lane) : d * GPU_GDN_VC + lane;
-                float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[i]);
-                S[i] = s;
-                out[p] = __fmaf_rn(s, __fmul_rn(qs[d], rq), out[p]);
-            }
-        }
+    float out[GPU_GDN_RULE_LP] = {};
+    gdn_rows<SWZ>(dk, lane, [&](int d, int p, int i) {
+        float s = __fmaf_rn(__fmul_rn(ks[d], rk), u, S[i]);
+        S[i] = s;
+        out[p] = __fmaf_rn(s, __fmul_rn(qs[d], rq), out[p]);
+    });
     __syncwarp();
     return gdn_parts_sum(out);
 }
