@@ -702,6 +702,19 @@ __device__ __forceinline__ int mmg_kb(int j, int KB) {
     return j < big ? j / (q + 1) + GPU_MM_WARPS * (j % (q + 1)) : r + (j - big) / q + GPU_MM_WARPS * ((j - big) % q);
 }
 
+// mmg_kb's order as a walk, for a loop that takes j = 0, 1, 2, … in turn: each next() the kb of the
+// next j, by counters instead of mmg_kb's divisions by a runtime q + 1 and q (mmw_produce's issues).
+struct mmg_kb_walk {
+    int cls, e, len, q, r;   // the class of the next j, its place in the class, the class's length; KB = GPU_MM_WARPS·q + r
+    __device__ __forceinline__ explicit mmg_kb_walk(int KB)
+        : cls(0), e(0), len(KB / GPU_MM_WARPS + (KB % GPU_MM_WARPS > 0)), q(KB / GPU_MM_WARPS), r(KB % GPU_MM_WARPS) {}
+    __device__ __forceinline__ int next() {
+        const int kb = cls + GPU_MM_WARPS * e;
+        if (++e == len) e = 0, cls++, len = q + (cls < r);
+        return kb;
+    }
+};
+
 // One 64-block of the stage (sa: the weights' slots, sb: the parts of 16·NW tokens) into acc [2][NW][4] of warp (wm, wn).
 template <int KIND, int NW>
 __device__ __forceinline__ void mmg_mul(const uint8_t *sa, const uint8_t *sb, int wm, int wn, const uint32_t *lut, float (&acc)[2][NW][4]) {

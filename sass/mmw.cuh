@@ -131,16 +131,16 @@ __device__ __forceinline__ void mmw_cp_rows(const mmw_src &w, uint8_t *rw, int k
     }
 }
 
-// A producer warp's copies of 64-block j (class-major order, mmg_kb) into raw slot j % GPU_MMW_RAW: with weights each
+// A producer warp's copies of 64-block j (class-major order: kb = mmg_kb(j, KB)) into raw slot j % GPU_MMW_RAW: with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of
 // codes and the 16-row block's 32 scale bytes of the 64-block), with tokens each thread's token of xs ([·][K]; -1: none,
 // zeros) — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their
 // threads' own w.row and tok by shuffles), the rest by each thread for itself. A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
-__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int KB,
+__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int kb, int KB,
                                           uint8_t *raw, bool weights, bool tokens) {
     if (j >= KB) return;
-    const int kb = mmg_kb(j, KB), i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
+    const int i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
     uint8_t *slot = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES;
     if (weights) {
         uint8_t *ra = slot + i * GPU_MMW_RAW_A, *rw = slot + (i - l) * GPU_MMW_RAW_A;   // this thread's share; its warp's first
@@ -251,14 +251,15 @@ __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat1
                                             uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
     const int KB = K / 64;
     if (!weights) GPU_DEP();
+    mmg_kb_walk kw(KB);   // the issues' 64-blocks, j = 0, 1, … in turn
     for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
-        mmw_issue<KIND>(w, xs, tok, K, j, KB, raw, weights, !weights);
+        mmw_issue<KIND>(w, xs, tok, K, j, kw.next(), KB, raw, weights, !weights);
         mm_cp_commit();
     }
     for (int j = 0; j < KB; j++) {
         const int s = j % GPU_MMW_STAGES;
         __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
-        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, KB, raw, weights, !weights);   // into the raw slot step j − 1 read
+        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, kw.next(), KB, raw, weights, !weights);   // into the raw slot step j − 1 read
         mm_cp_commit();
         mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this lane's own) landed
         __syncwarp();                    // and the other lanes': this thread's share is whole
