@@ -636,7 +636,7 @@ static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
 
 // The recurrent rule's lanes a state column for a launch of nv value heads over n_rows rows with keys
 // of dk (sass/gdn_rule.cu; the same bits either way): GPU_GDN_RULE_LP where the state is in registers
-// and the heads' blocks number at most two waves of k_gdn_rule_norm4 (2 a multiprocessor), else 1
+// and the heads' blocks number at most two waves of k_gdn_rule_norm4 (GPU_GDN_RN4_MINB a multiprocessor), else 1
 // (fewer instructions a column: the four-lane form's gates and q̂, k̂ are each warp's own). On an
 // H100, decode at depth 64, one lane a column at every size → four at every size: batch 1 (32
 // blocks) 354.0, 354.9 → 373.5, 374.8 tok/s, 16 (512) 2,629.5, 2,657.5 → 2,668.3, 2,662.5, 64
@@ -645,7 +645,7 @@ static void gpu_k_gdn_conv(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
 static int gpu_gdn_rule_lanes(const gpu_kernels *k, int nv, int n_rows, int dk) {
     if (!GPU_GDN_RULE_REGS(dk)) return 1;
     if (k->gdn_rule_lanes) return k->gdn_rule_lanes;
-    return (long long)nv * n_rows <= 4LL * k->sms ? GPU_GDN_RULE_LP : 1;
+    return (long long)nv * n_rows <= 2LL * GPU_GDN_RN4_MINB * k->sms ? GPU_GDN_RULE_LP : 1;   // (two waves)
 }
 
 // The gated delta rule, recurrent form, over the rows rows[0 .. n_rows) (int32 indices into

@@ -170,9 +170,9 @@ extern "C" __global__ void __launch_bounds__(32) k_gdn_rule(GDN_RULE_PARAMS) { g
 extern "C" __global__ void __launch_bounds__(GPU_GDN_RULE_NT) k_gdn_rule4(GDN_RULE_PARAMS) {
     gdn_rule<false, GPU_GDN_RULE_LP>(GDN_RULE_ARGS, gdn_norm_args{});
 }
-extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT, 3) k_gdn_rule_norm(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT, GPU_GDN_RN_MINB) k_gdn_rule_norm(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
     gdn_rule<true, 1>(GDN_RULE_ARGS, gdn_norm_args{z, w, eps, xs, T});
 }
-extern "C" __global__ void __launch_bounds__(GPU_GDN_RN_NT, 2) k_gdn_rule_norm4(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(GPU_GDN_RN_NT, GPU_GDN_RN4_MINB) k_gdn_rule_norm4(GDN_RULE_PARAMS, GDN_NORM_PARAMS) {
     gdn_rule<true, GPU_GDN_RULE_LP>(GDN_RULE_ARGS, gdn_norm_args{z, w, eps, xs, T});
 }

@@ -1331,7 +1331,9 @@ static void kernel_misc(gpu_engine *g) {
 // state is an f32 array rounded after every token on one side and every piece on the other, a
 // few ulps: measured 1.5e-6 → 5e-6); single-token
 // pieces of k_gdn_chunk give k_gdn_rule's bits; a row in one launch gives the same bits as the
-// same row cut at multiples of 64 into three launches.
+// same row cut at multiples of 64 into three launches; the rule's two forms (a state column in one
+// lane or in GPU_GDN_RULE_LP) the same bits, and k_gdn_rule_norm in each form those of k_gdn_rule
+// then k_gated_norm.
 // Tolerance GPU_TOL_GDN (tests/kernel_data.h).
 static void kernel_gdn(gpu_engine *g) {
     // corr > 0: each key head's keys a shared direction plus corr × noise, so that A's entries
