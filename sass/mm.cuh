@@ -703,7 +703,8 @@ __device__ __forceinline__ int mmg_kb(int j, int KB) {
 }
 
 // mmg_kb's order as a walk, for a loop that takes j = 0, 1, 2, … in turn: each next() the kb of the
-// next j, by counters instead of mmg_kb's divisions by a runtime q + 1 and q (mmw_produce's issues).
+// next j, by counters instead of mmg_kb's divisions by a runtime q + 1 and q (the issues of mmw_produce
+// and mmg_run).
 struct mmg_kb_walk {
     int cls, e, len, q, r;   // the class of the next j, its place in the class, the class's length; KB = GPU_MM_WARPS·q + r
     __device__ __forceinline__ explicit mmg_kb_walk(int KB)
@@ -771,12 +772,11 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
     int row0;
     tile(w, M, row0);
     const bool mine = KIND != GPU_W_PLANES || row0 < M->rows;   // (a planes tile is whole or absent)
-    auto issue_a = [&](int j) {
-        if (j < KB && mine) mm_cp_issue<KIND>(*M, row0, mmg_kb(j, KB), g, t, smem + (j % S) * ST);
+    auto issue_a = [&](int j, int kb) {
+        if (j < KB && mine) mm_cp_issue<KIND>(*M, row0, kb, g, t, smem + (j % S) * ST);
     };
-    auto issue_b = [&](int j) {
+    auto issue_b = [&](int j, int kb) {
         if (j >= KB) return;
-        const int kb = mmg_kb(j, KB);
         uint8_t *sb = smem + (j % S) * ST + mmg_stage<KIND, BN>::a;
         for (int c = threadIdx.x; c < GPU_MM_PARTS * BN * 8; c += GPU_MM_NT) {
             const int s = c / (BN * 8), r = (c >> 3) % BN, p = c & 7, row = tok[r];
@@ -784,13 +784,16 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
                       xs + s * ss + (size_t)(row >= 0 ? row : 0) * K + kb * 64 + p * 8, row >= 0);
         }
     };
+    mmg_kb_walk kw(KB);   // the issues' 64-blocks j = 0, 1, … in turn (mmg_kb's order)
     if (DEP) {
-        for (int j = 0; j < S - 1; j++) issue_a(j);
+        mmg_kb_walk ka(KB);   // (the weights' first S − 1 before the wait)
+        for (int j = 0; j < S - 1; j++) issue_a(j, ka.next());
         GPU_DEP();
     }
     for (int j = 0; j < S - 1; j++) {
-        if (!DEP) issue_a(j);
-        issue_b(j);
+        const int kb = kw.next();
+        if (!DEP) issue_a(j, kb);
+        issue_b(j, kb);
         mm_cp_commit();
     }
     float acc[2][NW][4];
@@ -805,8 +808,9 @@ __device__ __forceinline__ void mmg_run(Tile tile, int K, const __nv_bfloat16 *_
     for (int j = 0; j < KB; j++) {
         mm_cp_wait<S - 2>();
         __syncthreads();   // stage j landed for every thread; stage j − 1 read by every warp
-        issue_a(j + S - 1);
-        issue_b(j + S - 1);
+        const int kb = kw.next();
+        issue_a(j + S - 1, kb);
+        issue_b(j + S - 1, kb);
         mm_cp_commit();
         mmg_mul<KIND>(smem + (j % S) * ST, smem + (j % S) * ST + mmg_stage<KIND, BN>::a, wm, wn, lut, acc);
         if (--left == 0) {   // the class ends: its sum joins the total (the first is the total)
