@@ -719,8 +719,8 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
 static void gpu_k_gated_norm(gpu_kernels *k, CUstream s, CUdeviceptr o, CUdeviceptr z, gpu_mat w, int nv, int dv, float eps, CUdeviceptr xs,
                              int T) {
     MOET_ASSERT(w.cols == dv, "k_gated_norm: a weight of %d for value heads of %d", w.cols, dv);
-    gpu_launch(k, K_GATED_NORM, (gpu_dim){T, nv, 1, "(tokens, value heads, 1)"}, GPU_GNORM_NT, 0, s,
-               GPU_ARGS(&o, &z, &w, &nv, &dv, &eps, &xs));
+    gpu_launch(k, K_GATED_NORM, (gpu_dim){gpu_cdiv((long long)T * nv, GPU_GNORM_NT / 32), 1, 1, "((token, value head) items / warps a block, 1, 1)"},
+               GPU_GNORM_NT, 0, s, GPU_ARGS(&o, &z, &w, &nv, &dv, &eps, &xs, &T));
 }
 
 // Whether gpu_k_gdn_rule_norm takes a layer of value heads of dv with keys of dk: a head in one block
@@ -911,7 +911,8 @@ static int gpu_plan_grids(const ck_config *c, int max_tokens, int max_seqs, int 
         {"the routed experts' (token, choice) pairs (grid.x of k_moe_gate_up / k_moe_down)", pairs, X},
         {"the expert rows per block (grid.y of k_moe_gate_up / k_moe_down)", gpu_cdiv(c->hidden > c->inter ? c->hidden : c->inter, GPU_LIN_ROWS), Y},
         {"the rows of a step (grid.y of k_gdn_conv, k_gdn_rule, k_gdn_chunk)", max_seqs, Y},
-        {"the heads (grid.y of k_attention, k_gated_norm)", c->n_heads > c->lv_heads ? c->n_heads : c->lv_heads, Y},
+        {"the heads (grid.y of k_attention)", c->n_heads, Y},
+        {"the GDN output norm's (token, value head) items (grid.x of k_gated_norm, four a block)", gpu_cdiv(T * c->lv_heads, GPU_GNORM_NT / 32), X},
         {"the shared expert's elements (k_silu_mul's int count, T · shared_intermediate)", T * c->shared_inter, X},
         {"k_mm's token tiles (grid.y = ceil(max-batch-tokens / 32))", gpu_cdiv(T, GPU_MM_TOK), Y},
         {"attention's chunks of a context (grid.z of k_attn_part)", gpu_cdiv(max_len, GPU_ATT_CHUNK), Y},

@@ -1,23 +1,36 @@
 // sass/gated_norm.cu — the Gated DeltaNet output norm (MODEL.md §3.3), per token t and value head h:
 //   o[t, h, :] = w · (o / sqrt(mean(o²) + eps)) · SiLU(z[t, h, :])     (plain weight, not 1 + w)
 // CPU twin: ref_gated_rmsnorm (moet.c; one token's value head). Launch (gpu_k_gated_norm): block
-// GPU_GNORM_NT, grid (T, nv) (tokens along grid.x). o, z: [T, nv·dv]; if xs: o's three bf16 parts
-// for the output projection (k_mm_split's layout, [3][T][nv·dv]).
+// GPU_GNORM_NT threads, a warp per (token, value head) item (item = t·nv + h), grid
+// ceil(T·nv / (GPU_GNORM_NT / 32)). o, z: [T, nv·dv]; if xs: o's three bf16 parts for the output
+// projection (k_mm_split's layout, [3][T][nv·dv]).
+//
+// Σ o² in the order of a block of GPU_GNORM_NT threads a head (gnorm_head_ss's, k_gdn_rule_norm's):
+// thread τ's sum over the columns v ≡ τ (mod GPU_GNORM_NT) in increasing v, each warp's warp_sum,
+// the warps' sums added in order from 0 — here lane l plays threads l, 32 + l, 64 + l, … in turn,
+// so a head's bits are those of the kernel's one-block-a-head form before it (whose 262,144 blocks
+// of four warps at an 8,192-token prompt each did one head's 512 bytes between two barriers).
 #include "mm.cuh"
 #include "gdn.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_GNORM_NT) k_gated_norm(float *__restrict__ o, const float *__restrict__ z, gpu_mat w,
-                                                                        int nv, int dv, float eps, __nv_bfloat16 *__restrict__ xs) {
+                                                                        int nv, int dv, float eps, __nv_bfloat16 *__restrict__ xs, int T) {
     GPU_DEP();
-    __shared__ float red[32];
-    size_t base = ((size_t)blockIdx.x * nv + blockIdx.y) * dv;
+    const int lane = threadIdx.x & 31;
+    const long long item = (long long)blockIdx.x * (GPU_GNORM_NT / 32) + (threadIdx.x >> 5);
+    if (item >= (long long)T * nv) return;
+    const size_t base = (size_t)item * dv;
     float ss = 0.f;
-    for (int v = threadIdx.x; v < dv; v += blockDim.x) ss += o[base + v] * o[base + v];
-    ss = block_sum(ss, red);
-    float rn = gnorm_rn(ss, dv, eps);
-    for (int v = threadIdx.x; v < dv; v += blockDim.x) {
-        float r = gnorm_out(w, v, o[base + v], rn, z[base + v]);
+#pragma unroll
+    for (int m = 0; m < GPU_GNORM_NT / 32; m++) {   // thread 32m + lane of the block form
+        float a = 0.f;
+        for (int v = 32 * m + lane; v < dv; v += GPU_GNORM_NT) a += o[base + v] * o[base + v];
+        ss += warp_sum(a);   // (every lane the same bits: an xor butterfly adds the same two operands in each lane)
+    }
+    const float rn = gnorm_rn(ss, dv, eps);
+    for (int v = lane; v < dv; v += 32) {
+        const float r = gnorm_out(w, v, o[base + v], rn, z[base + v]);
         o[base + v] = r;
-        if (xs) mm_split3(r, xs + base + v, (size_t)gridDim.x * nv * dv);
+        if (xs) mm_split3(r, xs + base + v, (size_t)T * nv * dv);
     }
 }

@@ -49,9 +49,9 @@ struct gdn_norm_args {
     int T;               // the step's tokens
 };
 
-// k_gated_norm's Σ o² of a head (block_sum of its GPU_GNORM_NT threads, thread v column v, 0 past
-// dv: each warp's warp_sum, then the warps' sums in order from 0) from the outputs os, formed by
-// every warp alike: the same bits.
+// k_gated_norm's Σ o² of a head (the order of a block_sum of GPU_GNORM_NT threads, thread v column
+// v, 0 past dv: each warp's warp_sum, then the warps' sums in order from 0) from the outputs os,
+// formed by every warp alike: the same bits.
 __device__ __forceinline__ float gnorm_head_ss(const float *os, int lane) {
     float s = 0.f;
 #pragma unroll
