@@ -204,8 +204,9 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 // k_mm_w (sass/mm_w.cu; the sm_90a cubin's one-part image only): prompt products of FP8 and NVFP4
 // weights on wgmma in tiles of GPU_MMW_BM rows × GPU_MMW_BN tokens, GPU_MMW_NT threads (two producer
 // warpgroups, the weights' and the tokens', two consumer warpgroups of 64 rows each), GPU_MMW_STAGES
-// widened 64-blocks and GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row, GPU_MMW_RAW_B a
-// token: 16 past what they hold, so eight lanes' 16-byte reads meet eight bank groups) in flight;
+// widened 64-blocks and GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row: 16 past FP8's 64,
+// so eight lanes' 16-byte reads meet eight bank groups; GPU_MMW_RAW_B a token, a 128-byte line whose
+// pieces are swizzled instead) in flight;
 // GPU_MMW_SMEM of dynamic shared memory (1 KiB of it to align the stages to 1,024 bytes, wgmma's
 // 128B swizzle).
 #define GPU_MMW_BM 128
@@ -214,7 +215,7 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MMW_STAGES 4
 #define GPU_MMW_RAW 3
 #define GPU_MMW_RAW_A 80
-#define GPU_MMW_RAW_B 144
+#define GPU_MMW_RAW_B 128
 #define GPU_MMW_SMEM (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B) + 1024)
 // k_mm_c (sass/mm_c.cu; the sm_90a cubin's one-part image only): the FP8 products of a prompt's full
 // pieces (GPU_MMC_PIECE tokens at positions [64m, 64m + 64) of one sequence, wholly in the step) in

@@ -18,10 +18,11 @@
 // Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (a warp's lanes copy its
 // 32 threads' shares together, coalesced, and wait for them with a warp barrier: no barrier among warps): in warpgroup 0
 // thread i's share is its part of the weights (FP8, NVFP4: row i of the tile; PLANES: rows g, g + 8 of the tile's 16-row
-// block i / 16, words t = 2(i % 2), +1, as the file stores them), which it widens to bf16 (FP8 exactly through bf16 ×
-// 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale: mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble
-// table) and writes to the stage in the order above; in warpgroup 1 thread i's share is token i of each 64-block, which
-// it writes to the stage in the same order. Both arrive on the stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
+// block i / 16, words t = 2(i % 2), +1, as the file stores them, from its warp's copy of both its blocks: mmw_pl_buf),
+// which it widens to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale:
+// mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble table) and writes to the stage in the order above; in warpgroup 1
+// thread i's share is token i of each 64-block, which it writes to the stage in the same order. Both arrive on the
+// stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
 // m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its group has landed; a
 // class's sum is added to the total after its last group. Registers (setmaxnreg): GPU_MMW_REG_P a producer thread,
 // GPU_MMW_REG_C a consumer thread (its 64 sums and 64 partial sums).
@@ -43,7 +44,7 @@ struct __align__(1024) mmw_stage {
 #define MMW_RAW_BYTES (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B)
 static_assert(GPU_MMW_STAGES * sizeof(mmw_stage) + GPU_MMW_RAW * MMW_RAW_BYTES + 1024 == GPU_MMW_SMEM, "k_mm_w: gpu_abi.h's plan");
 static_assert(GPU_MMW_BM == 128 && GPU_MMW_BN == 128 && GPU_MMW_NT == 512, "mmw: a producer thread per row and one per token; m64n128 steps");
-static_assert(GPU_MMW_RAW_A >= 48 + 16 && GPU_MMW_RAW_B >= 128 + 16, "mmw: a raw weight share (FP8 64, NVFP4 36, PLANES 48 bytes), a token");
+static_assert(GPU_MMW_RAW_A >= 64 + 16 && GPU_MMW_RAW_B == 128, "mmw: a raw weight share (FP8 64, NVFP4 36 bytes), a token (its pieces swizzled in a line)");
 
 // The warpgroups' register budgets (setmaxnreg; the block's 65,536 registers: 2 · 128 · P + 2 · 128 · C).
 #define GPU_MMW_REG_P 88
@@ -131,14 +132,43 @@ __device__ __forceinline__ void mmw_cp_rows(const mmw_src &w, uint8_t *rw, int k
     }
 }
 
+// The planes' copies by warps: weight warp w's threads widen the tile's 16-row blocks 2w and 2w + 1 (thread i: block
+// i / 16, rows g and g + 8, words t = 2tp, 2tp + 1), and the warp copies both blocks' 64-block into a buffer of its own
+// in the raw slot, contiguous (MMW_PL_BUF bytes a block: the 256 code bytes as the file stores them, [g][tp][x, y, z,
+// w], then the 32 scale bytes [2 blocks][16 rows]; 36 pieces of 16 bytes, lanes 0..31 then 0..3 again), so that a copy
+// instruction writes a few 128-byte lines of shared memory — per-thread shares 80 bytes apart cost a line each.
+#define MMW_PL_BUF 288
+static_assert(4 * 2 * MMW_PL_BUF <= GPU_MMW_BM * GPU_MMW_RAW_A, "mmw: the planes' four warp buffers in a raw slot's weights");
+
+// A lane's source of one piece at 64-block 0 and its bytes a 64-block; rows past W: nothing (zeros).
+struct mmw_pl_src {
+    const uint8_t *p;
+    int step;
+    bool v;
+};
+// Piece p (< 36) of the warp's two blocks: block half p / 18 (its first row: lane 16·half's w.row), piece p % 18 of it.
+__device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K, int p) {
+    const int h = p >= 18, k = p - 18 * h, l = threadIdx.x & 31;
+    const int row = __shfl_sync(0xffffffffu, w.row, 16 * h);
+    const bool v = row < w.W.rows && l < 36 - 32 * (p >= 32);
+    const size_t nb = (size_t)(row < w.W.rows ? row : 0) / 16;
+    if (k < 16) return mmw_pl_src{(const uint8_t *)w.W.w + nb * (K / 64) * 256 + 16 * k, 256, v};
+    return mmw_pl_src{(const uint8_t *)w.W.scale + nb * (K / 32) * 16 + 16 * (k - 16), 32, v};
+}
+
+// The calling weight warp's buffer in raw slot `slot`.
+__device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 3) * 2 * MMW_PL_BUF; }
+
 // A producer warp's copies of 64-block j (class-major order: kb = mmg_kb(j, KB)) into raw slot j % GPU_MMW_RAW: with weights each
-// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES its 16 bytes of
-// codes and the 16-row block's 32 scale bytes of the 64-block), with tokens each thread's token of xs ([·][K]; -1: none,
-// zeros) — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their
-// threads' own w.row and tok by shuffles), the rest by each thread for itself. A thread's share has landed once the copies of its whole warp have (mmw_produce).
+// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's two
+// 16-row blocks into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
+// — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
+// own w.row and tok by shuffles), the rest by each thread for itself; a token's 16-byte pieces swizzled in its 128-byte
+// raw row (piece c of token u at c ^ (u % 8): a copy instruction writes four whole lines, mmw_fill_b's reads meet eight
+// bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
-__device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int j, int kb, int KB,
-                                          uint8_t *raw, bool weights, bool tokens) {
+__device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&ps)[2], const __nv_bfloat16 *__restrict__ xs, int tok, int K,
+                                          int j, int kb, int KB, uint8_t *raw, bool weights, bool tokens) {
     if (j >= KB) return;
     const int i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
     uint8_t *slot = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES;
@@ -151,12 +181,10 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 
         } else if (KIND == GPU_W_NVFP4) {   // t's 16 elements: code bytes 8t .. 8t + 7, scale byte t
             mmw_cp_rows<16>(w, rw, kb, l);
             mm_cp<4>(ra + 32, (const uint8_t *)w.W.scale + (size_t)row * (K / 16) + (size_t)kb * 4, va);
-        } else {   // format/PLANES.md §3: lanes (g, 2tp) and (g, 2tp + 1), 8 bytes each (tile 0 q = 0..3, tile 1 q = 0..3)
-            const size_t nb = (size_t)row / 16;
-            const int g = (i >> 1) & 7, tp = i & 1;
-            mm_cp<16>(ra, (const uint8_t *)w.W.w + ((nb * KB + kb) * 8 + g) * 32 + tp * 16, va);
-            const uint8_t *sc = (const uint8_t *)w.W.scale + (nb * (K / 32) + 2 * (size_t)kb) * 16;   // [2 blocks][16 rows]
-            mm_cp<16>(ra + 16, sc, va), mm_cp<16>(ra + 32, sc + 16, va);
+        } else {   // the warp's two blocks into its buffer (pieces l and 32 + l)
+            uint8_t *buf = mmw_pl_buf(slot);
+            mm_cp<16>(buf + 16 * l, ps[0].p + (size_t)kb * ps[0].step, ps[0].v);
+            if (l < 4) mm_cp<16>(buf + 16 * (32 + l), ps[1].p + (size_t)kb * ps[1].step, ps[1].v);
         }
     }
     if (tokens) {
@@ -164,9 +192,9 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const __nv_bfloat16 
         const int pc = mmw_cpiece<4>(l);
 #pragma unroll
         for (int c = 0; c < 8; c++) {
-            const int r = __shfl_sync(0xffffffffu, tok, mmw_crow<4>(c, l));
+            const int u = mmw_crow<4>(c, l), r = __shfl_sync(0xffffffffu, tok, u);
             const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
-            mm_cp<16>(rb + mmw_crow<4>(c, l) * GPU_MMW_RAW_B + 16 * pc, x, r >= 0);
+            mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, r >= 0);   // (mmw_fill_b: piece pc of token u at pc ^ (u % 8))
         }
     }
 }
@@ -178,19 +206,22 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
     const int i = threadIdx.x & 127;
     const uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
     if (KIND == GPU_W_PLANES) {   // pair P = 8q + 2t + h → piece 2q + h, word t: this thread's rows, words 2tp, 2tp + 1
-        const int g = (i >> 1) & 7, tp = i & 1;
-        const uint4 cw = *(const uint4 *)ra;   // x: (g, 2tp) tile 0, y: tile 1, z: (g, 2tp + 1) tile 0, w: tile 1
-        const uint32_t code[2][2] = {{cw.x, cw.z}, {cw.y, cw.w}};   // [tile][t − 2tp]: byte q = codes j of k = 16q + 4t + j
+        const int g = (i >> 1) & 7, tp = i & 1, hb = (i >> 4) & 1;   // hb: the thread's block of its warp's two
+        const uint8_t *buf = mmw_pl_buf(raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES) + hb * MMW_PL_BUF;
+        const uint4 cw = *(const uint4 *)(buf + 32 * g + 16 * tp);   // x: (g, 2tp) row g, y: row g + 8, z: (g, 2tp + 1) row g, w: row g + 8
+        const uint32_t la = mmw_sa(lut);
 #pragma unroll
         for (int tile = 0; tile < 2; tile++) {
             const int r = 16 * (i >> 4) + 8 * tile + g;
-            const uint32_t b0 = mm_plane_base(ra[16 + 8 * tile + g]), b1 = mm_plane_base(ra[32 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
-            uint8_t *ar = st.a + r * 128;
+            uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
+            mm_pl_idx(tile ? cw.y : cw.x, ea, oa), mm_pl_idx(tile ? cw.w : cw.z, eb, ob);
+            const uint32_t b0 = mm_plane_base(buf[256 + 8 * tile + g]), b1 = mm_plane_base(buf[272 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
+            uint8_t *ar = st.a + r * 128 + 8 * tp;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint32_t base = q < 2 ? b0 : b1, c0 = (code[tile][0] >> (8 * q)) & 0xffu, c1 = (code[tile][1] >> (8 * q)) & 0xffu;
-                *(uint2 *)(ar + (((2 * q) ^ (r & 7)) << 4) + 8 * tp) = make_uint2(base + lut[c0 & 15u], base + lut[c1 & 15u]);
-                *(uint2 *)(ar + (((2 * q + 1) ^ (r & 7)) << 4) + 8 * tp) = make_uint2(base + lut[c0 >> 4], base + lut[c1 >> 4]);
+                const uint32_t base = q < 2 ? b0 : b1;
+                *(uint2 *)(ar + (((2 * q) ^ g) << 4)) = make_uint2(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(eb, la, q));
+                *(uint2 *)(ar + (((2 * q + 1) ^ g) << 4)) = make_uint2(base + mm_pl_lut(oa, la, q), base + mm_pl_lut(ob, la, q));
             }
         }
     } else {
@@ -226,18 +257,26 @@ template <int KIND>
 __device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage &st) {
     const int i = threadIdx.x & 127;
     const uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
-    uint32_t x[32];   // the token's pairs P = 0..31 → piece c = 2q + h, word t
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        const uint4 v = *(const uint4 *)(rb + 16 * c);
-        x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
-    }
     uint8_t *br = st.b + i * 128;
+    const int sw = i & 7;   // (the raw row's piece c is at c ^ sw: mmw_issue)
+    if (KIND == GPU_W_PLANES) {   // P = 8q + 2t + h: pieces 2q, 2q + 1 from the raw pieces 2q, 2q + 1 (their pairs 8q .. 8q + 7)
 #pragma unroll
-    for (int c = 0; c < 8; c++) {
-        const int q = c >> 1, h = c & 1;
-        if (KIND == GPU_W_PLANES) *(uint4 *)(br + ((c ^ (i & 7)) << 4)) = make_uint4(x[8 * q + h], x[8 * q + 2 + h], x[8 * q + 4 + h], x[8 * q + 6 + h]);
-        else *(uint4 *)(br + ((c ^ (i & 7)) << 4)) = make_uint4(x[c], x[8 + c], x[16 + c], x[24 + c]);
+        for (int q = 0; q < 4; q++) {
+            const uint4 u = *(const uint4 *)(rb + 16 * ((2 * q) ^ sw)), v = *(const uint4 *)(rb + 16 * ((2 * q + 1) ^ sw));
+            *(uint4 *)(br + (((2 * q) ^ sw) << 4)) = make_uint4(u.x, u.z, v.x, v.z);
+            *(uint4 *)(br + (((2 * q + 1) ^ sw) << 4)) = make_uint4(u.y, u.w, v.y, v.w);
+        }
+    } else {   // P = 8t + 2q + h: piece c = 2q + h, word t takes the raw row's pair 8t + c (raw piece 2t + c / 4, word c % 4)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {   // pieces c = 4hf .. 4hf + 3 from raw pieces hf, 2 + hf, 4 + hf, 6 + hf
+            uint4 v[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) v[t] = *(const uint4 *)(rb + 16 * ((2 * t + hf) ^ sw));
+            *(uint4 *)(br + (((4 * hf) ^ sw) << 4)) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+            *(uint4 *)(br + (((4 * hf + 1) ^ sw) << 4)) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+            *(uint4 *)(br + (((4 * hf + 2) ^ sw) << 4)) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+            *(uint4 *)(br + (((4 * hf + 3) ^ sw) << 4)) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+        }
     }
 }
 
@@ -250,16 +289,22 @@ template <int KIND>
 __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, uint8_t *raw, mmw_stage *st,
                                             uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
     const int KB = K / 64;
+    if (KIND == GPU_W_PLANES && (mmw_sa(lut) & 255u)) __trap();   // (the table not where MM_PL_LUT puts it: mm_pl_lut, loudly)
+    mmw_pl_src ps[2] = {};
+    if (KIND == GPU_W_PLANES) {   // (every lane of the warp: the shuffles)
+        const int l = threadIdx.x & 31;
+        ps[0] = mmw_pl_at(w, K, l), ps[1] = mmw_pl_at(w, K, 32 + (l & 3));
+    }
     if (!weights) GPU_DEP();
     mmg_kb_walk kw(KB);   // the issues' 64-blocks, j = 0, 1, … in turn
     for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
-        mmw_issue<KIND>(w, xs, tok, K, j, kw.next(), KB, raw, weights, !weights);
+        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), KB, raw, weights, !weights);
         mm_cp_commit();
     }
     for (int j = 0; j < KB; j++) {
         const int s = j % GPU_MMW_STAGES;
         __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
-        mmw_issue<KIND>(w, xs, tok, K, j + GPU_MMW_RAW - 1, kw.next(), KB, raw, weights, !weights);   // into the raw slot step j − 1 read
+        mmw_issue<KIND>(w, ps, xs, tok, K, j + GPU_MMW_RAW - 1, kw.next(), KB, raw, weights, !weights);   // into the raw slot step j − 1 read
         mm_cp_commit();
         mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this lane's own) landed
         __syncwarp();                    // and the other lanes': this thread's share is whole

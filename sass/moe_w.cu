@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
 #if MMW_ON
     extern __shared__ __align__(1024) uint8_t mmw_smem[];
     __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES], empty[GPU_MMW_STAGES];
-    __shared__ uint32_t lut[16];
+    MM_PL_LUT(lut);   // (256-aligned: mm_pl_lut)
     __shared__ int pair[GPU_MMW_BN];
     GPU_DEP();   // (the map is the step's: nothing of the item is known before it)
     if (mmw_item_index() >= map[0]) return;
@@ -86,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
 #if MMW_ON
     extern __shared__ __align__(1024) uint8_t mmw_smem[];
     __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES], empty[GPU_MMW_STAGES];
-    __shared__ uint32_t lut[16];
+    MM_PL_LUT(lut);   // (256-aligned: mm_pl_lut)
     __shared__ int pair[GPU_MMW_BN];   // the rows of hs
     GPU_DEP();
     if (mmw_item_index() >= map[0]) return;
