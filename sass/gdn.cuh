@@ -39,7 +39,8 @@ __device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *r
 
 // The gated output norm's two steps (MODEL.md §3.3; k_gated_norm, and k_gdn_rule_norm that folds it
 // into the rule): the factor from a head's Σ o² (in the order of a block_sum over GPU_GNORM_NT
-// threads, column v in thread v mod GPU_GNORM_NT: sass/gated_norm.cu), then a column's output. One spelling for both kernels, so the same bits. CPU twin: ref_gated_rmsnorm.
+// threads, column v in thread v mod GPU_GNORM_NT: sass/gated_norm.cu), then a column's output.
+// One spelling for both kernels, so the same bits. CPU twin: ref_gated_rmsnorm.
 __device__ __forceinline__ float gnorm_rn(float ss, int dv, float eps) { return 1.f / sqrtf(ss / (float)dv + eps); }
 __device__ __forceinline__ float gnorm_out(gpu_mat w, int v, float o, float rn, float z) { return vec_at(w, v) * (o * rn) * silu(z); }
 

@@ -84,7 +84,7 @@ GPU_ABI_ASSERT(GPU_CONV_NT % 32 == 0 && ((GPU_CONV_NT / 32) & (GPU_CONV_NT / 32 
 // the one-block-per-row and element-wise kernels
 #define GPU_EMBED_NT 256     // k_embed: a block per token
 #define GPU_NORM_NT 256      // k_add_rmsnorm: a block per row
-#define GPU_GNORM_NT 128     // k_gated_norm: a block per (token, value head)
+#define GPU_GNORM_NT 128     // k_gated_norm: a warp per (token, value head), four a block; k_gdn_rule_norm: a value head a block
 #define GPU_GDN_RN_NT (GPU_GDN_RULE_LP * GPU_GNORM_NT)   // k_gdn_rule_norm4: a value head a block, GPU_GDN_RULE_LP lanes a column
 // k_gdn_rule_norm / k_gdn_rule_norm4: the blocks a multiprocessor each asks of ptxas (__launch_bounds__; the
 // host sizes the four-lane form's launches by the second: gpu_gdn_rule_lanes)

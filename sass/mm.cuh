@@ -695,16 +695,10 @@ struct mmg_stage {
 template <int KIND>
 __device__ __forceinline__ int mmg_piece(int c, int r) { return KIND == GPU_W_PLANES ? c ^ ((r & 3) << 1) : c ^ (r & 7); }
 
-// The k of the 64-block a job j of KB takes: the classes kb ≡ w (mod GPU_MM_WARPS) one after the
-// other, the first KB % 8 of them one 64-block longer.
-__device__ __forceinline__ int mmg_kb(int j, int KB) {
-    const int q = KB / GPU_MM_WARPS, r = KB % GPU_MM_WARPS, big = r * (q + 1);
-    return j < big ? j / (q + 1) + GPU_MM_WARPS * (j % (q + 1)) : r + (j - big) / q + GPU_MM_WARPS * ((j - big) % q);
-}
-
-// mmg_kb's order as a walk, for a loop that takes j = 0, 1, 2, … in turn: each next() the kb of the
-// next j, by counters instead of mmg_kb's divisions by a runtime q + 1 and q (the issues of mmw_produce
-// and mmg_run).
+// The 64-blocks of K in the order the staged shapes take them (mmw_produce's and mmg_run's issues,
+// j = 0, 1, 2, … in turn): the classes kb ≡ c (mod GPU_MM_WARPS) one after the other, each in
+// ascending kb, the first KB % GPU_MM_WARPS of them one 64-block longer — each next() the kb of the
+// next j, by counters (no division by the runtime class lengths at each issue).
 struct mmg_kb_walk {
     int cls, e, len, q, r;   // the class of the next j, its place in the class, the class's length; KB = GPU_MM_WARPS·q + r
     __device__ __forceinline__ explicit mmg_kb_walk(int KB)

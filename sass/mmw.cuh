@@ -159,7 +159,7 @@ __device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K, int p) 
 // The calling weight warp's buffer in raw slot `slot`.
 __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 3) * 2 * MMW_PL_BUF; }
 
-// A producer warp's copies of 64-block j (class-major order: kb = mmg_kb(j, KB)) into raw slot j % GPU_MMW_RAW: with weights each
+// A producer warp's copies of 64-block j (class-major order: kb, mmg_kb_walk) into raw slot j % GPU_MMW_RAW: with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's two
 // 16-row blocks into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
 // — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
