@@ -1088,7 +1088,7 @@ static void kernel_misc(gpu_engine *g) {
     enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
     moet_err e = {{0}};
     arena plan = arena_measure("kernel test"), d;
-    for (int i = 0; i < 26; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
+    for (int i = 0; i < 28; i++) arena_take(&plan, sizeof(float) * (size_t)T * H + 4096, 256, "test buffer");
     for (int i = 0; i < 3; i++) arena_take(&plan, sizeof(float) * (size_t)T * H * KT + 4096, 256, "test buffer");   // (k_moe_add_rmsnorm's)
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = H, .row_bytes = 2 * H}, "w");
     gpu_put(&plan, &(ck_mat){.kind = CK_W_BF16, .rows = 1, .cols = DV, .row_bytes = 2 * DV}, "w");
@@ -1298,22 +1298,30 @@ static void kernel_misc(gpu_engine *g) {
                "normalised error vs the CPU %.2g\n", T, H, KT, NG, err);
         free(x), free(ye), free(sh), free(a), free(b), free(y), free(ref), free(pa), free(pb);
     }
-    // gated RMSNorm of the GDN output
-    {
-        uint16_t wb[DV];
-        ck_mat wm = kt_bf16_vec(wb, DV, 1.0f, 0.2f);
-        float *o = malloc(sizeof(float) * T * NV * DV), *z = malloc(sizeof(float) * T * NV * DV), *ref = malloc(sizeof(float) * T * NV * DV);
-        for (int i = 0; i < T * NV * DV; i++) o[i] = 0.1f * kt_normal(), z[i] = kt_normal();
-        memcpy(ref, o, sizeof(float) * T * NV * DV);
-        for (int h = 0; h < T * NV; h++) ref_gated_rmsnorm(ref + (size_t)h * DV, z + (size_t)h * DV, &wm, DV, 1e-6);
+    // gated RMSNorm of the GDN output: Qwen3.6's heads, and a shape whose items (5 heads × 37 tokens)
+    // leave the last block of four warps partial and whose heads of 160 give a lane two columns in
+    // one of its sums; past the last item nothing is written (a canary tail)
+    static const int gshape[2][2] = {{NV, DV}, {5, 160}};
+    for (int sh = 0; sh < 2; sh++) {
+        const int nv = gshape[sh][0], dv = gshape[sh][1], n = T * nv * dv, tail = 160;
+        uint16_t wb[160];
+        ck_mat wm = kt_bf16_vec(wb, dv, 1.0f, 0.2f);
+        float *o = malloc(sizeof(float) * (n + tail)), *z = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) o[i] = 0.1f * kt_normal(), z[i] = kt_normal();
+        for (int i = n; i < n + tail; i++) o[i] = 12345.0f;
+        memcpy(ref, o, sizeof(float) * n);
+        for (int h = 0; h < T * nv; h++) ref_gated_rmsnorm(ref + (size_t)h * dv, z + (size_t)h * dv, &wm, dv, 1e-6);
         gpu_mat gw = gpu_put(&d, &wm, "w");
-        CUdeviceptr od = kt_dev(&d, o, T * NV * DV), zd = kt_dev(&d, z, T * NV * DV);
-        gpu_k_gated_norm(&g->k, g->compute, od, zd, gw, NV, DV, 1e-6f, 0, T);
+        CUdeviceptr od = kt_dev(&d, o, n + tail), zd = kt_dev(&d, z, n);
+        gpu_k_gated_norm(&g->k, g->compute, od, zd, gw, nv, dv, 1e-6f, 0, T);
         CU_CHECK(cu.cuStreamSynchronize(g->compute));
-        CU_CHECK(cu.cuMemcpyDtoH(o, od, sizeof(float) * T * NV * DV));
-        double err = check_nerr(o, ref, (size_t)T * NV * DV);
-        CHECK(err < 7e-6, "k_gated_norm: normalised error %.3g", err);
-        printf("k_gated_norm [%d, %d heads of %d]: normalised error vs ref_gated_rmsnorm %.2g\n", T, NV, DV, err);
+        CU_CHECK(cu.cuMemcpyDtoH(o, od, sizeof(float) * (n + tail)));
+        double err = check_nerr(o, ref, (size_t)n);
+        int canary = 1;
+        for (int i = n; i < n + tail; i++) canary &= o[i] == 12345.0f;
+        CHECK(err < 7e-6, "k_gated_norm [%d heads of %d]: normalised error %.3g", nv, dv, err);
+        CHECK(canary, "k_gated_norm [%d heads of %d]: wrote past its %d items", nv, dv, T * nv);
+        printf("k_gated_norm [%d, %d heads of %d]: normalised error vs ref_gated_rmsnorm %.2g\n", T, nv, dv, err);
         free(o), free(z), free(ref);
     }
     arena_release(&d);
