@@ -422,6 +422,7 @@ template <int HD, int NDT>
 __device__ __forceinline__ void fa_fold(const float *__restrict__ proj, float *__restrict__ out, __nv_bfloat16 *__restrict__ xs, size_t ss, int nh,
                                         const fa_rows &rw, int n0, bool dims, int c, bool last, float M[2], float L[2], const float m[2],
                                         const float l[2], const float (*o)[4]) {
+    constexpr int FG = NDT >= 4 ? 4 : NDT;   // (NDT: 2, 4, 16 or 32)
     const int t = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -443,11 +444,21 @@ __device__ __forceinline__ void fa_fold(const float *__restrict__ proj, float *_
             att_fold(Mr, Lr, run.y, m[r], l[r], o[n][2 * r + 1]);
             *(float2 *)(out + row + d) = run;
         }
-        if (last)   // the last chunk: the lane's dims of the row gated, in place
-#pragma unroll 1
-            for (int i = 0; i < 2 * NDT; i++) {
-                const int d = (n0 + (i >> 1)) * 8 + 2 * t + (i & 1);
-                att_out(out, xs, row + d, ss, (out[row + d] / Ln) * sigm(gate[d]));
+        if (last)   // the last chunk: the lane's dims of the row gated, in place, FG n-tiles' gates and O loaded together
+#pragma unroll 1    // (one round trip a group: a load a dim made a chain of dependent loads as long as the lane's dims)
+            for (int n1 = 0; n1 < NDT; n1 += FG) {
+                float2 gv[FG], ov[FG];
+#pragma unroll
+                for (int n = 0; n < FG; n++) {
+                    const int d = (n0 + n1 + n) * 8 + 2 * t;
+                    gv[n] = *(const float2 *)(gate + d), ov[n] = *(const float2 *)(out + row + d);
+                }
+#pragma unroll
+                for (int n = 0; n < FG; n++) {
+                    const int d = (n0 + n1 + n) * 8 + 2 * t;
+                    att_out(out, xs, row + d, ss, (ov[n].x / Ln) * sigm(gv[n].x));
+                    att_out(out, xs, row + d + 1, ss, (ov[n].y / Ln) * sigm(gv[n].y));
+                }
             }
     }
 }
