@@ -105,8 +105,7 @@ __device__ __forceinline__ void mm_stream(const gpu_mat &W, int tile0, int ntile
     // the weights are on their way: wait for the activations, then (one n-tile) copy them in
     GPU_DEP();
     if (NT == 1) {
-        const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
-        for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+        mm_copy16((uint4 *)xsm, (const uint4 *)xs, GPU_MM_PARTS * T * K / 8);   // 16-byte pieces (K % 64 == 0)
     }
     mm_plane_lut(lut);
     __syncthreads();
@@ -301,8 +300,7 @@ __device__ __forceinline__ void mt_stream(const gpu_mat &W, int tile0, int ntile
     if (w == 0)
         for (int js = 0; js < R && js < njob; js++) issue(js);
     GPU_DEP();
-    const int n16 = GPU_MM_PARTS * T * K / 8;   // 16-byte pieces (K % 64 == 0)
-    for (int i = threadIdx.x; i < n16; i += blockDim.x) ((uint4 *)xsm)[i] = __ldg((const uint4 *)xs + i);
+    mm_copy16((uint4 *)xsm, (const uint4 *)xs, GPU_MM_PARTS * T * K / 8);   // 16-byte pieces (K % 64 == 0)
     mm_plane_lut(lut);
     __syncthreads();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};

@@ -655,6 +655,22 @@ __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K,
     }
 }
 
+// Copies n16 16-byte pieces src → dst (shared memory), a thread's pieces four at a time: their loads
+// all in flight before the first store (a round trip a four pieces, not a piece); the caller synchronises.
+__device__ __forceinline__ void mm_copy16(uint4 *dst, const uint4 *__restrict__ src, int n16) {
+    constexpr int U = 4;
+    const int nt = blockDim.x;
+    for (int i0 = threadIdx.x; i0 < n16; i0 += U * nt) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + u * nt < n16) v[u] = __ldg(src + i0 + u * nt);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + u * nt < n16) dst[i0 + u * nt] = v[u];
+    }
+}
+
 // Copies rows src_row(j) of the parts [GPU_MM_PARTS][·][K] at xs (ss elements apart), j < n, into
 // dst [GPU_MM_PARTS][n][K] (shared memory), 16 bytes a thread at a time; the caller synchronises.
 template <class F>
