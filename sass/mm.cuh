@@ -656,7 +656,8 @@ __device__ __forceinline__ void mm_any(const gpu_mat *M, const int *row0, int K,
 }
 
 // Copies n16 16-byte pieces src → dst (shared memory), a thread's pieces four at a time: their loads
-// all in flight before the first store (a round trip a four pieces, not a piece); the caller synchronises.
+// all in flight before the first store (one round trip for every four pieces, not one a piece); the
+// caller synchronises.
 __device__ __forceinline__ void mm_copy16(uint4 *dst, const uint4 *__restrict__ src, int n16) {
     constexpr int U = 4;
     const int nt = blockDim.x;
