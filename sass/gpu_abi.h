@@ -237,8 +237,10 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 GPU_ABI_ASSERT(GPU_MMC_BN % GPU_MMC_PIECE == 0 && GPU_MMC_PIECE == 64, "k_mm_c: whole pieces a token tile");
 GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MMG_BN32 % 16 == 0 && GPU_MMG_BN128 % 16 == 0 && GPU_MM_WARPS == 8,
                "mmg_run: a row tile per warp, warps 4 × 2");
-// k_moe_sort: one block, a thread per expert for its scans.
+// k_moe_sort: one block, a thread per expert for its scans; each thread's pairs read this many at a
+// time (moe_sort_block: their loads in flight together)
 #define GPU_MOE_SORT_NT 1024
+#define GPU_MOE_SORT_U 8
 // k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared
 // expert's activation in one block (a warp per token's router).
 #define GPU_ROUTE_T 32

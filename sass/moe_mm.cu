@@ -26,13 +26,24 @@
 // to run (atomic counters); no result depends on it: each pair's sums are its own column of the
 // products, whatever tile it shares.
 
-// The block's work (GPU_MOE_SORT_NT threads; k_route, sass/route.cu, runs it too).
+// The block's work (GPU_MOE_SORT_NT threads; k_route, sass/route.cu, runs it too, U 1: a pair an
+// iteration, its few tokens' pairs one round each). Each of the two passes over sel reads U pairs a
+// thread at a time, every load in flight before the first atomic that needs one (pairs p0 + u ·
+// blockDim.x: coalesced), so a prompt's 65,536 pairs cost 64 / U round trips a pass instead of 64.
+template <int U>
 __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int P, int E, int *__restrict__ map, int items_bound, int cap) {
     __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
     __shared__ int wsum[2][32];
     for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0, fill[x] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[sel[p]], 1);
+    for (int p0 = threadIdx.x; p0 < P; p0 += U * blockDim.x) {
+        int e[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) e[u] = U == 1 || p0 + u * (int)blockDim.x < P ? sel[p0 + u * (int)blockDim.x] : 0;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (U == 1 || p0 + u * (int)blockDim.x < P) atomicAdd(&cnt[e[u]], 1);
+    }
     __syncthreads();
     // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each)
     const int x = threadIdx.x, lane = x & 31, w = x >> 5;
@@ -56,16 +67,20 @@ __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int 
             int *q = items + 3 * (ib[x] + j);
             q[0] = x, q[1] = pos[x] + j * cap, q[2] = min(cap, c - j * cap);
         }
-    for (int p = threadIdx.x; p < P; p += blockDim.x) {
-        int e = sel[p];
-        perm[pos[e] + atomicAdd(&fill[e], 1)] = p;
+    for (int p0 = threadIdx.x; p0 < P; p0 += U * blockDim.x) {
+        int e[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) e[u] = U == 1 || p0 + u * (int)blockDim.x < P ? sel[p0 + u * (int)blockDim.x] : 0;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (U == 1 || p0 + u * (int)blockDim.x < P) perm[pos[e[u]] + atomicAdd(&fill[e[u]], 1)] = p0 + u * (int)blockDim.x;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
                                                                          int items_bound, int cap) {
     GPU_DEP();
-    moe_sort_block(sel, P, E, map, items_bound, cap);
+    moe_sort_block<GPU_MOE_SORT_U>(sel, P, E, map, items_bound, cap);
 }
 
 // A row block's outputs from red (mm_reduce's sums of the item's cnt pairs, rows [base, +16RT)):

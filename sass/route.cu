@@ -32,5 +32,5 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_route(const floa
     if (gridDim.x == 1)
         for (int i = threadIdx.x; i < n; i += blockDim.x) silu_mul_at(g, u, h, n, hs, i);
     __syncthreads();   // sel of every token, written above by this block, before the grouping reads it
-    moe_sort_block(sel, T * K, E, map, items_bound, cap);
+    moe_sort_block<1>(sel, T * K, E, map, items_bound, cap);
 }
