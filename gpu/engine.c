@@ -93,7 +93,7 @@ typedef struct {
     int *pos;                        // [max_seqs] tokens in each sequence
     int chunk_align;                 // GPU_GDN_C where k_gdn_chunk runs (engine_backend.chunk_align), else 1
     int pieces;                      // k_gdn_chunk's pieces of this step's rows_many (gpu_step_meta_at)
-    CUdeviceptr gdn_tm;              // k_gdn_prep's T and M of every piece: [gpu_gdn_pieces_max, nv, 2, C, C] f32 (0 without k_gdn_chunk)
+    CUdeviceptr gdn_tm;              // k_gdn_prep's T, M and gates of every piece: [gpu_gdn_pieces_max, nv, GPU_GDN_TM] f32 (0 without k_gdn_chunk)
     // GDN state per slot: conv windows [n_gdn, Kc − 1, cd] and S [n_gdn, nv, dk, dv], f32
     CUdeviceptr win, ssm;
     size_t win_slot, ssm_slot;       // floats per slot
@@ -400,8 +400,8 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     g->mtp_pend = g->o.mtp ? gpu_take_f32(a, (size_t)g->o.max_seqs * H, "MTP head pending rows") : 0;
     g->mtp_tmp = g->o.mtp ? gpu_take_f32(a, H, "MTP head draft row") : 0;
     g->meta = gpu_take_f32(a, (size_t)GM_ROWS * Tm + GM_ROW_ARRAYS * (size_t)g->o.max_seqs, "step metadata");
-    g->gdn_tm = g->chunk_align == GPU_GDN_C ? gpu_take_f32(a, (size_t)gpu_gdn_pieces_max((int)Tm, g->o.max_seqs) * c->lv_heads * 2 *
-                                                               GPU_GDN_C * GPU_GDN_C, "GDN pieces' T and M")
+    g->gdn_tm = g->chunk_align == GPU_GDN_C ? gpu_take_f32(a, (size_t)gpu_gdn_pieces_max((int)Tm, g->o.max_seqs) * c->lv_heads * GPU_GDN_TM,
+                                                               "GDN pieces' T, M and gates")
                                             : 0;
     // the widest input of a product: H, the attention output (qd), the GDN output (value_dim),
     // the shared expert's (shared_inter)

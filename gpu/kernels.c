@@ -61,14 +61,13 @@ static size_t gpu_gdn_prep_smem(int dk) {
 }
 
 // Dynamic shared memory of k_gdn_chunk for key heads of dk in its layout `lean` (C = GPU_GDN_C,
-// VC = GPU_GDN_VC; sass/gdn_chunk.cu): γ [C] (f64); k̂ and q̂ [C, dk + 4], S [dk, VC]; T
-// (k_gdn_prep's) [C, C] and M [C, C], M in q̂'s place where dk ≥ C (108.25 KiB at dk = 128, two
-// blocks a multiprocessor), or lean both there (92.25 KiB: a 99 KiB block of sm_120 / sm_121);
-// U [C, VC], β, decay weights, e^γ [C], single-token scratch 2·dk (f32).
+// VC = GPU_GDN_VC; sass/gdn_chunk.cu): k̂ and q̂ [C, dk + 4], S [dk, VC]; T (k_gdn_prep's) [C, C]
+// and M [C, C], M in q̂'s place where dk ≥ C (107.75 KiB at dk = 128, two blocks a
+// multiprocessor), or lean both there (91.75 KiB: a 99 KiB block of sm_120 / sm_121); U [C, VC],
+// β, decay weights, e^γ [C], single-token scratch 2·dk (f32).
 static size_t gpu_gdn_chunk_smem(int dk, int lean) {
     const size_t nam = lean ? 0 : dk >= GPU_GDN_C ? 1 : 2;   // T, and M where it cannot take Q̂'s place
-    return sizeof(double) * GPU_GDN_C +
-           sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * GPU_GDN_C +
+    return sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * GPU_GDN_C +
                             (size_t)GPU_GDN_C * GPU_GDN_VC + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
 }
 

@@ -684,7 +684,7 @@ static int gpu_gdn_pieces(const int *len, const int *pos, int n, int *piece0) {
 static int gpu_gdn_pieces_max(int T, int n) { return (int)gpu_cdiv(T, GPU_GDN_C) + 2 * n; }
 
 // k_gdn_prep alone (gpu_k_gdn_chunk's first launch, arguments as there; the kernel harness times
-// it apart): T and M of every piece of the rows into tm, q̂ and k̂ over their q and k in qkv.
+// it apart): T, M and the gates of every piece of the rows into tm, q̂ and k̂ over their q and k in qkv.
 static void gpu_k_gdn_prep(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, CUdeviceptr bb, CUdeviceptr aa, gpu_mat A_log, gpu_mat dt_bias,
                            int nk, int nv, int dk, int dv, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
                            int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
@@ -697,7 +697,7 @@ static void gpu_k_gdn_prep(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd, 
 }
 
 // The chunked form, arguments as gpu_k_gdn_rule's plus row_pos (int32: each row's first absolute
-// position, where its pieces of GPU_GDN_C are cut), tm (k_gdn_prep's [pieces, nv, 2, C, C] f32) and
+// position, where its pieces of GPU_GDN_C are cut), tm (k_gdn_prep's [pieces, nv, GPU_GDN_TM] f32) and
 // piece0 (int32, gpu_gdn_pieces' of the rows, in rows' order): k_gdn_prep, then k_gdn_chunk. qkv's q
 // and k of the rows' pieces of two or more tokens are left normalised (k_gdn_prep's q̂, k̂): a second
 // launch over the same rows needs q and k again.

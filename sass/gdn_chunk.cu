@@ -20,7 +20,8 @@
 // columns of one head of one row and holds them in shared memory over the row's pieces.
 // Two launches. What does not depend on S₀ — q̂, k̂, γ, β, A, M and T = (I + A)⁻¹ — depends on the
 // piece alone, so k_gdn_prep computes it for every piece of the step at once (grid: key heads ×
-// pieces, each block its key head's value heads one after another) into tm, and leaves q̂ and k̂ in
+// pieces, each block its key head's value heads one after another) into tm — T, M and the gates
+// the walk takes from γ and β (β, e^{γ_{n−1} − γ_r}, e^{γ_r}) — and leaves q̂ and k̂ in
 // qkv over q and k (once a key head: the walk's blocks of its value heads and value columns copy
 // them as they are, where each normalised them again); the walk k_gdn_chunk,
 // whose pieces follow one another along a row, keeps what does: R, U = T R (a product instead of
@@ -29,7 +30,8 @@
 // instructions are a fraction of the scalar loops'.
 // CPU twin: ref_gdn_chunk (moet.c).
 // In/out as k_gdn_rule, plus row_pos, piece0 (the pieces of the rows before each: gpu_gdn_pieces)
-// and tm [pieces, nv, 2, GPU_GDN_C, GPU_GDN_C] f32 (T, then M; a single-token piece's unwritten);
+// and tm [pieces, nv, GPU_GDN_TM] f32 (T, M [GPU_GDN_C, GPU_GDN_C], then β, e^{γ_{n−1} − γ_r}, e^{γ_r}
+// [GPU_GDN_C]; a single-token piece's unwritten);
 // and qkv is an output too: the q and k of every piece of two or more tokens are q̂ and k̂ after it
 // (a single-token piece's as they were: the walk normalises those itself, as k_gdn_rule).
 // Rows: rows[0 .. gridDim.y).
@@ -75,12 +77,10 @@ __device__ __forceinline__ void gdn_piece_copy_qk(const float *__restrict__ qkv,
     }
 }
 
-// Steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and k̂ into Qs, Ks
-// [GPU_GDN_C, KP] (zero rows past n; NORM, k_gdn_prep: q and k L2-normalised here, q̂ · qscale, a
-// warp per token; else, the walk: qkv holds k_gdn_prep's q̂ and k̂ already), β and γ (f64, summed
-// in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows: β = 0, g = 0 change
-// nothing). Every thread of the block; ends after a barrier.
-template <bool NORM>
+// k_gdn_prep's steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and
+// k̂ into Qs, Ks [GPU_GDN_C, KP] (zero rows past n; q and k L2-normalised, q̂ · qscale, a warp per
+// token), β and γ (f64, summed in token order by thread 0) into bet, gam [GPU_GDN_C] (padding rows:
+// β = 0, g = 0 change nothing). Every thread of the block; ends after a barrier.
 __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb, const float *__restrict__ aa,
                                              float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
                                              float *Qs, float *Ks, float *bet, double *gam) {
@@ -90,7 +90,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
     gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
     mm_cp_wait<0>();
     __syncthreads();
-    for (int rr = warp; NORM && rr < n; rr += GPU_GDN_NT / WARP) {
+    for (int rr = warp; rr < n; rr += GPU_GDN_NT / WARP) {
         float sq = 0.f, sk = 0.f;
         for (int d = lane; d < dk; d += WARP) {
             float qv = Qs[rr * KP + d], kv = Ks[rr * KP + d];
@@ -181,10 +181,6 @@ __device__ __forceinline__ void gdn_copy_tsw(float *X, const float *tp) {
         mm_cp<16>(&X[gdn_tsw(r, c)], tp + 4 * i, true);
     }
 }
-__device__ __forceinline__ void gdn_at(float a[4], const float *X, int ld, int m0, int k0, int g, int t) {
-    a[0] = X[(k0 + t) * ld + m0 + g], a[1] = X[(k0 + t) * ld + m0 + g + 8];
-    a[2] = X[(k0 + t + 4) * ld + m0 + g], a[3] = X[(k0 + t + 4) * ld + m0 + g + 8];
-}
 
 // k_gdn_prep (see the top): piece blockIdx.y, key head blockIdx.x: T and M of each of its nv / nk
 // value heads into tm, one after another — q̂, k̂ and their products K̂K̂ᵀ, Q̂K̂ᵀ (the key head's)
@@ -209,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
     int t, n;
     gdn_piece_at(q, piece0, n_rows, rows, row_start, row_len, row_pos, &t, &n);
     if (n < 2) return;
-    gdn_piece_qk<true>(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
+    gdn_piece_qk(qkv, cd, bb, aa, expf(vec_at(A_log, hk * G)), vec_at(dt_bias, hk * G), 1.f / sqrtf((float)dk), t, n, hk * G, nv, hk, dk, key_dim, KP,
                  Qs, Ks, bet, gam);
     // q̂ and k̂ back over the piece's q and k in qkv (this block's alone: its key head's columns of its
     // piece's rows), for the walk's blocks of the key head's value heads to copy as they are
@@ -255,7 +251,15 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
             gdn_piece_gam(gam);
             __syncthreads();
         }
-        float *tp = tm + ((size_t)q * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C, *mp = tp + GPU_GDN_C * GPU_GDN_C;
+        float *tp = tm + ((size_t)q * nv + j) * GPU_GDN_TM, *mp = tp + GPU_GDN_C * GPU_GDN_C;
+        // the walk's gates of the piece: β, e^{γ_{n−1} − γ_r}, e^{γ_r} (every r < C: past n β = 0, the
+        // weights 1 and e^{γ_{n−1}}, as the walk computed them from γ itself)
+        if (tid < GPU_GDN_C) {
+            float *gp = mp + GPU_GDN_C * GPU_GDN_C;
+            gp[tid] = bet[tid];
+            gp[GPU_GDN_C + tid] = expf((float)(gam[n - 1] - gam[tid]));
+            gp[2 * GPU_GDN_C + tid] = expf((float)gam[tid]);
+        }
         // A_rj = β_r (k̂_r·k̂_j) D_rj (j < r) into A; M_rj = (q̂_r·k̂_j) D_rj (j ≤ r) out
 #pragma unroll
         for (int a = 0; a < 4; a++)
@@ -332,9 +336,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
 // The walk (see the top). Shared memory (gpu_gdn_chunk_smem), k̂ and q̂'s rows padded to 4 mod 32
 // floats, S and U swizzled by gdn_sw, T and M by gdn_tsw, so that every fragment load meets 32
 // banks (the transposed k̂ reads of step 6 two-way):
-//   γ [C] f64; k̂, q̂ [C, dk + 4]; S [dk, VC]; T [C, C], copied with V, q and k; M [C, C] in q̂'s
-//   place (copied after step 3) where dk ≥ C, else after T; U [C, VC] (V, then R, then U); β,
-//   e^{γ_{n−1} − γ_r}, e^γ [C]; single-token scratch q, k [dk].
+//   k̂, q̂ [C, dk + 4]; S [dk, VC]; T [C, C], copied with V, q, k and the gates; M [C, C] in q̂'s
+//   place (copied after step 3) where dk ≥ C, else after T; U [C, VC] (V, then R, then U); the
+//   gates β, e^{γ_{n−1} − γ_r}, e^γ [C] (tm's order: one copy); single-token scratch q, k [dk].
 //   lean (gpu_gdn_layout: where that does not fit a block, as the 99 KiB of sm_120 / sm_121): no
 //   array of T — T and M both copied into q̂'s place after step 3 (dk + 4 ≥ 2C), T waited for
 //   before step 4: the same values in the same places of each product, so the same bits.
@@ -352,16 +356,15 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      const int *__restrict__ rows, const float *__restrict__ tm,
                                                                      const int *__restrict__ piece0, int lean) {
     GPU_DEP();
-    extern __shared__ double smd[];
+    extern __shared__ float4 smw[];
     const int KP = dk + 4;
-    double *gam = smd;                    // [GPU_GDN_C] γ
-    float *Ks = (float *)(smd + GPU_GDN_C);   // [GPU_GDN_C, KP] k̂ of the piece
+    float *Ks = (float *)smw;             // [GPU_GDN_C, KP] k̂ of the piece
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
     float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns (gdn_sw)
     float *A = lean ? Qs : S + dk * GPU_GDN_VC;   // [GPU_GDN_C, GPU_GDN_C] T (k_gdn_prep's; gdn_tsw)
     float *M = lean ? Qs + GPU_GDN_C * GPU_GDN_C : dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * GPU_GDN_C;   // [C, C]: in Q̂'s place where it fits
     float *U = S + dk * GPU_GDN_VC + (lean ? 0 : dk >= GPU_GDN_C ? 1 : 2) * GPU_GDN_C * GPU_GDN_C;   // [GPU_GDN_C, GPU_GDN_VC] (gdn_sw)
-    float *bet = U + GPU_GDN_C * GPU_GDN_VC;   // [GPU_GDN_C] β
+    float *bet = U + GPU_GDN_C * GPU_GDN_VC;   // [GPU_GDN_C] β (k_gdn_prep's gates: β, wl, eg as tm holds them)
     float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
     float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r}
     float *tq = eg + GPU_GDN_C;           // [dk] q scratch of single-token pieces
@@ -374,8 +377,12 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         int d = i / GPU_GDN_VC, c = i % GPU_GDN_VC;
         S[gdn_sw(d, c)] = v0 + c < dv ? Sg[(size_t)d * dv + v0 + c] : 0.f;
     }
-    const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);
+    const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);   // (single-token pieces)
     const float qscale = 1.f / sqrtf((float)dk);
+    // a thread's fixed parts of its fragments' shared-memory indices (C: g = lane / 4, t = lane % 4):
+    // S and U rows k0 + t and k0 + t + 4 (k0 a multiple of 8) have d mod 4 = t, so gdn_sw puts column
+    // 8b + g of both at 8 (b ^ t) + g — the same for every k0 (so = row t's, then + k0 · VC)
+    const int so = tg * GPU_GDN_VC + g, sc0 = 8 * (0 ^ tg), sc1 = 8 * (1 ^ tg), sc2 = 8 * (2 ^ tg), sc3 = 8 * (3 ^ tg);
     int t = row_start[r], end = t + row_len[r], p = row_pos[r], pc = piece0[blockIdx.y];   // pc: the piece's number (tm)
     __syncthreads();
     while (t < end) {
@@ -394,17 +401,20 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             t += 1, p += 1, pc += 1;
             continue;
         }
-        // 0–1. the piece's values V into U, its T (k_gdn_prep's) into A unless lean, by cp.async (zeros
-        //      past n and past dv), waited for with q and k's in gdn_piece_qk; q̂, k̂, β, γ
-        const float *tp = tm + ((size_t)pc * nv + j) * 2 * GPU_GDN_C * GPU_GDN_C;
+        // 0–1. by cp.async, one group: the piece's values V into U (zeros past n and past dv), its T
+        //      (k_gdn_prep's) into A unless lean, its gates β, e^{γ_{n−1} − γ}, e^γ (k_gdn_prep's) into
+        //      bet, wl, eg, and q̂, k̂ as k_gdn_prep left them in qkv
+        const float *tp = tm + ((size_t)pc * nv + j) * GPU_GDN_TM;
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
             const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
             mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
         }
         if (!lean) gdn_copy_tsw(A, tp);
-        // q̂ and k̂ as k_gdn_prep left them in qkv (gdn_piece_qk's values: the same bits as normalising here)
-        gdn_piece_qk<false>(qkv, cd, bb, aa, Aexp, dtb, qscale, t, n, j, nv, hk, dk, key_dim, KP, Qs, Ks, bet, gam);
-        if (tid < GPU_GDN_C) wl[tid] = expf((float)(gam[n - 1] - gam[tid])), eg[tid] = expf((float)gam[tid]);
+        if (tid < 3 * GPU_GDN_C / 4) mm_cp<16>(&bet[4 * tid], tp + 2 * GPU_GDN_C * GPU_GDN_C + 4 * tid, true);
+        gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+        mm_cp_commit();
+        mm_cp_wait<0>();
+        __syncthreads();
         // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
         const int m0 = 16 * (warp & 3);
         float acc[4][4];
@@ -412,20 +422,25 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         for (int b = 0; b < 4; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
         if (m0 < n) {
             const float *X = warp < 4 ? Ks : Qs;
-            for (int k0 = 0; k0 < dk; k0 += 8) {
-                float a[4];
-                gdn_a(a, X, KP, m0, k0, g, tg);
-                const gdn_af af = gdn_asplit(a);
+            const int xo = (m0 + g) * KP + tg;   // A: gdn_a's X[(m0 + g (+ 8)) · KP + k0 + t (+ 4)]
+            for (int k1 = 0; k1 < dk; k1 += 16)   // (dk a multiple of 16)
 #pragma unroll
-                for (int b = 0; b < 4; b++) gdn_mma3(acc[b], af, S[gdn_sw(k0 + tg, 8 * b + g)], S[gdn_sw(k0 + tg + 4, 8 * b + g)]);
-            }
+                for (int k0 = k1; k0 < k1 + 16; k0 += 8) {
+                    const float a[4] = {X[xo + k0], X[xo + 8 * KP + k0], X[xo + k0 + 4], X[xo + 8 * KP + k0 + 4]};
+                    const gdn_af af = gdn_asplit(a);
+                    const float *Sk = S + so + k0 * GPU_GDN_VC, *Sk4 = Sk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
+                    gdn_mma3(acc[0], af, Sk[sc0], Sk4[sc0]);
+                    gdn_mma3(acc[1], af, Sk[sc1], Sk4[sc1]);
+                    gdn_mma3(acc[2], af, Sk[sc2], Sk4[sc2]);
+                    gdn_mma3(acc[3], af, Sk[sc3], Sk4[sc3]);
+                }
         }
         // R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V (each element its own thread's); e^γ Q̂ S₀
         // stays in the q̂ warps' acc for step 5
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int rr = m0 + g + 8 * h;
-            const float e = expf((float)gam[rr]);   // as eg[rr], which is not synchronised yet
+            const float e = eg[rr];
 #pragma unroll
             for (int b = 0; b < 4; b++)
 #pragma unroll
@@ -479,8 +494,11 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 float a[4];
                 gdn_a_tsw(a, M, m0, k0, g, tg);
                 const gdn_af af = gdn_asplit(a);
-#pragma unroll
-                for (int b = 0; b < 4; b++) gdn_mma3(acc[b], af, U[gdn_sw(k0 + tg, 8 * b + g)], U[gdn_sw(k0 + tg + 4, 8 * b + g)]);
+                const float *Uk = U + so + k0 * GPU_GDN_VC, *Uk4 = Uk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
+                gdn_mma3(acc[0], af, Uk[sc0], Uk4[sc0]);
+                gdn_mma3(acc[1], af, Uk[sc1], Uk4[sc1]);
+                gdn_mma3(acc[2], af, Uk[sc2], Uk4[sc2]);
+                gdn_mma3(acc[3], af, Uk[sc3], Uk4[sc3]);
             }
 #pragma unroll
             for (int b = 0; b < 4; b++)
@@ -498,13 +516,17 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                 float sa[4][4];
 #pragma unroll
                 for (int b = 0; b < 4; b++) sa[b][0] = sa[b][1] = sa[b][2] = sa[b][3] = 0.f;
-                for (int k0 = 0; k0 < n; k0 += 8) {
-                    float a[4];
-                    gdn_at(a, Ks, KP, d0, k0, g, tg);
+                const float *ka = Ks + tg * KP + d0 + g;   // gdn_at's A: Ks[(k0 + t (+ 4)) · KP + d0 + g (+ 8)]
+#pragma unroll 2
+                for (int k0 = 0; k0 < n; k0 += 8, ka += 8 * KP) {
+                    const float a[4] = {ka[0], ka[8], ka[4 * KP], ka[4 * KP + 8]};
                     const gdn_af af = gdn_asplit(a);
                     const float w0 = wl[k0 + tg], w1 = wl[k0 + tg + 4];
-#pragma unroll
-                    for (int b = 0; b < 4; b++) gdn_mma3(sa[b], af, w0 * U[gdn_sw(k0 + tg, 8 * b + g)], w1 * U[gdn_sw(k0 + tg + 4, 8 * b + g)]);
+                    const float *Uk = U + so + k0 * GPU_GDN_VC, *Uk4 = Uk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
+                    gdn_mma3(sa[0], af, w0 * Uk[sc0], w1 * Uk4[sc0]);
+                    gdn_mma3(sa[1], af, w0 * Uk[sc1], w1 * Uk4[sc1]);
+                    gdn_mma3(sa[2], af, w0 * Uk[sc2], w1 * Uk4[sc2]);
+                    gdn_mma3(sa[3], af, w0 * Uk[sc3], w1 * Uk4[sc3]);
                 }
 #pragma unroll
                 for (int b = 0; b < 4; b++)

@@ -38,6 +38,9 @@ GPU_ABI_ASSERT(GPU_GDN_RULE_LP >= 1 && GPU_GDN_RULE_LP <= 32 && (GPU_GDN_RULE_LP
 #define GPU_GDN_C 64
 #define GPU_GDN_NT 256
 GPU_ABI_ASSERT(GPU_GDN_VC == 32 && GPU_GDN_C == 64 && GPU_GDN_NT == 256, "k_gdn_chunk's thread mapping");
+// k_gdn_prep's floats for one value head of one piece (tm): T and M [C, C], then the piece's β, decay
+// weights e^{γ_{n−1} − γ_r} and e^{γ_r} [C] (the walk's; sass/gdn_chunk.cu).
+#define GPU_GDN_TM (2 * GPU_GDN_C * GPU_GDN_C + 3 * GPU_GDN_C)
 // k_attention: warps per block (each takes every GPU_ATT_WARPS-th position) and the largest
 // head_dim (one accumulator per lane per 32 dims, and one row per warp in shared memory).
 #define GPU_ATT_WARPS 16

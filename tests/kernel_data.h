@@ -98,7 +98,7 @@ static CUdeviceptr kt_rows_dev(arena *d, const kt_row *rw, int nrows, int t_firs
 
 // k_gdn_prep's scratch for `pieces` pieces of nv value heads (device; not initialised).
 static CUdeviceptr kt_tm_dev(arena *d, int pieces, int nv) {
-    return (uintptr_t)arena_take(d, sizeof(float) * (size_t)pieces * nv * 2 * GPU_GDN_C * GPU_GDN_C, 256, "test GDN pieces");
+    return (uintptr_t)arena_take(d, sizeof(float) * (size_t)pieces * nv * GPU_GDN_TM, 256, "test GDN pieces");
 }
 
 // Launches k_gdn_rule or k_gdn_chunk (kernel: K_GDN_RULE or K_GDN_CHUNK: k_gdn_prep into tm, then

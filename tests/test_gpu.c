@@ -2541,27 +2541,27 @@ static void moe_shapes(void) {
         for (int i = 0; i < 4; i++) ok &= ((o >> (8 * GPU_FP8_SLOT(i))) & 0xffu) == ((v >> (8 * i)) & 0xffu);
         CHECK(ok, "gpu_fp8_order(0x%08x) = 0x%08x: code i not at byte GPU_FP8_SLOT(i)", v, o);
     }
-    // k_gdn_chunk's shared memory: its arrays (108.25 KiB at dk = 128: two blocks a multiprocessor),
+    // k_gdn_chunk's shared memory: its arrays (107.75 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
     // only where the registered limit allows it
     k.smem_optin = 232448, k.sms = 132, k.gdn_lean = 0, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128, 0);
-    CHECK(gpu_gdn_chunk_smem(128, 0) == 110848 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 110848 &&
+    CHECK(gpu_gdn_chunk_smem(128, 0) == 110336 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 110336 &&
               gpu_gdn_chunk_grid_smem(&k, 128, 128) == 117248 && gpu_gdn_chunk_grid_smem(&k, 128, 132) == 117248 &&
-              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 110848,
+              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 110336,
           "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128, 0), gpu_gdn_chunk_grid_smem(&k, 128, 128),
           gpu_gdn_chunk_grid_smem(&k, 128, 2048));
     k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128, 0);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 110848, "k_gdn_chunk: padded past its registered limit");
-    CHECK(gpu_gdn_chunk_smem(32, 0) == 65024 && gpu_gdn_chunk_smem_max(232448, 32, 0) == 117248,
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 110336, "k_gdn_chunk: padded past its registered limit");
+    CHECK(gpu_gdn_chunk_smem(32, 0) == 64512 && gpu_gdn_chunk_smem_max(232448, 32, 0) == 117248,
           "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it)");
     // the layouts: T its own array in 227 KiB; lean (T and M in q̂'s place) in the 99 KiB of sm_120 /
     // sm_121, where the other does not fit, for key heads that hold both (dk ≥ 124); neither in 48 KiB
-    CHECK(gpu_gdn_chunk_smem(128, 1) == 94464 && gpu_gdn_layout(232448, 128) == 0 && gpu_gdn_layout(101376, 128) == 1 &&
+    CHECK(gpu_gdn_chunk_smem(128, 1) == 93952 && gpu_gdn_layout(232448, 128) == 0 && gpu_gdn_layout(101376, 128) == 1 &&
               gpu_gdn_layout(101376, 64) == 0 && gpu_gdn_layout(49152, 128) == -1 && gpu_gdn_layout(49152, 32) == -1,
           "gpu_gdn_layout: %d %d %d %d (lean %zu bytes)", gpu_gdn_layout(232448, 128), gpu_gdn_layout(101376, 128), gpu_gdn_layout(101376, 64),
           gpu_gdn_layout(49152, 128), gpu_gdn_chunk_smem(128, 1));
     k.smem_optin = 101376, k.gdn_lean = 1, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(101376, 128, 1);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 94464, "k_gdn_chunk lean in 99 KiB: %zu (no room to pad)", gpu_gdn_chunk_grid_smem(&k, 128, 128));
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 93952, "k_gdn_chunk lean in 99 KiB: %zu (no room to pad)", gpu_gdn_chunk_grid_smem(&k, 128, 128));
     k.smem_optin = 232448, k.gdn_lean = 0;
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
