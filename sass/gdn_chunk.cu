@@ -61,21 +61,27 @@ __device__ __forceinline__ void gdn_piece_gam(double *gam) {
 }
 
 // The copies of a piece's rows of q and k (n tokens from token t, key head hk) into Qs, Ks [GPU_GDN_C, KP]
-// by cp.async, two floats a copy (dk, cd even; qkv 8-byte aligned: gpu_k_gdn_prep), every copy of
-// the thread in flight at once (zeros past n, nothing read there): issued, not committed. A thread's
-// (row, pair) walked by counters (GPU_GDN_NT = drr rows and dc pairs of hd further), not divisions.
+// by cp.async, W floats a copy (W = 2: dk, cd even, qkv 8-byte aligned, as gpu_k_gdn_prep asserts;
+// W = 4: the walk's where cd and qkv's address allow 16 bytes, gdn_qk16, and KP a multiple of 4),
+// every copy of the thread in flight at once (zeros past n, nothing read there): issued, not committed.
+// A thread's (row, piece) walked by counters (GPU_GDN_NT = drr rows and dc pieces of hd further), not
+// divisions.
+template <int W>
 __device__ __forceinline__ void gdn_piece_copy_qk(const float *__restrict__ qkv, int cd, int t, int n, int hk, int dk, int key_dim, int KP, float *Qs,
                                                   float *Ks) {
-    const int hd = dk / 2, drr = GPU_GDN_NT / hd, dc = GPU_GDN_NT % hd;
+    const int hd = dk / W, drr = GPU_GDN_NT / hd, dc = GPU_GDN_NT % hd;
     for (int rr = threadIdx.x / hd, c = threadIdx.x % hd; rr < GPU_GDN_C;) {
-        const int d = 2 * c;
+        const int d = W * c;
         const float *row = qkv + (size_t)(t + min(rr, n - 1)) * cd;
-        mm_cp<8>(&Qs[rr * KP + d], row + hk * dk + d, rr < n);
-        mm_cp<8>(&Ks[rr * KP + d], row + key_dim + hk * dk + d, rr < n);
+        mm_cp<4 * W>(&Qs[rr * KP + d], row + hk * dk + d, rr < n);
+        mm_cp<4 * W>(&Ks[rr * KP + d], row + key_dim + hk * dk + d, rr < n);
         rr += drr, c += dc;
         if (c >= hd) c -= hd, rr++;
     }
 }
+// Whether every q and k row piece of 4 floats (dk a multiple of 4) starts 16-byte aligned: qkv's
+// address and its row stride cd
+__device__ __forceinline__ bool gdn_qk16(const float *qkv, int cd) { return ((cd & 3) | ((size_t)qkv & 15)) == 0; }
 
 // k_gdn_prep's steps 0 and 1 of a piece of n tokens from token t, value head j (key head hk): q̂ and
 // k̂ into Qs, Ks [GPU_GDN_C, KP] (zero rows past n; q and k L2-normalised, q̂ · qscale, a warp per
@@ -85,7 +91,7 @@ __device__ __forceinline__ void gdn_piece_qk(const float *__restrict__ qkv, int 
                                              float Aexp, float dtb, float qscale, int t, int n, int j, int nv, int hk, int dk, int key_dim, int KP,
                                              float *Qs, float *Ks, float *bet, double *gam) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);   // the gates' loads meanwhile
+    gdn_piece_copy_qk<2>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);   // the gates' loads meanwhile
     mm_cp_commit();
     gdn_piece_gates(bb, aa, Aexp, dtb, t, n, j, nv, bet, gam);
     mm_cp_wait<0>();
@@ -142,8 +148,7 @@ __device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], const u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// An A fragment's values a[4] split (once for every B it meets), and c += a · b for B values
-// b0, b1 as the fragment holds them (f32)
+// An A fragment's values a[4] split (once for every B it meets)
 struct gdn_af {
     uint32_t h[4], l[4];
 };
@@ -153,13 +158,36 @@ __device__ __forceinline__ gdn_af gdn_asplit(const float a[4]) {
     for (int i = 0; i < 4; i++) gdn_split(a[i], f.h[i], f.l[i]);
     return f;
 }
-__device__ __forceinline__ void gdn_mma3(float c[4], const gdn_af &a, float b0, float b1) {
-    uint32_t bh[2], bl[2];
-    gdn_split(b0, bh[0], bl[0]);
-    gdn_split(b1, bh[1], bl[1]);
-    gdn_mma(c, a.l, bh);
-    gdn_mma(c, a.h, bl);
-    gdn_mma(c, a.h, bh);
+// c[b] += a · b for NB B tiles b at once (B values b0[b], b1[b] as the fragment holds them, f32,
+// split here): each product's three mma in the order above (lo·hi, hi·lo, hi·hi), issued in rounds —
+// every tile's lo·hi, then every hi·lo, then every hi·hi — so that consecutive mma are independent
+// and none waits on the one before it (a warp issues in order); each accumulator's own sums, and so
+// its bits, as if its products came one after another
+template <int NB>
+__device__ __forceinline__ void gdn_mma3t(float (&c)[NB][4], const gdn_af &a, const float (&b0)[NB], const float (&b1)[NB]) {
+    uint32_t bh[NB][2], bl[NB][2];
+#pragma unroll
+    for (int b = 0; b < NB; b++) gdn_split(b0[b], bh[b][0], bl[b][0]), gdn_split(b1[b], bh[b][1], bl[b][1]);
+#pragma unroll
+    for (int b = 0; b < NB; b++) gdn_mma(c[b], a.l, bh[b]);
+#pragma unroll
+    for (int b = 0; b < NB; b++) gdn_mma(c[b], a.h, bl[b]);
+#pragma unroll
+    for (int b = 0; b < NB; b++) gdn_mma(c[b], a.h, bh[b]);
+}
+// The same for two A fragments a, e against the same two B tiles (split once): c[b] += a · B_b,
+// d[b] += e · B_b, in rounds of four
+__device__ __forceinline__ void gdn_mma3t2(float (&c)[2][4], float (&d)[2][4], const gdn_af &a, const gdn_af &e, const float (&b0)[2],
+                                           const float (&b1)[2]) {
+    uint32_t bh[2][2], bl[2][2];
+#pragma unroll
+    for (int b = 0; b < 2; b++) gdn_split(b0[b], bh[b][0], bl[b][0]), gdn_split(b1[b], bh[b][1], bl[b][1]);
+#pragma unroll
+    for (int b = 0; b < 2; b++) gdn_mma(c[b], a.l, bh[b]), gdn_mma(d[b], e.l, bh[b]);
+#pragma unroll
+    for (int b = 0; b < 2; b++) gdn_mma(c[b], a.h, bl[b]), gdn_mma(d[b], e.h, bl[b]);
+#pragma unroll
+    for (int b = 0; b < 2; b++) gdn_mma(c[b], a.h, bh[b]), gdn_mma(d[b], e.h, bh[b]);
 }
 // The A values of rows m0 .. m0 + 15, columns k0 .. k0 + 7 of X [., ld] (row-major), or of Xᵀ
 // (A[m][k] = X[k][m]).
@@ -276,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
         // substitution on the identity's columns (4 lanes a column share the sum over earlier rows of
         // the block, j ≡ part mod 4, added in a fixed butterfly order; 15 dependent rows); then the
         // blocks below, a diagonal of them at a time (16 d after 16 (d − 1)): T_ij = −T_ii Σ_{j≤k<i} A_ik T_kj,
-        // block (i, j) by warp i − d of that diagonal (products: gdn_mma3).
+        // block (i, j) by warp i − d of that diagonal (products: gdn_mma3t).
         for (int i = tid; i < GPU_GDN_C * GPU_GDN_C; i += GPU_GDN_NT)
             Tt[(i / GPU_GDN_C) * AP + i % GPU_GDN_C] = i / GPU_GDN_C == i % GPU_GDN_C ? 1.f : 0.f;
         __syncthreads();
@@ -301,8 +329,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
                     float a[4];
                     gdn_a(a, A, AP, r0, k0, g, tg);
                     const gdn_af af = gdn_asplit(a);
-#pragma unroll
-                    for (int b = 0; b < 2; b++) gdn_mma3(w[b], af, Tt[(k0 + tg) * AP + c0 + 8 * b + g], Tt[(k0 + tg + 4) * AP + c0 + 8 * b + g]);
+                    const float b0[2] = {Tt[(k0 + tg) * AP + c0 + g], Tt[(k0 + tg) * AP + c0 + 8 + g]};
+                    const float b1[2] = {Tt[(k0 + tg + 4) * AP + c0 + g], Tt[(k0 + tg + 4) * AP + c0 + 8 + g]};
+                    gdn_mma3t(w, af, b0, b1);
                 }
                 // W into block (bi, bj) (still zero, read by no one else this diagonal), then T_ij = −T_ii W
                 // over it: every read of W before any write
@@ -317,9 +346,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
                     float a[4];
                     gdn_a(a, Tt + r0, AP, r0, k0, g, tg);   // T_ii: rows r0 .., columns r0 + k0 ..
                     const gdn_af af = gdn_asplit(a);
-#pragma unroll
-                    for (int b = 0; b < 2; b++)
-                        gdn_mma3(x[b], af, Tt[(r0 + k0 + tg) * AP + c0 + 8 * b + g], Tt[(r0 + k0 + tg + 4) * AP + c0 + 8 * b + g]);
+                    const float b0[2] = {Tt[(r0 + k0 + tg) * AP + c0 + g], Tt[(r0 + k0 + tg) * AP + c0 + 8 + g]};
+                    const float b1[2] = {Tt[(r0 + k0 + tg + 4) * AP + c0 + g], Tt[(r0 + k0 + tg + 4) * AP + c0 + 8 + g]};
+                    gdn_mma3t(x, af, b0, b1);
                 }
                 __syncwarp();
 #pragma unroll
@@ -342,11 +371,12 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
 //   lean (gpu_gdn_layout: where that does not fit a block, as the 99 KiB of sm_120 / sm_121): no
 //   array of T — T and M both copied into q̂'s place after step 3 (dk + 4 ≥ 2C), T waited for
 //   before step 4: the same values in the same places of each product, so the same bits.
-// Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of k̂ (w < 4) or q̂ (w ≥ 4) against the
-// block's 32 columns; step 4 warp w rows 16 ⌊w / 2⌋, columns 16 (w mod 2); step 5 (outputs) the
-// q̂ warps, their own rows, their q̂ S₀ still in registers; step 6 (state) warp w rows d 16 w ..
-// (no barrier between 5 and 6: where dk ≤ 64 the k̂ warps update the state while the q̂ warps
-// write the outputs).
+// Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of both k̂ and q̂ against column tiles
+// 2 ⌊w / 4⌋, 2 ⌊w / 4⌋ + 1 (8 columns each) of the block's four; step 4 warp w rows 16 ⌊w / 2⌋,
+// columns 16 (w mod 2); step 5 (outputs) every warp its step-3 rows and tiles, their q̂ S₀ still in
+// registers; step 6 (state) warp w rows d 16 w .. (no barrier between 5 and 6: a warp done with its
+// outputs, fewer where its rows are early, goes on to the state). Which warp takes a tile changes
+// no sum: each element's products and their order are the tile's.
 extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const float *__restrict__ qkv, int cd, const float *__restrict__ bb,
                                                                      const float *__restrict__ aa, gpu_mat A_log, gpu_mat dt_bias,
                                                                      float *__restrict__ S_base, long long S_slot_stride,
@@ -379,10 +409,12 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
     }
     const float Aexp = expf(vec_at(A_log, j)), dtb = vec_at(dt_bias, j);   // (single-token pieces)
     const float qscale = 1.f / sqrtf((float)dk);
+    const bool qk16 = gdn_qk16(qkv, cd);   // q̂, k̂ copied 16 bytes a copy (KP = dk + 4: rows 16-byte aligned)
     // a thread's fixed parts of its fragments' shared-memory indices (C: g = lane / 4, t = lane % 4):
     // S and U rows k0 + t and k0 + t + 4 (k0 a multiple of 8) have d mod 4 = t, so gdn_sw puts column
     // 8b + g of both at 8 (b ^ t) + g — the same for every k0 (so = row t's, then + k0 · VC)
     const int so = tg * GPU_GDN_VC + g, sc0 = 8 * (0 ^ tg), sc1 = 8 * (1 ^ tg), sc2 = 8 * (2 ^ tg), sc3 = 8 * (3 ^ tg);
+    const int scb0 = 8 * ((2 * (warp >> 2)) ^ tg), scb1 = 8 * ((2 * (warp >> 2) + 1) ^ tg);   // steps 3 and 5: the warp's tiles cb, cb + 1
     int t = row_start[r], end = t + row_len[r], p = row_pos[r], pc = piece0[blockIdx.y];   // pc: the piece's number (tm)
     __syncthreads();
     while (t < end) {
@@ -411,46 +443,45 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         }
         if (!lean) gdn_copy_tsw(A, tp);
         if (tid < 3 * GPU_GDN_C / 4) mm_cp<16>(&bet[4 * tid], tp + 2 * GPU_GDN_C * GPU_GDN_C + 4 * tid, true);
-        gdn_piece_copy_qk(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+        if (qk16) gdn_piece_copy_qk<4>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+        else gdn_piece_copy_qk<2>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
         mm_cp_commit();
         mm_cp_wait<0>();
         __syncthreads();
-        // 3. K̂ S₀ (warps 0–3) and Q̂ S₀ (warps 4–7), rows m0 .. m0 + 15, the block's 32 columns
-        const int m0 = 16 * (warp & 3);
-        float acc[4][4];
+        // 3. K̂ S₀ and Q̂ S₀: warp w rows m0 .. m0 + 15 of both (m0 = 16 (w mod 4)), column tiles
+        //    cb, cb + 1 of the block's four (cb = 2 ⌊w / 4⌋): the two products share each k-step's B
+        //    values, and step 5's outputs then fall to every warp, not to half of them
+        const int m0 = 16 * (warp & 3), cb = 2 * (warp >> 2);
+        float ak[2][4], aq[2][4];   // K̂ S₀ (then R), Q̂ S₀ (then e^γ Q̂ S₀ + M U): tiles cb, cb + 1
 #pragma unroll
-        for (int b = 0; b < 4; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+        for (int b = 0; b < 2; b++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) ak[b][q] = aq[b][q] = 0.f;
         if (m0 < n) {
-            const float *X = warp < 4 ? Ks : Qs;
             const int xo = (m0 + g) * KP + tg;   // A: gdn_a's X[(m0 + g (+ 8)) · KP + k0 + t (+ 4)]
             for (int k1 = 0; k1 < dk; k1 += 16)   // (dk a multiple of 16)
 #pragma unroll
                 for (int k0 = k1; k0 < k1 + 16; k0 += 8) {
-                    const float a[4] = {X[xo + k0], X[xo + 8 * KP + k0], X[xo + k0 + 4], X[xo + 8 * KP + k0 + 4]};
-                    const gdn_af af = gdn_asplit(a);
+                    const float a[4] = {Ks[xo + k0], Ks[xo + 8 * KP + k0], Ks[xo + k0 + 4], Ks[xo + 8 * KP + k0 + 4]};
+                    const float e[4] = {Qs[xo + k0], Qs[xo + 8 * KP + k0], Qs[xo + k0 + 4], Qs[xo + 8 * KP + k0 + 4]};
                     const float *Sk = S + so + k0 * GPU_GDN_VC, *Sk4 = Sk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
-                    gdn_mma3(acc[0], af, Sk[sc0], Sk4[sc0]);
-                    gdn_mma3(acc[1], af, Sk[sc1], Sk4[sc1]);
-                    gdn_mma3(acc[2], af, Sk[sc2], Sk4[sc2]);
-                    gdn_mma3(acc[3], af, Sk[sc3], Sk4[sc3]);
+                    const float b0[2] = {Sk[scb0], Sk[scb1]}, b1[2] = {Sk4[scb0], Sk4[scb1]};
+                    gdn_mma3t2(ak, aq, gdn_asplit(a), gdn_asplit(e), b0, b1);
                 }
         }
         // R = diag(β)(V − diag(e^γ) K̂ S₀) in place of V (each element its own thread's); e^γ Q̂ S₀
-        // stays in the q̂ warps' acc for step 5
+        // stays in aq for step 5
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int rr = m0 + g + 8 * h;
             const float e = eg[rr];
 #pragma unroll
-            for (int b = 0; b < 4; b++)
+            for (int b = 0; b < 2; b++)
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    float &x = acc[b][2 * h + q];
-                    if (warp < 4) {
-                        const int ui = gdn_sw(rr, 8 * b + 2 * tg + q);
-                        U[ui] = bet[rr] * (U[ui] - e * x);
-                    } else
-                        x *= e;
+                    const int ui = gdn_sw(rr, 8 * (cb + b) + 2 * tg + q);
+                    U[ui] = bet[rr] * (U[ui] - e * ak[b][2 * h + q]);
+                    aq[b][2 * h + q] *= e;
                 }
         }
         __syncthreads();   // every read of Q̂ done: M (k_gdn_prep's) may take its place, copied during step 4
@@ -474,8 +505,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                     float a[4];
                     gdn_a_tsw(a, A, mt, k0, g, tg);
                     const gdn_af af = gdn_asplit(a);
-#pragma unroll
-                    for (int b = 0; b < 2; b++) gdn_mma3(u[b], af, U[gdn_sw(k0 + tg, nt + 8 * b + g)], U[gdn_sw(k0 + tg + 4, nt + 8 * b + g)]);
+                    const float b0[2] = {U[gdn_sw(k0 + tg, nt + g)], U[gdn_sw(k0 + tg, nt + 8 + g)]};
+                    const float b1[2] = {U[gdn_sw(k0 + tg + 4, nt + g)], U[gdn_sw(k0 + tg + 4, nt + 8 + g)]};
+                    gdn_mma3t(u, af, b0, b1);
                 }
             __syncthreads();
 #pragma unroll
@@ -488,24 +520,23 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         }
         mm_cp_wait<0>();   // M
         __syncthreads();
-        // 5. outputs O = e^γ Q̂ S₀ + M U (the q̂ warps, rows m0 .., M lower triangular)
-        if (warp >= 4 && m0 < n) {
+        // 5. outputs O = e^γ Q̂ S₀ + M U (every warp: its step-3 rows and column tiles, their e^γ Q̂ S₀
+        //    still in aq; M lower triangular)
+        if (m0 < n) {
             for (int k0 = 0; k0 < m0 + 16 && k0 < n; k0 += 8) {
                 float a[4];
                 gdn_a_tsw(a, M, m0, k0, g, tg);
                 const gdn_af af = gdn_asplit(a);
                 const float *Uk = U + so + k0 * GPU_GDN_VC, *Uk4 = Uk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
-                gdn_mma3(acc[0], af, Uk[sc0], Uk4[sc0]);
-                gdn_mma3(acc[1], af, Uk[sc1], Uk4[sc1]);
-                gdn_mma3(acc[2], af, Uk[sc2], Uk4[sc2]);
-                gdn_mma3(acc[3], af, Uk[sc3], Uk4[sc3]);
+                const float b0[2] = {Uk[scb0], Uk[scb1]}, b1[2] = {Uk4[scb0], Uk4[scb1]};
+                gdn_mma3t(aq, af, b0, b1);
             }
 #pragma unroll
-            for (int b = 0; b < 4; b++)
+            for (int b = 0; b < 2; b++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int rr = m0 + g + 8 * (i >> 1), c = v0 + 8 * b + 2 * tg + (i & 1);
-                    if (rr < n && c < dv) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + c] = acc[b][i];
+                    const int rr = m0 + g + 8 * (i >> 1), c = v0 + 8 * (cb + b) + 2 * tg + (i & 1);
+                    if (rr < n && c < dv) o[(size_t)(t + rr) * nv * dv + (size_t)j * dv + c] = aq[b][i];
                 }
         }
         // 6. S ← e^{γ_{n−1}} S₀ + K̂ᵀ diag(e^{γ_{n−1} − γ}) U: warp w rows d 16 w .. + 15 (and 16 (w + 8) ..
@@ -523,10 +554,9 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                     const gdn_af af = gdn_asplit(a);
                     const float w0 = wl[k0 + tg], w1 = wl[k0 + tg + 4];
                     const float *Uk = U + so + k0 * GPU_GDN_VC, *Uk4 = Uk + 4 * GPU_GDN_VC;   // gdn_sw (k0 + t (+ 4), 8b + g)
-                    gdn_mma3(sa[0], af, w0 * Uk[sc0], w1 * Uk4[sc0]);
-                    gdn_mma3(sa[1], af, w0 * Uk[sc1], w1 * Uk4[sc1]);
-                    gdn_mma3(sa[2], af, w0 * Uk[sc2], w1 * Uk4[sc2]);
-                    gdn_mma3(sa[3], af, w0 * Uk[sc3], w1 * Uk4[sc3]);
+                    const float b0[4] = {w0 * Uk[sc0], w0 * Uk[sc1], w0 * Uk[sc2], w0 * Uk[sc3]};
+                    const float b1[4] = {w1 * Uk4[sc0], w1 * Uk4[sc1], w1 * Uk4[sc2], w1 * Uk4[sc3]};
+                    gdn_mma3t(sa, af, b0, b1);
                 }
 #pragma unroll
                 for (int b = 0; b < 4; b++)

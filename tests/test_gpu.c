@@ -1347,9 +1347,12 @@ static void kernel_gdn(gpu_engine *g) {
     // corr > 0: each key head's keys a shared direction plus corr × noise, so that A's entries
     // (β k̂_r·k̂_j, k̂ nearly parallel) are large and T = (I + A)⁻¹ far from the identity (independent
     // keys of 48 to 128 dims meet at ≈ 0.1): the chunked form's inverse and products under load
-    static const struct { int nk, nv, dk, dv; float corr; } shapes[] = {{16, 32, 128, 128, 0.f}, {2, 6, 48, 40, 0.f}, {2, 6, 48, 40, 0.3f}};
-    static const kt_row rows[] = {{0, 0, 150}, {1, 37, 100}, {2, 63, 2}, {3, 64, 1}, {4, 5, 64}, {5, 200, 1}};
-    enum { NR = 6, NS = 6 };
+    // (dv 41: the conv dim cd ≡ 2 mod 4, so the walk copies q̂, k̂ 8 bytes a copy, gdn_qk16's other path)
+    static const struct { int nk, nv, dk, dv; float corr; } shapes[] = {{16, 32, 128, 128, 0.f}, {2, 6, 48, 40, 0.f}, {2, 6, 48, 40, 0.3f},
+                                                                        {2, 6, 48, 41, 0.3f}};
+    // (row 6: a single-token piece, then a piece of 39 that starts from the state it left)
+    static const kt_row rows[] = {{0, 0, 150}, {1, 37, 100}, {2, 63, 2}, {3, 64, 1}, {4, 5, 64}, {5, 200, 1}, {6, 63, 40}};
+    enum { NR = 7, NS = 7 };
     const int lean0 = g->k.gdn_lean;   // (the engine's choice, back after the shapes)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int nk = shapes[si].nk, nv = shapes[si].nv, dk = shapes[si].dk, dv = shapes[si].dv, cd = 2 * nk * dk + nv * dv;
