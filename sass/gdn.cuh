@@ -42,7 +42,8 @@ __device__ __forceinline__ void gdn_qk_norm(float *qs, float *ks, const float *r
 // threads, column v in thread v mod GPU_GNORM_NT: sass/gated_norm.cu), then a column's output.
 // One spelling for both kernels, so the same bits. CPU twin: ref_gated_rmsnorm.
 __device__ __forceinline__ float gnorm_rn(float ss, int dv, float eps) { return 1.f / sqrtf(ss / (float)dv + eps); }
-__device__ __forceinline__ float gnorm_out(gpu_mat w, int v, float o, float rn, float z) { return vec_at(w, v) * (o * rn) * silu(z); }
+__device__ __forceinline__ float gnorm_outw(float wv, float o, float rn, float z) { return wv * (o * rn) * silu(z); }   // (wv: w[v])
+__device__ __forceinline__ float gnorm_out(gpu_mat w, int v, float o, float rn, float z) { return gnorm_outw(vec_at(w, v), o, rn, z); }
 
 // The sums over a state column's dk rows (Sᵀk̂ and Sᵀq̂) are GPU_GDN_RULE_LP partial sums, part p
 // over the rows d ≡ p (mod GPU_GDN_RULE_LP) in increasing d, met pairwise: ((s0 + s1) + (s2 + s3))
