@@ -60,16 +60,20 @@ static size_t gpu_gdn_prep_smem(int dk) {
            sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 2) + 2 * (size_t)GPU_GDN_C * (GPU_GDN_C + 1) + (size_t)GPU_GDN_C);
 }
 
-// Dynamic shared memory of k_gdn_chunk for key heads of dk in its layout `lean` (C = GPU_GDN_C,
-// VC = GPU_GDN_VC; sass/gdn_chunk.cu): k̂ and q̂ [C, dk + 4], S [dk, VC]; T (k_gdn_prep's) [C, C]
+// Dynamic shared memory of k_gdn_chunk for key heads of dk in its form (C = GPU_GDN_C, VC =
+// GPU_GDN_VC; sass/gdn_chunk.cu): k̂ and q̂ [C, dk + 4], S [dk, VC]; T (k_gdn_prep's) [C, C]
 // and M [C, C], M in q̂'s place where dk ≥ C (107.75 KiB at dk = 128, two blocks a
-// multiprocessor), or lean both there (91.75 KiB: a 99 KiB block of sm_120 / sm_121); U [C, VC],
-// β, decay weights, e^γ [C], single-token scratch 2·dk (f32).
-static size_t gpu_gdn_chunk_smem(int dk, int lean) {
-    const size_t nam = lean ? 0 : dk >= GPU_GDN_C ? 1 : 2;   // T, and M where it cannot take Q̂'s place
-    return sizeof(float) * (2 * (size_t)GPU_GDN_C * (dk + 4) + (size_t)dk * GPU_GDN_VC + nam * (size_t)GPU_GDN_C * GPU_GDN_C +
-                            (size_t)GPU_GDN_C * GPU_GDN_VC + 3 * (size_t)GPU_GDN_C + 2 * (size_t)dk);
+// multiprocessor), or with GPU_GDN_LEAN both there (91.75 KiB: a 99 KiB block of sm_120 /
+// sm_121); U [C, VC], β, decay weights, e^γ [C], single-token scratch 2·dk (f32). GPU_GDN_AHEAD
+// (not lean, dk ≥ C): two sets of k̂, q̂, T, U and the gates (198.5 KiB at dk = 128).
+static size_t gpu_gdn_chunk_smem(int dk, int form) {
+    const size_t nam = form & GPU_GDN_LEAN ? 0 : dk >= GPU_GDN_C ? 1 : 2;   // T, and M where it cannot take Q̂'s place
+    const size_t set = 2 * (size_t)GPU_GDN_C * (dk + 4) + nam * (size_t)GPU_GDN_C * GPU_GDN_C + (size_t)GPU_GDN_C * GPU_GDN_VC + 3 * (size_t)GPU_GDN_C;
+    return sizeof(float) * ((form & GPU_GDN_AHEAD ? 2 : 1) * set + (size_t)dk * GPU_GDN_VC + 2 * (size_t)dk);
 }
+
+// Whether k_gdn_chunk's ahead form holds key heads of dk in a layout (its sets keep M in q̂'s place).
+static int gpu_gdn_ahead_ok(int dk, int lean) { return !lean && dk >= GPU_GDN_C; }
 
 // k_gdn_chunk's layout on a device of smem_optin bytes a block for key heads of dk: 0 where T has
 // its own array, 1 (lean: T and M in q̂'s place once q̂ is read, which holds both where dk ≥ 2C − 4)
@@ -81,10 +85,11 @@ static int gpu_gdn_layout(int smem_optin, int dk) {
 }
 
 // What k_gdn_chunk's launches may take (gpu_kernel_smem): its arrays, or more where a grid of at
-// most one block per multiprocessor takes gpu_gdn_chunk_grid_smem's padding.
+// most one block per multiprocessor takes gpu_gdn_chunk_grid_smem's padding or the ahead form.
 static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk, int lean) {
     const size_t need = gpu_gdn_chunk_smem(dk, lean), solo = (size_t)smem_optin / 2 + 1024;
-    return need < solo && solo <= (size_t)smem_optin ? solo : need;
+    const size_t most = need < solo && solo <= (size_t)smem_optin ? solo : need, ahead = gpu_gdn_chunk_smem(dk, lean | GPU_GDN_AHEAD);
+    return gpu_gdn_ahead_ok(dk, lean) && ahead > most && ahead <= (size_t)smem_optin ? ahead : most;
 }
 
 // Dynamic shared memory of k_gdn_rule (lanes 1: one warp a block) or k_gdn_rule4 (lanes
@@ -124,6 +129,7 @@ typedef struct {
     int sms;               // multiprocessors (how many blocks k_mm_v's launches aim for)
     int smem_max[K_COUNT]; // what each kernel may take now (GPU_SMEM_DEFAULT until gpu_kernel_smem)
     int gdn_lean;          // k_gdn_chunk's layout (gpu_gdn_layout: 1 = lean), 0 until the engine picks it
+    int gdn_ahead;         // k_gdn_chunk's ahead form: 0 never, 1 for grids of at most one block a multiprocessor, 2 for every grid (tests); where it fits
     int gdn_rule_lanes;    // the recurrent rule's lanes a state column: 0 by the launch's size (gpu_gdn_rule_lanes), else 1 or GPU_GDN_RULE_LP (tests)
     int moe_kind;          // the routed experts' kind (GPU_W_*: the shapes gpu_moe_shape picks), -1 before it is known
     int moe_g_min;         // pairs per expert (on average) from which a step's experts take the _g shape
@@ -177,6 +183,7 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
         CU_CHECK(cu.cuModuleGetFunction(&k->fn_bf[gpu_parts_kernels[i]], k->mod_bf, gpu_kernel_names[gpu_parts_kernels[i]]));
     k->parts = GPU_MM_SPLITS;
     k->gdn_lean = 0;
+    k->gdn_ahead = 1;
     k->gdn_rule_lanes = 0;
     k->smem_optin = d->smem_optin;
     k->moe_kind = -1;
@@ -254,17 +261,26 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
     k->smem_max[fn] = (int)bytes;
 }
 
-// The dynamic shared memory of a k_gdn_chunk launch of `blocks` blocks: its arrays (two blocks a
-// multiprocessor at dk = 128), but for a grid of at most one block per multiprocessor (one prompt:
-// 128 blocks on 132) more than half of what a block may take, so that no two of them share one
-// while others idle — a piece's walk is bound by its latency. `moet bench` on the H200, one prompt
+// The dynamic shared memory of a k_gdn_chunk launch of `blocks` blocks and its form (*form: the
+// layout, GPU_GDN_AHEAD added where taken): its arrays (two blocks a multiprocessor at dk = 128),
+// but for a grid of at most one block per multiprocessor (one prompt: 128 blocks on 132) the ahead
+// form where k->gdn_ahead allows it and it fits the registered limit (more than half of what a
+// block may take), else more than half of that by padding, so that no two of them share one while
+// others idle — a piece's walk is bound by its latency. `moet bench` on the H200, one prompt
 // of 8,192 tokens: 107 KiB (two blocks a multiprocessor allowed) 6,761–6,769 tok/s, padded to
 // 114.5 KiB 7,277 (the kernel before M took q̂'s place, 123.5 KiB: 7,213–7,220); 16 prompts of
 // 1,024 (2,048 blocks) 8,628–8,653 with two blocks a multiprocessor against 7,779–7,799. Where
 // the registered limit is below the padding, the arrays alone.
-static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks) {
-    const size_t padded = gpu_gdn_chunk_smem_max(k->smem_optin, dk, k->gdn_lean);   // (the arrays where no padding fits)
-    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : gpu_gdn_chunk_smem(dk, k->gdn_lean);
+static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks, int *form) {
+    const size_t ahead = gpu_gdn_chunk_smem(dk, k->gdn_lean | GPU_GDN_AHEAD), solo = (size_t)k->smem_optin / 2 + 1024;
+    *form = k->gdn_lean;
+    if ((k->gdn_ahead == 2 || (k->gdn_ahead == 1 && blocks <= k->sms)) && gpu_gdn_ahead_ok(dk, k->gdn_lean) &&
+        ahead <= (size_t)k->smem_max[K_GDN_CHUNK]) {
+        *form |= GPU_GDN_AHEAD;
+        return blocks <= k->sms && ahead < solo && solo <= (size_t)k->smem_max[K_GDN_CHUNK] ? solo : ahead;
+    }
+    const size_t need = gpu_gdn_chunk_smem(dk, k->gdn_lean), padded = need < solo && solo <= (size_t)k->smem_optin ? solo : need;
+    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : need;
 }
 
 // A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),

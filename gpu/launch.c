@@ -706,13 +706,13 @@ static void gpu_k_gdn_chunk(gpu_kernels *k, CUstream s, CUdeviceptr qkv, int cd,
                             CUdeviceptr row_slot, CUdeviceptr row_start, CUdeviceptr row_len, CUdeviceptr row_pos, CUdeviceptr rows,
                             int n_rows, CUdeviceptr tm, CUdeviceptr piece0, int pieces) {
     gpu_k_gdn_prep(k, s, qkv, cd, bb, aa, A_log, dt_bias, nk, nv, dk, dv, row_start, row_len, row_pos, rows, n_rows, tm, piece0, pieces);
-    int lean = k->gdn_lean;
-    MOET_ASSERT(!lean || dk + 4 >= 2 * GPU_GDN_C, "k_gdn_chunk lean: key heads of %d cannot hold T and M in q̂'s place", dk);
+    MOET_ASSERT(!k->gdn_lean || dk + 4 >= 2 * GPU_GDN_C, "k_gdn_chunk lean: key heads of %d cannot hold T and M in q̂'s place", dk);
     const long long blocks = (long long)nv * n_rows * gpu_cdiv(dv, GPU_GDN_VC);
-    gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT,
-               gpu_gdn_chunk_grid_smem(k, dk, blocks), s,
+    int form;
+    const size_t smem = gpu_gdn_chunk_grid_smem(k, dk, blocks, &form);
+    gpu_launch(k, K_GDN_CHUNK, (gpu_dim){nv, n_rows, gpu_cdiv(dv, GPU_GDN_VC), "(value heads, rows, value column blocks)"}, GPU_GDN_NT, smem, s,
                GPU_ARGS(&qkv, &cd, &bb, &aa, &A_log, &dt_bias, &S_base, &S_slot_stride, &o, &nk, &nv, &dk, &dv, &row_slot, &row_start,
-                        &row_len, &row_pos, &rows, &tm, &piece0, &lean));
+                        &row_len, &row_pos, &rows, &tm, &piece0, &form));
 }
 
 // o[t, h] ← w · (o / rms(o)) · SiLU(z[t, h]) for every (token, value head): o, z [T, nv·dv].

@@ -362,6 +362,24 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
     }
 }
 
+// The walk's copies of a piece (n ≥ 2 tokens from token t, k_gdn_prep's tm at tp) by cp.async, issued,
+// not committed: its values V into U (zeros past n and past dv), its T into A (unless lean: copied
+// after step 3), its gates β, e^{γ_{n−1} − γ}, e^γ into bet, wl, eg (tm's order: one copy), and q̂,
+// k̂ as k_gdn_prep left them in qkv into Qs, Ks (16 bytes a copy where qk16)
+__device__ __forceinline__ void gdn_piece_copy(const float *__restrict__ qkv, int cd, const float *__restrict__ tp, int t, int n, int j, int hk,
+                                               int dk, int dv, int v0, int key_dim, int KP, bool qk16, bool lean, float *U, float *A,
+                                               float *bet, float *Qs, float *Ks) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
+        const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
+        mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
+    }
+    if (!lean) gdn_copy_tsw(A, tp);
+    if (tid < 3 * GPU_GDN_C / 4) mm_cp<16>(&bet[4 * tid], tp + 2 * GPU_GDN_C * GPU_GDN_C + 4 * tid, true);
+    if (qk16) gdn_piece_copy_qk<4>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+    else gdn_piece_copy_qk<2>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
+}
+
 // The walk (see the top). Shared memory (gpu_gdn_chunk_smem), k̂ and q̂'s rows padded to 4 mod 32
 // floats, S and U swizzled by gdn_sw, T and M by gdn_tsw, so that every fragment load meets 32
 // banks (the transposed k̂ reads of step 6 two-way):
@@ -371,6 +389,11 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_prep(float *__
 //   lean (gpu_gdn_layout: where that does not fit a block, as the 99 KiB of sm_120 / sm_121): no
 //   array of T — T and M both copied into q̂'s place after step 3 (dk + 4 ≥ 2C), T waited for
 //   before step 4: the same values in the same places of each product, so the same bits.
+//   ahead (form & GPU_GDN_AHEAD; not lean, dk ≥ C; where a grid has at most one block a
+//   multiprocessor, so shared memory is there to spare: one prompt): two sets of k̂, q̂ (M in its place),
+//   T, U and the gates, a piece's in one while the next piece's copies — issued at the piece's start
+//   into the other, unless that piece has a single token — land during its steps 3 and 4 instead of
+//   at its own start; then S and the scratch. The same values in the same places: the same bits.
 // Warps: step 3 warp w takes rows 16 (w mod 4) .. + 15 of both k̂ and q̂ against column tiles
 // 2 ⌊w / 4⌋, 2 ⌊w / 4⌋ + 1 (8 columns each) of the block's four; step 4 warp w rows 16 ⌊w / 2⌋,
 // columns 16 (w mod 2); step 5 (outputs) every warp its step-3 rows and tiles, their q̂ S₀ still in
@@ -384,10 +407,10 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                                                                      const int *__restrict__ row_slot, const int *__restrict__ row_start,
                                                                      const int *__restrict__ row_len, const int *__restrict__ row_pos,
                                                                      const int *__restrict__ rows, const float *__restrict__ tm,
-                                                                     const int *__restrict__ piece0, int lean) {
+                                                                     const int *__restrict__ piece0, int form) {
     GPU_DEP();
     extern __shared__ float4 smw[];
-    const int KP = dk + 4;
+    const int KP = dk + 4, lean = form & GPU_GDN_LEAN, ahead = form & GPU_GDN_AHEAD;
     float *Ks = (float *)smw;             // [GPU_GDN_C, KP] k̂ of the piece
     float *Qs = Ks + GPU_GDN_C * KP;      // [GPU_GDN_C, KP] q̂
     float *S = Qs + GPU_GDN_C * KP;       // [dk, GPU_GDN_VC] the state's columns (gdn_sw)
@@ -395,10 +418,13 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
     float *M = lean ? Qs + GPU_GDN_C * GPU_GDN_C : dk >= GPU_GDN_C ? Qs : A + GPU_GDN_C * GPU_GDN_C;   // [C, C]: in Q̂'s place where it fits
     float *U = S + dk * GPU_GDN_VC + (lean ? 0 : dk >= GPU_GDN_C ? 1 : 2) * GPU_GDN_C * GPU_GDN_C;   // [GPU_GDN_C, GPU_GDN_VC] (gdn_sw)
     float *bet = U + GPU_GDN_C * GPU_GDN_VC;   // [GPU_GDN_C] β (k_gdn_prep's gates: β, wl, eg as tm holds them)
-    float *wl = bet + GPU_GDN_C;          // [GPU_GDN_C] e^{γ_{n−1} − γ_r}
-    float *eg = wl + GPU_GDN_C;           // [GPU_GDN_C] e^{γ_r}
-    float *tq = eg + GPU_GDN_C;           // [dk] q scratch of single-token pieces
+    float *tq = bet + 3 * GPU_GDN_C;      // [dk] q scratch of single-token pieces
+    // the ahead form (GPU_GDN_AHEAD: not lean, dk ≥ C): two sets of a piece's arrays, set s at
+    // GDN_SET floats · s, each k̂, q̂ (M in its place), T, U, the gates; then S and the scratch
+    const int GDN_SET = 2 * GPU_GDN_C * KP + GPU_GDN_C * GPU_GDN_C + GPU_GDN_C * GPU_GDN_VC + 3 * GPU_GDN_C;
+    if (ahead) S = (float *)smw + 2 * GDN_SET, tq = S + dk * GPU_GDN_VC;
     float *tk = tq + dk;                  // [dk] k scratch
+    int sb = 0, have = 0;   // the ahead form: the current piece's set (sb), and whether its copies were issued (a piece before)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
     const int j = blockIdx.x, r = rows[blockIdx.y], v0 = blockIdx.z * GPU_GDN_VC;
     const int v = v0 + lane, live = v < dv, hk = j / (nv / nk), key_dim = nk * dk;
@@ -433,20 +459,29 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
             t += 1, p += 1, pc += 1;
             continue;
         }
-        // 0–1. by cp.async, one group: the piece's values V into U (zeros past n and past dv), its T
-        //      (k_gdn_prep's) into A unless lean, its gates β, e^{γ_{n−1} − γ}, e^γ (k_gdn_prep's) into
-        //      bet, wl, eg, and q̂, k̂ as k_gdn_prep left them in qkv
+        // 0–1. by cp.async, one group: the piece's V, T (unless lean), gates, q̂ and k̂ (gdn_piece_copy) —
+        //      in the ahead form into set sb, unless a piece before issued them, and the next piece's
+        //      (of two tokens or more) into set sb ^ 1, waited for only before step 5
         const float *tp = tm + ((size_t)pc * nv + j) * GPU_GDN_TM;
-        for (int i = tid; i < GPU_GDN_C * GPU_GDN_VC; i += GPU_GDN_NT) {
-            const int rr = i / GPU_GDN_VC, c = i % GPU_GDN_VC, ok = rr < n && v0 + c < dv;
-            mm_cp<4>(&U[gdn_sw(rr, c)], qkv + (ok ? (size_t)(t + rr) * cd + 2 * key_dim + j * dv + v0 + c : 0), ok);
+        if (ahead) {
+            Ks = (float *)smw + sb * GDN_SET, Qs = Ks + GPU_GDN_C * KP, A = Qs + GPU_GDN_C * KP, U = A + GPU_GDN_C * GPU_GDN_C;
+            M = Qs, bet = U + GPU_GDN_C * GPU_GDN_VC;
         }
-        if (!lean) gdn_copy_tsw(A, tp);
-        if (tid < 3 * GPU_GDN_C / 4) mm_cp<16>(&bet[4 * tid], tp + 2 * GPU_GDN_C * GPU_GDN_C + 4 * tid, true);
-        if (qk16) gdn_piece_copy_qk<4>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
-        else gdn_piece_copy_qk<2>(qkv, cd, t, n, hk, dk, key_dim, KP, Qs, Ks);
-        mm_cp_commit();
-        mm_cp_wait<0>();
+        if (!have) {
+            gdn_piece_copy(qkv, cd, tp, t, n, j, hk, dk, dv, v0, key_dim, KP, qk16, lean, U, A, bet, Qs, Ks);
+            mm_cp_commit();
+        }
+        int nn = 0;   // the next piece's tokens (ahead form)
+        if (ahead && t + n < end) nn = min(GPU_GDN_C - (p + n) % GPU_GDN_C, end - t - n);
+        if (nn >= 2) {
+            float *K2 = (float *)smw + (sb ^ 1) * GDN_SET, *Q2 = K2 + GPU_GDN_C * KP, *A2 = Q2 + GPU_GDN_C * KP, *U2 = A2 + GPU_GDN_C * GPU_GDN_C;
+            gdn_piece_copy(qkv, cd, tp + (size_t)nv * GPU_GDN_TM, t + n, nn, j, hk, dk, dv, v0, key_dim, KP, qk16, false, U2, A2,
+                           U2 + GPU_GDN_C * GPU_GDN_VC, Q2, K2);
+            mm_cp_commit();
+            mm_cp_wait<1>();   // (the current piece's group, where it is not done already)
+        } else
+            mm_cp_wait<0>();
+        const float *wl = bet + GPU_GDN_C, *eg = wl + GPU_GDN_C;   // e^{γ_{n−1} − γ_r}, e^{γ_r} [GPU_GDN_C]
         __syncthreads();
         // 3. K̂ S₀ and Q̂ S₀: warp w rows m0 .. m0 + 15 of both (m0 = 16 (w mod 4)), column tiles
         //    cb, cb + 1 of the block's four (cb = 2 ⌊w / 4⌋): the two products share each k-step's B
@@ -518,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
                     if (rr < n) U[gdn_sw(rr, nt + 8 * b + 2 * tg + (i & 1))] = u[b][i];
                 }
         }
-        mm_cp_wait<0>();   // M
+        mm_cp_wait<0>();   // M (and the next piece's copies in the ahead form)
         __syncthreads();
         // 5. outputs O = e^γ Q̂ S₀ + M U (every warp: its step-3 rows and column tiles, their e^γ Q̂ S₀
         //    still in aq; M lower triangular)
@@ -569,6 +604,7 @@ extern "C" __global__ void __launch_bounds__(GPU_GDN_NT, 2) k_gdn_chunk(const fl
         }
         __syncthreads();
         t += n, p += n, pc += 1;
+        have = nn >= 2, sb ^= have;
     }
     if (live)
         for (int d = 0; d < dk; d++) Sg[(size_t)d * dv + v] = S[gdn_sw(d, lane)];

@@ -41,6 +41,11 @@ GPU_ABI_ASSERT(GPU_GDN_VC == 32 && GPU_GDN_C == 64 && GPU_GDN_NT == 256, "k_gdn_
 // k_gdn_prep's floats for one value head of one piece (tm): T and M [C, C], then the piece's β, decay
 // weights e^{γ_{n−1} − γ_r} and e^{γ_r} [C] (the walk's; sass/gdn_chunk.cu).
 #define GPU_GDN_TM (2 * GPU_GDN_C * GPU_GDN_C + 3 * GPU_GDN_C)
+// k_gdn_chunk's form (its last argument, bits): lean (T and M in q̂'s place, for blocks of 99 KiB)
+// and ahead (two sets of a piece's arrays: the next piece's copies issued at a piece's start, for
+// grids of at most one block a multiprocessor; gpu/kernels.c: gpu_gdn_chunk_grid_smem).
+#define GPU_GDN_LEAN 1
+#define GPU_GDN_AHEAD 2
 // k_attention: warps per block (each takes every GPU_ATT_WARPS-th position) and the largest
 // head_dim (one accumulator per lane per 32 dims, and one row per warp in shared memory).
 #define GPU_ATT_WARPS 16

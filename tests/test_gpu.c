@@ -1517,6 +1517,29 @@ static void kernel_gdn(gpu_engine *g) {
             CHECK(!memcmp(got, got2, sizeof(float) * nO) && !memcmp(gS, gS2, sizeof(float) * nS),
                   "k_gdn_chunk lean [dk %d]: other bits than with T's own array", dk);
         }
+        // the ahead form forced (the engine takes it for grids of at most one block a multiprocessor;
+        // these 7 rows make more) where it holds (not lean, dk ≥ C): the next piece's copies issued
+        // into a second set of arrays at each piece's start — the same values, the same bits
+        if (gpu_gdn_ahead_ok(dk, lay)) {
+            if (gpu_gdn_chunk_smem(dk, lay | GPU_GDN_AHEAD) > (size_t)g->k.smem_optin)
+                CHECK_SKIP("k_gdn_chunk ahead", "this device's shared memory per block does not hold the ahead form");
+            else {
+                CU_CHECK(cu.cuMemcpyHtoD(Sd2, S0, sizeof(float) * nS));
+                CU_CHECK(cu.cuCtxSynchronize());
+                g->k.gdn_ahead = 2;
+                gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay | GPU_GDN_AHEAD));
+                kt_gdn_run(&g->k, g->compute, K_GDN_CHUNK, rm, NR, tm, pieces, qd, cd, bd, ad, ga, gd, Sd2, od2, nk, nv, dk, dv);
+                CU_CHECK(cu.cuStreamSynchronize(g->compute));
+                CU_CHECK(cu.cuMemcpyHtoD(qd, qkv, sizeof(float) * (size_t)T * cd));
+                CU_CHECK(cu.cuCtxSynchronize());
+                g->k.gdn_ahead = 1;
+                gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay));
+                CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
+                CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
+                CHECK(!memcmp(got, got2, sizeof(float) * nO) && !memcmp(gS, gS2, sizeof(float) * nS),
+                      "k_gdn_chunk ahead [dk %d]: other bits than the plain form's", dk);
+            }
+        }
         // a verification's states after each token (k_gdn_rule with hist, speculation): after token
         // t of a 5-token row, the state a row of its first t + 1 tokens leaves, bit for bit
         const size_t nh = (size_t)nv * dk * dv;   // one slot's state
@@ -2546,17 +2569,30 @@ static void moe_shapes(void) {
     }
     // k_gdn_chunk's shared memory: its arrays (107.75 KiB at dk = 128: two blocks a multiprocessor),
     // padded past half a block's limit for a grid of one block per multiprocessor or fewer, and
-    // only where the registered limit allows it
-    k.smem_optin = 232448, k.sms = 132, k.gdn_lean = 0, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128, 0);
-    CHECK(gpu_gdn_chunk_smem(128, 0) == 110336 && gpu_gdn_chunk_grid_smem(&k, 128, 2048) == 110336 &&
-              gpu_gdn_chunk_grid_smem(&k, 128, 128) == 117248 && gpu_gdn_chunk_grid_smem(&k, 128, 132) == 117248 &&
-              gpu_gdn_chunk_grid_smem(&k, 128, 133) == 110336,
-          "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128, 0), gpu_gdn_chunk_grid_smem(&k, 128, 128),
-          gpu_gdn_chunk_grid_smem(&k, 128, 2048));
-    k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128, 0);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 110336, "k_gdn_chunk: padded past its registered limit");
-    CHECK(gpu_gdn_chunk_smem(32, 0) == 64512 && gpu_gdn_chunk_smem_max(232448, 32, 0) == 117248,
-          "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it)");
+    // only where the registered limit allows it; the ahead form (198.5 KiB) for such grids where
+    // gdn_ahead allows it (1), for every grid where it is forced (2), never where 0, nor lean or dk < C
+    int form = -1, f2 = -1, f3 = -1;
+    k.smem_optin = 232448, k.sms = 132, k.gdn_lean = 0, k.gdn_ahead = 0, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(232448, 128, 0);
+    CHECK(gpu_gdn_chunk_smem(128, 0) == 110336 && gpu_gdn_chunk_grid_smem(&k, 128, 2048, &form) == 110336 && form == 0 &&
+              gpu_gdn_chunk_grid_smem(&k, 128, 128, &form) == 117248 && form == 0 && gpu_gdn_chunk_grid_smem(&k, 128, 132, &form) == 117248 &&
+              gpu_gdn_chunk_grid_smem(&k, 128, 133, &form) == 110336,
+          "k_gdn_chunk's shared memory: %zu, at 128 blocks %zu, at 2,048 %zu", gpu_gdn_chunk_smem(128, 0), gpu_gdn_chunk_grid_smem(&k, 128, 128, &form),
+          gpu_gdn_chunk_grid_smem(&k, 128, 2048, &form));
+    k.gdn_ahead = 1;
+    const size_t s128 = gpu_gdn_chunk_grid_smem(&k, 128, 128, &form), s2048 = gpu_gdn_chunk_grid_smem(&k, 128, 2048, &f2);
+    CHECK(gpu_gdn_chunk_smem_max(232448, 128, 0) == 203264 && gpu_gdn_chunk_smem(128, GPU_GDN_AHEAD) == 203264 && s128 == 203264 &&
+              form == GPU_GDN_AHEAD && s2048 == 110336 && f2 == 0,
+          "k_gdn_chunk's ahead form: %zu bytes (registered %zu), at 128 blocks %zu form %d, at 2,048 %zu form %d",
+          gpu_gdn_chunk_smem(128, GPU_GDN_AHEAD), gpu_gdn_chunk_smem_max(232448, 128, 0), s128, form, s2048, f2);
+    k.gdn_ahead = 2;
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 2048, &f2) == 203264 && f2 == GPU_GDN_AHEAD, "k_gdn_chunk's ahead form forced: %d", f2);
+    k.gdn_ahead = 1, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem(128, 0);
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128, &form) == 110336 && form == 0, "k_gdn_chunk: padded or ahead past its registered limit");
+    k.smem_max[K_GDN_CHUNK] = 117248;
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128, &form) == 117248 && form == 0, "k_gdn_chunk: the ahead form past its registered limit");
+    CHECK(gpu_gdn_chunk_smem(32, 0) == 64512 && gpu_gdn_chunk_smem_max(232448, 32, 0) == 117248 && !gpu_gdn_ahead_ok(32, 0) &&
+              !gpu_gdn_ahead_ok(128, 1),
+          "k_gdn_chunk at dk = 32: M beside A (q̂'s rows are too short to hold it), no ahead form (nor lean)");
     // the layouts: T its own array in 227 KiB; lean (T and M in q̂'s place) in the 99 KiB of sm_120 /
     // sm_121, where the other does not fit, for key heads that hold both (dk ≥ 124); neither in 48 KiB
     CHECK(gpu_gdn_chunk_smem(128, 1) == 93952 && gpu_gdn_layout(232448, 128) == 0 && gpu_gdn_layout(101376, 128) == 1 &&
@@ -2564,7 +2600,8 @@ static void moe_shapes(void) {
           "gpu_gdn_layout: %d %d %d %d (lean %zu bytes)", gpu_gdn_layout(232448, 128), gpu_gdn_layout(101376, 128), gpu_gdn_layout(101376, 64),
           gpu_gdn_layout(49152, 128), gpu_gdn_chunk_smem(128, 1));
     k.smem_optin = 101376, k.gdn_lean = 1, k.smem_max[K_GDN_CHUNK] = (int)gpu_gdn_chunk_smem_max(101376, 128, 1);
-    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128) == 93952, "k_gdn_chunk lean in 99 KiB: %zu (no room to pad)", gpu_gdn_chunk_grid_smem(&k, 128, 128));
+    CHECK(gpu_gdn_chunk_grid_smem(&k, 128, 128, &f3) == 93952 && f3 == GPU_GDN_LEAN, "k_gdn_chunk lean in 99 KiB: %zu form %d (no room to pad)",
+          gpu_gdn_chunk_grid_smem(&k, 128, 128, &f3), f3);
     k.smem_optin = 232448, k.gdn_lean = 0;
     CHECK(gpu_conv_nseg(1) == 1 && gpu_conv_nseg(2) == 2 && gpu_conv_nseg(3) == 4 && gpu_conv_nseg(16) == 16 && gpu_conv_nseg(17) == 16 &&
               gpu_conv_nseg(8192) == 16 && gpu_conv_nseg(0) == 1,
