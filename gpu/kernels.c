@@ -145,6 +145,7 @@ typedef struct {
     int mm_c;              // the FP8 products of prompts' full pieces through k_mm_c (the sm_90a cubin's one-part image only)
     int fa_w_min;          // tokens from which a prompt step's attention takes k_fa_w (the sm_90a cubin, one part; 0: never)
     int moe_w;             // the experts' _g128 items through k_moe_up_w / k_moe_dn_w (the sm_90a cubin only; 0: never)
+    int moe_w_blocks;      // ... in at most this many blocks (0: one a multiprocessor; the tests' small grids: many tiles a block)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int route_silu;        // k_route's SiLU · up in blocks past its first (0: its first block's)
     int moe_dg;            // 2-bit plane experts' _d shape through their own kernels, k_moe_*_dg4 (k_moe_*_dg1 at one

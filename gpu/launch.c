@@ -489,10 +489,11 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
 // k_moe_*_dg4 at more than one row block a block, k_moe_*_dg1 at one, not k_moe_*_d, _d1.
 static int gpu_moe_dg(const gpu_kernels *k) { return k->moe_kind == GPU_W_PLANES && k->moe_dg; }
 
-// k_moe_up_w / k_moe_dn_w's items over grid.y and grid.z (CUDA takes 65,535 blocks along each): y · z ≥ items.
-static void gpu_moe_w_grid(int items, int *gy, int *gz) {
-    *gz = (int)gpu_cdiv(items, 65535);
-    *gy = (int)gpu_cdiv(items, *gz);
+// k_moe_up_w / k_moe_dn_w's blocks (persistent: each takes the step's tiles n ≡ blockIdx.x mod blocks in turn): one a
+// multiprocessor (GPU_MMW_SMEM: one fits), k->moe_w_blocks where set, none past the tiles the items bound can have.
+static gpu_dim gpu_moe_w_grid(const gpu_kernels *k, int items, int nrb) {
+    long long tiles = (long long)items * nrb, most = k->moe_w_blocks > 0 ? k->moe_w_blocks : k->sms > 0 ? k->sms : 1;
+    return (gpu_dim){(int)(tiles < most ? tiles : most), 1, 1, "(blocks: tiles n ≡ blockIdx.x mod blocks)"};
 }
 
 // Whether the experts' _g128 items go through k_moe_up_w / k_moe_dn_w (the same bits): one part, k->moe_w, rows that
@@ -509,11 +510,7 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     long long P = (long long)T * K;
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        // (the row blocks along x: an item's blocks run together and read its tokens' rows while L2 holds them)
-        int gy, gz;
-        gpu_moe_w_grid(bound, &gy, &gz);
-        gpu_launch(k, K_MOE_UP_W, (gpu_dim){I / 64, gy, gz, "(row blocks, items, items past 65,535 of y)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
-                   GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+        gpu_launch(k, K_MOE_UP_W, gpu_moe_w_grid(k, bound, I / 64), GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
     if (sh >= 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu); _g128: items of up to 128 pairs
@@ -540,10 +537,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        int gy, gz;
-        gpu_moe_w_grid(bound, &gy, &gz);
-        gpu_launch(k, K_MOE_DN_W, (gpu_dim){H / GPU_MMW_BM, gy, gz, "(row blocks, items, items past 65,535 of y)"}, GPU_MMW_NT, GPU_MMW_SMEM, s,
-                   GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+        gpu_launch(k, K_MOE_DN_W, gpu_moe_w_grid(k, bound, H / GPU_MMW_BM), GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
     if (sh >= 2) {

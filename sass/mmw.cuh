@@ -159,7 +159,7 @@ __device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K, int p) 
 // The calling weight warp's buffer in raw slot `slot`.
 __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 3) * 2 * MMW_PL_BUF; }
 
-// A producer warp's copies of 64-block j (class-major order: kb, mmg_kb_walk) into raw slot j % GPU_MMW_RAW: with weights each
+// A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce): with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's two
 // 16-row blocks into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
 // — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
@@ -168,8 +168,7 @@ __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (ui
 // bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
 __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&ps)[2], const __nv_bfloat16 *__restrict__ xs, int tok, int K,
-                                          int j, int kb, int KB, uint8_t *raw, bool weights, bool tokens) {
-    if (j >= KB) return;
+                                          int j, int kb, uint8_t *raw, bool weights, bool tokens) {
     const int i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
     uint8_t *slot = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES;
     if (weights) {
@@ -199,9 +198,14 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&p
     }
 }
 
+// k_moe_up_w's A rows (PAIRED): the tile's 64 output rows o as gate row o at A row 16(o / 8) + o % 8 and up row o eight
+// rows further, so that an mma fragment's rows g and g + 8 (mmw_mma's e / 2) are one output's gate and up sums; r: the
+// producer's row (0..63 gate, 64..127 up). The same row's sums wherever it sits (a wgmma's rows are independent sums).
+__device__ __forceinline__ int mmw_arow(int r, bool paired) { return paired ? 16 * ((r & 63) >> 3) + 8 * (r >> 6) + (r & 7) : r; }
+
 // The weight producer's step j: its raw share of slot j % GPU_MMW_RAW (landed) → its stage rows in wgmma's order (see
-// the top). lut: the planes' nibble table (mm_plane_lut).
-template <int KIND>
+// the top), A row mmw_arow(r, PAIRED) for its row r. lut: the planes' nibble table (mm_plane_lut).
+template <int KIND, bool PAIRED>
 __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
     const int i = threadIdx.x & 127;
     const uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
@@ -212,7 +216,7 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
         const uint32_t la = mmw_sa(lut);
 #pragma unroll
         for (int tile = 0; tile < 2; tile++) {
-            const int r = 16 * (i >> 4) + 8 * tile + g;
+            const int r = mmw_arow(16 * (i >> 4) + 8 * tile + g, PAIRED);   // (r % 8 = g: the swizzle's)
             uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
             mm_pl_idx(tile ? cw.y : cw.x, ea, oa), mm_pl_idx(tile ? cw.w : cw.z, eb, ob);
             const uint32_t b0 = mm_plane_base(buf[256 + 8 * tile + g]), b1 = mm_plane_base(buf[272 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
@@ -243,7 +247,7 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
                 for (int q = 0; q < 4; q++) mm_fp4x4(words[2 * t + (q >> 1)] >> ((q & 1) * 16), sc, lo[4 * t + q], hi[4 * t + q]);
             }
         }
-        uint8_t *ar = st.a + i * 128;   // piece 2q + h holds words t = 0..3
+        uint8_t *ar = st.a + mmw_arow(i, PAIRED) * 128;   // piece 2q + h holds words t = 0..3 (the A row ≡ i mod 8: the swizzle's)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             *(uint4 *)(ar + (((2 * q) ^ (i & 7)) << 4)) = make_uint4(lo[q], lo[4 + q], lo[8 + q], lo[12 + q]);
@@ -280,36 +284,48 @@ __device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage 
     }
 }
 
-// A producer warpgroup's part: every 64-block of K through the raw ring into the stages, warpgroup 0 the weights
-// (weights: before any GPU_DEP — they never change after boot — and never waiting for it), warpgroup 1 the tokens
-// (after GPU_DEP). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier after
-// the wait, and one before a slot is copied into again, once every lane has read it) and each thread arrives on the
-// stage's `full` barrier when its half is in.
-template <int KIND>
-__device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat16 *__restrict__ xs, int tok, int K, uint8_t *raw, mmw_stage *st,
-                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
-    const int KB = K / 64;
+// A producer warpgroup's part: the block's tiles m = 0 .. nt − 1 one after the other, every 64-block of K of each through
+// the raw ring into the stages — the steps j = m·KB + (the tile's j) numbered across tiles, so the ring runs on from one
+// tile into the next (the next tile's first copies issued while this one's last are widened) and the stages' barriers
+// keep their phases; src(m, w, tok) gives tile m's source (weights: w, tokens: tok; every lane calls it). Warpgroup 0
+// the weights (weights: before any GPU_DEP — they never change after boot — and never waiting for it), warpgroup 1 the
+// tokens (after GPU_DEP). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier
+// after the wait, and one before a slot is copied into again, once every lane has read it) and each thread arrives on
+// the stage's `full` barrier when its half is in.
+template <int KIND, bool PAIRED, bool WTS, class Src>
+__device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, uint8_t *raw, mmw_stage *st,
+                                               uint64_t *full, uint64_t *empty, const uint32_t *lut) {
+    const int KB = K / 64, steps = nt * KB, l = threadIdx.x & 31;
     if (KIND == GPU_W_PLANES && (mmw_sa(lut) & 255u)) __trap();   // (the table not where MM_PL_LUT puts it: mm_pl_lut, loudly)
+    mmw_src w = {};
+    int tok = -1, m = 0, jt = 0;   // the issues' tile and its 64-blocks issued
     mmw_pl_src ps[2] = {};
-    if (KIND == GPU_W_PLANES) {   // (every lane of the warp: the shuffles)
-        const int l = threadIdx.x & 31;
-        ps[0] = mmw_pl_at(w, K, l), ps[1] = mmw_pl_at(w, K, 32 + (l & 3));
-    }
-    if (!weights) GPU_DEP();
-    mmg_kb_walk kw(KB);   // the issues' 64-blocks, j = 0, 1, … in turn
+    auto at = [&](int mm) {   // tile mm's source (every lane of the warp: the shuffles)
+        src(mm, w, tok);
+        if (KIND == GPU_W_PLANES && WTS) ps[0] = mmw_pl_at(w, K, l), ps[1] = mmw_pl_at(w, K, 32 + (l & 3));
+    };
+    at(0);
+    if (!WTS) GPU_DEP();
+    mmg_kb_walk kw(KB);   // the issues' 64-blocks of their tile, in turn
+    auto issue = [&](int j) {   // step j's copies (the steps in turn), none past the last
+        if (j >= steps) return;
+        if (jt == KB) at(++m), jt = 0, kw = mmg_kb_walk(KB);
+        jt++;
+        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), raw, WTS, !WTS);
+    };
     for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
-        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), KB, raw, weights, !weights);
+        issue(j);
         mm_cp_commit();
     }
-    for (int j = 0; j < KB; j++) {
+    for (int j = 0; j < steps; j++) {
         const int s = j % GPU_MMW_STAGES;
         __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
-        mmw_issue<KIND>(w, ps, xs, tok, K, j + GPU_MMW_RAW - 1, kw.next(), KB, raw, weights, !weights);   // into the raw slot step j − 1 read
+        issue(j + GPU_MMW_RAW - 1);   // into the raw slot step j − 1 read
         mm_cp_commit();
         mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this lane's own) landed
         __syncwarp();                    // and the other lanes': this thread's share is whole
         if (j >= GPU_MMW_STAGES) mmw_wait(&empty[s], (j / GPU_MMW_STAGES - 1) & 1);
-        if (weights) mmw_fill_a<KIND>(raw, j, st[s], lut);
+        if (WTS) mmw_fill_a<KIND, PAIRED>(raw, j, st[s], lut);
         else mmw_fill_b<KIND>(raw, j, st[s]);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores seen by the consumers' wgmma
         mmw_arrive(&full[s]);
@@ -317,14 +333,30 @@ __device__ __forceinline__ void mmw_produce(const mmw_src &w, const __nv_bfloat1
     mm_cp_wait<0>();
 }
 
-// Warpgroup 2 + c's part: tot[4n + e] = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K,
-// in k_mm_g's order (before the kind's scale). Returns when every stage it read is released.
-__device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64]) {
+// The calling producer warpgroup's part (weights: warpgroup 0's), each its own code.
+template <int KIND, bool PAIRED, class Src>
+__device__ __forceinline__ void mmw_produce(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, uint8_t *raw, mmw_stage *st,
+                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
+    if (weights) mmw_produce_as<KIND, PAIRED, true>(src, nt, xs, K, raw, st, full, empty, lut);
+    else mmw_produce_as<KIND, PAIRED, false>(src, nt, xs, K, raw, st, full, empty, lut);
+}
+
+// One tile's producer source (k_mm_w: a block one tile).
+template <int KIND>
+__device__ __forceinline__ void mmw_produce(const mmw_src &w0, const __nv_bfloat16 *__restrict__ xs, int tok0, int K, uint8_t *raw, mmw_stage *st,
+                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
+    mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, raw, st, full, empty, lut, weights);
+}
+
+// Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps): tot[4n + e] = the sum of A row
+// 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K, in k_mm_g's order (before the kind's scale). Returns when
+// every stage it read is released.
+__device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0 = 0) {
     const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
     float acc[64];
 #pragma unroll
     for (int e = 0; e < 64; e++) acc[e] = 0.f, tot[e] = 0.f;
-    int j = 0;
+    int j = j0;
     for (int cls = 0; cls < GPU_MM_WARPS; cls++) {   // (a class without a 64-block adds its zero, as mm_at does)
         const int len = q8 + (cls < r8);
         for (int e = 0; e < len; e++, j++) {
@@ -336,13 +368,13 @@ __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint6
             for (int q = 0; q < 4; q++) mmw_mma(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            if (j > 0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);   // step j − 1's group has landed: its stage is free
+            if (j > j0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);   // step j − 1's group has landed: its stage is free
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int e = 0; e < 64; e++) tot[e] = cls == 0 ? acc[e] : tot[e] + acc[e], acc[e] = 0.f;
     }
-    if (j > 0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);
+    if (j > j0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);
 }
 
 // The block's shared state: the stages (1,024-aligned in the dynamic shared memory) and the raw ring after them; the

@@ -3193,14 +3193,17 @@ static void kernel_moe_g128(gpu_engine *g) {
         CUdeviceptr xd = kt_dev(d, x, (size_t)T * H), xs = kt_dev(d, NULL, (size_t)T * H * 2), map = kt_dev(d, NULL, gpu_moe_map_ints(P, E));
         CUdeviceptr hs = kt_dev(d, NULL, (size_t)P * I * 2), ye = kt_dev(d, NULL, (size_t)P * H);
         gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
-        const int kind0 = g->k.moe_kind, g0 = g->k.moe_g_min, g1280 = g->k.moe_g128_min, w0 = g->k.moe_w;
+        const int kind0 = g->k.moe_kind, g0 = g->k.moe_g_min, g1280 = g->k.moe_g128_min, w0 = g->k.moe_w, wb0 = g->k.moe_w_blocks;
         g->k.moe_kind = kind == CK_W_NVFP4 ? GPU_W_NVFP4 : GPU_W_PLANES, g->k.moe_g_min = 1;
-        uint16_t *hh[3];
-        float *yy[3];
-        int shape[3], took_w = 0;
-        for (int v = 0; v < 3; v++) {   // v 0: _g, 1: _g128, 2: _g128's items through k_moe_up_w / k_moe_dn_w where the image has them
+        uint16_t *hh[4];
+        float *yy[4];
+        int shape[4], took_w = 0;
+        // v 0: _g, 1: _g128, 2: _g128's items through k_moe_up_w / k_moe_dn_w where the image has them (a block a
+        // multiprocessor: here a tile or none each), 3: the same in 3 blocks (about 13 tiles each: the producers run on
+        // from tile to tile — K of 4 and 2 64-blocks, fewer than the ring's stages — and the barriers' phases carry over)
+        for (int v = 0; v < 4; v++) {
             g->k.moe_g128_min = v ? 1 : 0;
-            g->k.moe_w = v == 2 ? w0 : 0;
+            g->k.moe_w = v >= 2 ? w0 : 0, g->k.moe_w_blocks = v == 3 ? 3 : wb0;
             if (v == 2) took_w = gpu_moe_w_take(&g->k, I, H);
             shape[v] = gpu_moe_shape(&g->k, P, E);
             // NaN bytes first: a shape that wrote nothing would otherwise show the other's outputs
@@ -3218,22 +3221,24 @@ static void kernel_moe_g128(gpu_engine *g) {
         const size_t s64 = gpu_mmg_smem_bn(&g->k, kgpu, GPU_MMG_BN), s128 = gpu_mmg_smem_bn(&g->k, kgpu, GPU_MMG_BN128);
         const int room = gpu_smem_room(&g->k, K_MOE_UP_G, s64) && gpu_smem_room(&g->k, K_MOE_DN_G, s64) && gpu_smem_room(&g->k, K_MOE_UP_G128, s128) &&
                          gpu_smem_room(&g->k, K_MOE_DN_G128, s128);
-        g->k.moe_kind = kind0, g->k.moe_g_min = g0, g->k.moe_g128_min = g1280, g->k.moe_w = w0;
+        g->k.moe_kind = kind0, g->k.moe_g_min = g0, g->k.moe_g128_min = g1280, g->k.moe_w = w0, g->k.moe_w_blocks = wb0;
         const int same = !memcmp(hh[0], hh[1], 6 * (size_t)P * I) && !memcmp(yy[0], yy[1], sizeof(float) * (size_t)P * H);
-        const int same_w = !memcmp(hh[0], hh[2], 6 * (size_t)P * I) && !memcmp(yy[0], yy[2], sizeof(float) * (size_t)P * H);
-        if (took_w) {
-            CHECK(same_w, "k_moe_up_w / k_moe_dn_w (%s): NOT the _g shape's bits (h %s, down %s)", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
-                  memcmp(hh[0], hh[2], 6 * (size_t)P * I) ? "differs" : "equal", memcmp(yy[0], yy[2], sizeof(float) * (size_t)P * H) ? "differs" : "equal");
-            printf("k_moe_up_w / k_moe_dn_w (%s): h and the down products %s _g's\n", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
-                   same_w ? "bit for bit" : "DIFFERENT from");
-        } else
+        if (took_w)
+            for (int v = 2; v < 4; v++) {
+                const int dh = memcmp(hh[0], hh[v], 6 * (size_t)P * I), dy = memcmp(yy[0], yy[v], sizeof(float) * (size_t)P * H);
+                CHECK(!dh && !dy, "k_moe_up_w / k_moe_dn_w (%s, %s): NOT the _g shape's bits (h %s, down %s)", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
+                      v == 3 ? "3 blocks" : "a block a multiprocessor", dh ? "differs" : "equal", dy ? "differs" : "equal");
+                printf("k_moe_up_w / k_moe_dn_w (%s, %s): h and the down products %s _g's\n", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
+                       v == 3 ? "3 blocks" : "a block a multiprocessor", !dh && !dy ? "bit for bit" : "DIFFERENT from");
+            }
+        else
             CHECK_SKIP("k_moe_up_w / k_moe_dn_w against _g", "not the sm_90a cubin's one-part image (gpu_kernels.moe_w 0)");
         if (!room) CHECK_SKIP("k_moe_up_g128 / k_moe_dn_g128 against _g", "this device's shared memory per block takes neither shape");
         else CHECK(shape[0] == 2 && shape[1] == 3 && same, "k_moe_up_g128 / k_moe_dn_g128 (%s): shapes %d, %d; %s the _g shape's bits",
               kind == CK_W_NVFP4 ? "nvfp4" : "planes", shape[0], shape[1], same ? "" : "NOT");
         printf("k_moe_up_g128 / k_moe_dn_g128 (%s, %d pairs over %d experts): h and the down products %s _g's\n", kind == CK_W_NVFP4 ? "nvfp4" : "planes",
                P, E, same ? "bit for bit" : "DIFFERENT from");
-        for (int v = 0; v < 3; v++) free(hh[v]), free(yy[v]);
+        for (int v = 0; v < 4; v++) free(hh[v]), free(yy[v]);
         free(x);
         kt_experts_free(&xp);
     }
