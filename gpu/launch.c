@@ -490,7 +490,7 @@ static int gpu_moe_nrb(gpu_kernels *k, int items, int rb) {
 static int gpu_moe_dg(const gpu_kernels *k) { return k->moe_kind == GPU_W_PLANES && k->moe_dg; }
 
 // k_moe_up_w / k_moe_dn_w's blocks (persistent: each takes the step's tiles n ≡ blockIdx.x mod blocks in turn): one a
-// multiprocessor (GPU_MMW_SMEM: one fits), k->moe_w_blocks where set, none past the tiles the items bound can have.
+// multiprocessor (GPU_MMW_SMEM_MOE: one fits), k->moe_w_blocks where set, none past the tiles the items bound can have.
 static gpu_dim gpu_moe_w_grid(const gpu_kernels *k, int items, int nrb) {
     long long tiles = (long long)items * nrb, most = k->moe_w_blocks > 0 ? k->moe_w_blocks : k->sms > 0 ? k->sms : 1;
     return (gpu_dim){(int)(tiles < most ? tiles : most), 1, 1, "(blocks: tiles n ≡ blockIdx.x mod blocks)"};
@@ -500,7 +500,7 @@ static gpu_dim gpu_moe_w_grid(const gpu_kernels *k, int items, int nrb) {
 // fill its tiles (I a multiple of 64, H of GPU_MMW_BM) and its shared memory (gpu_smem_exact).
 static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
     if (k->parts != 1 || !k->moe_w || I % 64 || H % GPU_MMW_BM) return 0;
-    return gpu_smem_exact(k, K_MOE_UP_W, GPU_MMW_SMEM) && gpu_smem_exact(k, K_MOE_DN_W, GPU_MMW_SMEM);
+    return gpu_smem_exact(k, K_MOE_UP_W, GPU_MMW_SMEM_MOE) && gpu_smem_exact(k, K_MOE_DN_W, GPU_MMW_SMEM_MOE);
 }
 
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
@@ -510,7 +510,7 @@ static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
     long long P = (long long)T * K;
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        gpu_launch(k, K_MOE_UP_W, gpu_moe_w_grid(k, bound, I / 64), GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
+        gpu_launch(k, K_MOE_UP_W, gpu_moe_w_grid(k, bound, I / 64), GPU_MMW_NT, GPU_MMW_SMEM_MOE, s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &T, &hs, &I));
         return;
     }
     if (sh >= 2) {   // an item's gate and up rows [64·blockIdx.y, +64) together (sass/moe_mm.cu); _g128: items of up to 128 pairs
@@ -537,7 +537,7 @@ static void gpu_k_moe_dn(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdevi
                          int H) {
     int sh = gpu_moe_shape(k, P, E), bound = gpu_moe_items_bound(P, E);
     if (sh == 3 && gpu_moe_w_take(k, I, H)) {   // (sass/moe_w.cu)
-        gpu_launch(k, K_MOE_DN_W, gpu_moe_w_grid(k, bound, H / GPU_MMW_BM), GPU_MMW_NT, GPU_MMW_SMEM, s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
+        gpu_launch(k, K_MOE_DN_W, gpu_moe_w_grid(k, bound, H / GPU_MMW_BM), GPU_MMW_NT, GPU_MMW_SMEM_MOE, s, GPU_ARGS(&experts, &map, &bound, &hs, &P, &ye, &H));
         return;
     }
     if (sh >= 2) {

@@ -214,17 +214,23 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 // warpgroups, the weights' and the tokens', two consumer warpgroups of 64 rows each), GPU_MMW_STAGES
 // widened 64-blocks and GPU_MMW_RAW raw ones (GPU_MMW_RAW_A bytes a weight row: 16 past FP8's 64,
 // so eight lanes' 16-byte reads meet eight bank groups; GPU_MMW_RAW_B a token, a 128-byte line whose
-// pieces are swizzled instead) in flight;
-// GPU_MMW_SMEM of dynamic shared memory (1 KiB of it to align the stages to 1,024 bytes, wgmma's
-// 128B swizzle).
+// pieces are swizzled instead) in flight; GPU_MMW_SMEM of dynamic shared memory (1 KiB of it to
+// align the stages to 1,024 bytes, wgmma's 128B swizzle). k_moe_up_w / k_moe_dn_w (sass/moe_w.cu):
+// with 2-bit plane experts the tokens go straight into the stages, so the raw ring holds weights
+// alone and GPU_MMW_STAGES_PL stages fit; GPU_MMW_SMEM_MOE, the larger of the two plans (a block a
+// multiprocessor either way: its registers).
 #define GPU_MMW_BM 128
 #define GPU_MMW_BN 128
 #define GPU_MMW_NT 512
 #define GPU_MMW_STAGES 4
+#define GPU_MMW_STAGES_PL 6
 #define GPU_MMW_RAW 3
 #define GPU_MMW_RAW_A 80
 #define GPU_MMW_RAW_B 128
-#define GPU_MMW_SMEM (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B) + 1024)
+#define GPU_MMW_SMEM_FP (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B))
+#define GPU_MMW_SMEM_PL (GPU_MMW_STAGES_PL * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * GPU_MMW_BM * GPU_MMW_RAW_A)
+#define GPU_MMW_SMEM (GPU_MMW_SMEM_FP + 1024)
+#define GPU_MMW_SMEM_MOE ((GPU_MMW_SMEM_FP > GPU_MMW_SMEM_PL ? GPU_MMW_SMEM_FP : GPU_MMW_SMEM_PL) + 1024)
 // k_mm_c (sass/mm_c.cu; the sm_90a cubin's one-part image only): the FP8 products of a prompt's full
 // pieces (GPU_MMC_PIECE tokens at positions [64m, 64m + 64) of one sequence, wholly in the step) in
 // chain order — one accumulator over K, the 64-blocks and their k in ascending order — on wgmma, in

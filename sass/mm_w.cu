@@ -11,8 +11,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_mm_w(gpu_lin_set s
 #if MMW_ON
     extern __shared__ __align__(1024) uint8_t mmw_smem[];
     __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES], empty[GPU_MMW_STAGES];
-    mmw_stage *st = mmw_setup(mmw_smem, full, empty);
-    uint8_t *raw = (uint8_t *)(st + GPU_MMW_STAGES);
+    mmw_stage *st = mmw_setup(mmw_smem, full, empty, GPU_MMW_STAGES);
     int m = 0;
     while (m + 1 < set.n && (int)blockIdx.x >= set.first[m + 1]) m++;
     const int base = ((int)blockIdx.x - set.first[m]) * GPU_MMW_BM, t0 = blockIdx.y * GPU_MMW_BN, K = set.W[m].cols, wg = threadIdx.x >> 7;
@@ -22,8 +21,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_mm_w(gpu_lin_set s
         const int i = threadIdx.x & 127;
         const mmw_src w = {set.W[m], base + i};
         const int tok = t0 + i < T ? t0 + i : -1;
-        if (w.W.kind == GPU_W_FP8) mmw_produce<GPU_W_FP8>(w, xs, tok, K, raw, st, full, empty, NULL, wg == 0);
-        else mmw_produce<GPU_W_NVFP4>(w, xs, tok, K, raw, st, full, empty, NULL, wg == 0);   // (gpu_k_mm_w: FP8 and NVFP4 only)
+        if (w.W.kind == GPU_W_FP8) mmw_produce<GPU_W_FP8>(w, xs, tok, K, st, full, empty, NULL, wg == 0);
+        else mmw_produce<GPU_W_NVFP4>(w, xs, tok, K, st, full, empty, NULL, wg == 0);   // (gpu_k_mm_w: FP8 and NVFP4 only)
         return;
     }
     mmw_regs_consumer();

@@ -10,9 +10,10 @@
 // slots of a step are shuffled), so what must hold is which 16 k each step takes. wgmma reads both operands from shared
 // memory, K-major rows of 64 bf16 (128 bytes, swizzled 128B: 16-byte piece c of row r at c ^ (r & 7)), step q the bytes
 // [32q, 32q + 32) of each row. The stages therefore hold each row's k pairs P (k = 2P, 2P + 1 of the 64-block) at pair
-// position L = 8q + t + 4h, where P = 8t + 2q + h (FP8, NVFP4) or 8q + 2t + h (PLANES) — t = lane % 4 of the mma
-// fragment, h = 0 for its slots 2t, 2t+1 and 1 for 2t+8, 2t+9 — the weights' pairs as they are widened, the tokens' as
-// they are copied, in both operands alike.
+// position L = 8q + t + 4h, where P = 8t + 2q + h (FP8, NVFP4) — t = lane % 4 of the mma fragment, h = 0 for its slots
+// 2t, 2t+1 and 1 for 2t+8, 2t+9 — the weights' pairs as they are widened, the tokens' as they are copied, in both
+// operands alike; PLANES' steps take k 16q .. 16q + 15, so there the natural order L = P serves, and the tokens are
+// copied straight into the stages (mmw_plan).
 //
 // A block: GPU_MMW_BM weight rows (the A tile; where they come from is the kernel's: mmw_src) × GPU_MMW_BN tokens.
 // Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (a warp's lanes copy its
@@ -21,8 +22,8 @@
 // block i / 16, words t = 2(i % 2), +1, as the file stores them, from its warp's copy of both its blocks: mmw_pl_buf),
 // which it widens to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale:
 // mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble table) and writes to the stage in the order above; in warpgroup 1
-// thread i's share is token i of each 64-block, which it writes to the stage in the same order. Both arrive on the
-// stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
+// thread i's share is token i of each 64-block, which it writes to the stage in the same order (PLANES: copied there).
+// Both arrive on the stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
 // m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its group has landed; a
 // class's sum is added to the total after its last group. Registers (setmaxnreg): GPU_MMW_REG_P a producer thread,
 // GPU_MMW_REG_C a consumer thread (its 64 sums and 64 partial sums).
@@ -43,6 +44,22 @@ struct __align__(1024) mmw_stage {
 };
 #define MMW_RAW_BYTES (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B)
 static_assert(GPU_MMW_STAGES * sizeof(mmw_stage) + GPU_MMW_RAW * MMW_RAW_BYTES + 1024 == GPU_MMW_SMEM, "k_mm_w: gpu_abi.h's plan");
+
+// A kind's plan (gpu_abi.h): FP8 and NVFP4 — GPU_MMW_STAGES stages, raw slots of weights and tokens (the tokens'
+// pairs reordered by mmw_fill_b); 2-bit planes (direct) — the tokens copied straight into GPU_MMW_STAGES_PL stages in
+// their natural k order (the planes' step q takes k 16q .. 16q + 15 of its 64-block: natural bytes [32q, 32q + 32) of a
+// row, and mmw_fill_a writes the weights' pairs in that order too), raw slots of weights alone.
+template <int KIND>
+struct mmw_plan {
+    static constexpr bool direct = KIND == GPU_W_PLANES;
+    static constexpr int S = direct ? GPU_MMW_STAGES_PL : GPU_MMW_STAGES;
+    static constexpr int slot = direct ? GPU_MMW_BM * GPU_MMW_RAW_A : MMW_RAW_BYTES;
+};
+static_assert(GPU_MMW_STAGES_PL * sizeof(mmw_stage) + GPU_MMW_RAW * GPU_MMW_BM * GPU_MMW_RAW_A + 1024 <= GPU_MMW_SMEM_MOE &&
+                  GPU_MMW_SMEM <= GPU_MMW_SMEM_MOE && GPU_MMW_STAGES_PL >= GPU_MMW_STAGES, "mmw: gpu_abi.h's plans");
+// The raw ring of a kind's plan: after its stages.
+template <int KIND>
+__device__ __forceinline__ uint8_t *mmw_raw(mmw_stage *st) { return (uint8_t *)(st + mmw_plan<KIND>::S); }
 static_assert(GPU_MMW_BM == 128 && GPU_MMW_BN == 128 && GPU_MMW_NT == 512, "mmw: a producer thread per row and one per token; m64n128 steps");
 static_assert(GPU_MMW_RAW_A >= 64 + 16 && GPU_MMW_RAW_B == 128, "mmw: a raw weight share (FP8 64, NVFP4 36 bytes), a token (its pieces swizzled in a line)");
 
@@ -159,7 +176,8 @@ __device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K, int p) 
 // The calling weight warp's buffer in raw slot `slot`.
 __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 3) * 2 * MMW_PL_BUF; }
 
-// A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce): with weights each
+// A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce; the plan's
+// slots, mmw_plan) — the 2-bit planes' tokens straight into stage st (j's, in the same swizzle as a raw row's): with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's two
 // 16-row blocks into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
 // — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
@@ -168,9 +186,9 @@ __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (ui
 // bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
 __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&ps)[2], const __nv_bfloat16 *__restrict__ xs, int tok, int K,
-                                          int j, int kb, uint8_t *raw, bool weights, bool tokens) {
+                                          int j, int kb, uint8_t *raw, mmw_stage &st, bool weights, bool tokens) {
     const int i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
-    uint8_t *slot = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES;
+    uint8_t *slot = raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot;
     if (weights) {
         uint8_t *ra = slot + i * GPU_MMW_RAW_A, *rw = slot + (i - l) * GPU_MMW_RAW_A;   // this thread's share; its warp's first
         const bool va = w.row < w.W.rows;
@@ -187,13 +205,13 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&p
         }
     }
     if (tokens) {
-        uint8_t *rb = slot + GPU_MMW_BM * GPU_MMW_RAW_A + (i - l) * GPU_MMW_RAW_B;   // the warp's first token slot
+        uint8_t *rb = mmw_plan<KIND>::direct ? st.b + (i - l) * 128 : slot + GPU_MMW_BM * GPU_MMW_RAW_A + (i - l) * GPU_MMW_RAW_B;   // the warp's first token row
         const int pc = mmw_cpiece<4>(l);
 #pragma unroll
         for (int c = 0; c < 8; c++) {
             const int u = mmw_crow<4>(c, l), r = __shfl_sync(0xffffffffu, tok, u);
             const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
-            mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, r >= 0);   // (mmw_fill_b: piece pc of token u at pc ^ (u % 8))
+            mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, r >= 0);   // (mmw_fill_b, wgmma's 128B swizzle: piece pc of token u at pc ^ (u % 8))
         }
     }
 }
@@ -208,10 +226,10 @@ __device__ __forceinline__ int mmw_arow(int r, bool paired) { return paired ? 16
 template <int KIND, bool PAIRED>
 __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
     const int i = threadIdx.x & 127;
-    const uint8_t *ra = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + i * GPU_MMW_RAW_A;
-    if (KIND == GPU_W_PLANES) {   // pair P = 8q + 2t + h → piece 2q + h, word t: this thread's rows, words 2tp, 2tp + 1
+    const uint8_t *ra = raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot + i * GPU_MMW_RAW_A;
+    if (KIND == GPU_W_PLANES) {   // natural order (mmw_plan): pairs 4c .. 4c + 3 in piece c; this thread's rows, words 2tp, 2tp + 1
         const int g = (i >> 1) & 7, tp = i & 1, hb = (i >> 4) & 1;   // hb: the thread's block of its warp's two
-        const uint8_t *buf = mmw_pl_buf(raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES) + hb * MMW_PL_BUF;
+        const uint8_t *buf = mmw_pl_buf(raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot) + hb * MMW_PL_BUF;
         const uint4 cw = *(const uint4 *)(buf + 32 * g + 16 * tp);   // x: (g, 2tp) row g, y: row g + 8, z: (g, 2tp + 1) row g, w: row g + 8
         const uint32_t la = mmw_sa(lut);
 #pragma unroll
@@ -220,12 +238,12 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
             uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
             mm_pl_idx(tile ? cw.y : cw.x, ea, oa), mm_pl_idx(tile ? cw.w : cw.z, eb, ob);
             const uint32_t b0 = mm_plane_base(buf[256 + 8 * tile + g]), b1 = mm_plane_base(buf[272 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
-            uint8_t *ar = st.a + r * 128 + 8 * tp;
+            uint8_t *ar = st.a + r * 128;
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
+            for (int q = 0; q < 4; q++) {   // pairs 8q + 4tp + 0..3 (ea: codes 0, 1 of word 2tp; oa: 2, 3; eb, ob: word 2tp + 1's): piece 2q + tp
                 const uint32_t base = q < 2 ? b0 : b1;
-                *(uint2 *)(ar + (((2 * q) ^ g) << 4)) = make_uint2(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(eb, la, q));
-                *(uint2 *)(ar + (((2 * q + 1) ^ g) << 4)) = make_uint2(base + mm_pl_lut(oa, la, q), base + mm_pl_lut(ob, la, q));
+                *(uint4 *)(ar + (((2 * q + tp) ^ g) << 4)) =
+                    make_uint4(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(oa, la, q), base + mm_pl_lut(eb, la, q), base + mm_pl_lut(ob, la, q));
             }
         }
     } else {
@@ -256,45 +274,45 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
     }
 }
 
-// The token producer's step j: token i's raw 64-block → its stage row in wgmma's order (see the top).
+// The token producer's step j (FP8, NVFP4): token i's raw 64-block → its stage row in wgmma's order (see the top).
 template <int KIND>
 __device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage &st) {
     const int i = threadIdx.x & 127;
+    static_assert(!mmw_plan<KIND>::direct, "mmw_fill_b: the planes' tokens go straight into the stages");
     const uint8_t *rb = raw + (j % GPU_MMW_RAW) * MMW_RAW_BYTES + GPU_MMW_BM * GPU_MMW_RAW_A + i * GPU_MMW_RAW_B;
     uint8_t *br = st.b + i * 128;
     const int sw = i & 7;   // (the raw row's piece c is at c ^ sw: mmw_issue)
-    if (KIND == GPU_W_PLANES) {   // P = 8q + 2t + h: pieces 2q, 2q + 1 from the raw pieces 2q, 2q + 1 (their pairs 8q .. 8q + 7)
+    // P = 8t + 2q + h: piece c = 2q + h, word t takes the raw row's pair 8t + c (raw piece 2t + c / 4, word c % 4)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint4 u = *(const uint4 *)(rb + 16 * ((2 * q) ^ sw)), v = *(const uint4 *)(rb + 16 * ((2 * q + 1) ^ sw));
-            *(uint4 *)(br + (((2 * q) ^ sw) << 4)) = make_uint4(u.x, u.z, v.x, v.z);
-            *(uint4 *)(br + (((2 * q + 1) ^ sw) << 4)) = make_uint4(u.y, u.w, v.y, v.w);
-        }
-    } else {   // P = 8t + 2q + h: piece c = 2q + h, word t takes the raw row's pair 8t + c (raw piece 2t + c / 4, word c % 4)
+    for (int hf = 0; hf < 2; hf++) {   // pieces c = 4hf .. 4hf + 3 from raw pieces hf, 2 + hf, 4 + hf, 6 + hf
+        uint4 v[4];
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {   // pieces c = 4hf .. 4hf + 3 from raw pieces hf, 2 + hf, 4 + hf, 6 + hf
-            uint4 v[4];
-#pragma unroll
-            for (int t = 0; t < 4; t++) v[t] = *(const uint4 *)(rb + 16 * ((2 * t + hf) ^ sw));
-            *(uint4 *)(br + (((4 * hf) ^ sw) << 4)) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
-            *(uint4 *)(br + (((4 * hf + 1) ^ sw) << 4)) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
-            *(uint4 *)(br + (((4 * hf + 2) ^ sw) << 4)) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
-            *(uint4 *)(br + (((4 * hf + 3) ^ sw) << 4)) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
-        }
+        for (int t = 0; t < 4; t++) v[t] = *(const uint4 *)(rb + 16 * ((2 * t + hf) ^ sw));
+        *(uint4 *)(br + (((4 * hf) ^ sw) << 4)) = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+        *(uint4 *)(br + (((4 * hf + 1) ^ sw) << 4)) = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+        *(uint4 *)(br + (((4 * hf + 2) ^ sw) << 4)) = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+        *(uint4 *)(br + (((4 * hf + 3) ^ sw) << 4)) = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
     }
 }
 
-// A producer warpgroup's part: the block's tiles m = 0 .. nt − 1 one after the other, every 64-block of K of each through
-// the raw ring into the stages — the steps j = m·KB + (the tile's j) numbered across tiles, so the ring runs on from one
-// tile into the next (the next tile's first copies issued while this one's last are widened) and the stages' barriers
-// keep their phases; src(m, w, tok) gives tile m's source (weights: w, tokens: tok; every lane calls it). Warpgroup 0
-// the weights (weights: before any GPU_DEP — they never change after boot — and never waiting for it), warpgroup 1 the
-// tokens (after GPU_DEP). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier
-// after the wait, and one before a slot is copied into again, once every lane has read it) and each thread arrives on
-// the stage's `full` barrier when its half is in.
+// A producer warpgroup's part: the block's tiles m = 0 .. nt − 1 one after the other, every 64-block of K of each into
+// the stages — the steps j = m·KB + (the tile's j) numbered across tiles, so the copies run on from one tile into the
+// next (the next tile's first issued while this one's last are widened) and the stages' barriers keep their phases;
+// src(m, w, tok) gives tile m's source (weights: w, tokens: tok; every lane calls it). Warpgroup 0 the weights
+// (weights: before any GPU_DEP — they never change after boot — and never waiting for it), through the raw ring
+// GPU_MMW_RAW − 1 steps ahead; warpgroup 1 the tokens (after GPU_DEP), through the raw ring the same way or, in the
+// planes' plan (mmw_plan: direct), straight into the stages MMW_AHEAD steps ahead (a stage's copies issued once the
+// consumers released it). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier
+// after the wait, and one before a raw slot is copied into again, once every lane has read it) and each thread arrives
+// on the stage's `full` barrier when its half is in.
+#define MMW_AHEAD (GPU_MMW_STAGES_PL - 2)   // (≤ S − 2: the stage it waits for is released once the consumers hold the step before's)
 template <int KIND, bool PAIRED, bool WTS, class Src>
-__device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, uint8_t *raw, mmw_stage *st,
-                                               uint64_t *full, uint64_t *empty, const uint32_t *lut) {
+__device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, mmw_stage *st, uint64_t *full,
+                                               uint64_t *empty, const uint32_t *lut) {
+    constexpr int S = mmw_plan<KIND>::S;
+    constexpr bool direct = mmw_plan<KIND>::direct && !WTS;   // (the tokens straight into the stages)
+    constexpr int A = direct ? MMW_AHEAD : GPU_MMW_RAW - 1;   // steps issued ahead
+    uint8_t *raw = mmw_raw<KIND>(st);
     const int KB = K / 64, steps = nt * KB, l = threadIdx.x & 31;
     if (KIND == GPU_W_PLANES && (mmw_sa(lut) & 255u)) __trap();   // (the table not where MM_PL_LUT puts it: mm_pl_lut, loudly)
     mmw_src w = {};
@@ -311,22 +329,25 @@ __device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloa
         if (j >= steps) return;
         if (jt == KB) at(++m), jt = 0, kw = mmg_kb_walk(KB);
         jt++;
-        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), raw, WTS, !WTS);
+        if (direct && j >= S) mmw_wait(&empty[j % S], (j / S - 1) & 1);   // (its stage released)
+        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), raw, st[j % S], WTS, !WTS);
     };
-    for (int j = 0; j < GPU_MMW_RAW - 1; j++) {
+    for (int j = 0; j < A; j++) {
         issue(j);
         mm_cp_commit();
     }
     for (int j = 0; j < steps; j++) {
-        const int s = j % GPU_MMW_STAGES;
-        __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
-        issue(j + GPU_MMW_RAW - 1);   // into the raw slot step j − 1 read
+        const int s = j % S;
+        if (!direct) __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
+        issue(j + A);   // (the raw ring: into the slot step j − 1 read)
         mm_cp_commit();
-        mm_cp_wait<GPU_MMW_RAW - 1>();   // step j's copies (this lane's own) landed
-        __syncwarp();                    // and the other lanes': this thread's share is whole
-        if (j >= GPU_MMW_STAGES) mmw_wait(&empty[s], (j / GPU_MMW_STAGES - 1) & 1);
-        if (WTS) mmw_fill_a<KIND, PAIRED>(raw, j, st[s], lut);
-        else mmw_fill_b<KIND>(raw, j, st[s]);
+        mm_cp_wait<A>();   // step j's copies (this lane's own) landed
+        if constexpr (!direct) {
+            __syncwarp();   // and the other lanes': this thread's share is whole
+            if (j >= S) mmw_wait(&empty[s], (j / S - 1) & 1);
+            if constexpr (WTS) mmw_fill_a<KIND, PAIRED>(raw, j, st[s], lut);
+            else mmw_fill_b<KIND>(raw, j, st[s]);
+        }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores seen by the consumers' wgmma
         mmw_arrive(&full[s]);
     }
@@ -335,22 +356,23 @@ __device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloa
 
 // The calling producer warpgroup's part (weights: warpgroup 0's), each its own code.
 template <int KIND, bool PAIRED, class Src>
-__device__ __forceinline__ void mmw_produce(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, uint8_t *raw, mmw_stage *st,
-                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
-    if (weights) mmw_produce_as<KIND, PAIRED, true>(src, nt, xs, K, raw, st, full, empty, lut);
-    else mmw_produce_as<KIND, PAIRED, false>(src, nt, xs, K, raw, st, full, empty, lut);
+__device__ __forceinline__ void mmw_produce(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, mmw_stage *st, uint64_t *full,
+                                            uint64_t *empty, const uint32_t *lut, bool weights) {
+    if (weights) mmw_produce_as<KIND, PAIRED, true>(src, nt, xs, K, st, full, empty, lut);
+    else mmw_produce_as<KIND, PAIRED, false>(src, nt, xs, K, st, full, empty, lut);
 }
 
 // One tile's producer source (k_mm_w: a block one tile).
 template <int KIND>
-__device__ __forceinline__ void mmw_produce(const mmw_src &w0, const __nv_bfloat16 *__restrict__ xs, int tok0, int K, uint8_t *raw, mmw_stage *st,
-                                            uint64_t *full, uint64_t *empty, const uint32_t *lut, bool weights) {
-    mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, raw, st, full, empty, lut, weights);
+__device__ __forceinline__ void mmw_produce(const mmw_src &w0, const __nv_bfloat16 *__restrict__ xs, int tok0, int K, mmw_stage *st, uint64_t *full,
+                                            uint64_t *empty, const uint32_t *lut, bool weights) {
+    mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, st, full, empty, lut, weights);
 }
 
-// Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps): tot[4n + e] = the sum of A row
-// 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K, in k_mm_g's order (before the kind's scale). Returns when
-// every stage it read is released.
+// Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps) over S stages (the kind's plan): tot[4n + e]
+// = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K, in k_mm_g's order (before the kind's
+// scale). Returns when every stage it read is released.
+template <int S = GPU_MMW_STAGES>
 __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0 = 0) {
     const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
     float acc[64];
@@ -360,28 +382,28 @@ __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint6
     for (int cls = 0; cls < GPU_MM_WARPS; cls++) {   // (a class without a 64-block adds its zero, as mm_at does)
         const int len = q8 + (cls < r8);
         for (int e = 0; e < len; e++, j++) {
-            const int s = j % GPU_MMW_STAGES;
-            mmw_wait(&full[s], (j / GPU_MMW_STAGES) & 1);
+            const int s = j % S;
+            mmw_wait(&full[s], (j / S) & 1);
             const uint32_t a0 = mmw_sa(st[s].a + 64 * c * 128), b0 = mmw_sa(st[s].b);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int q = 0; q < 4; q++) mmw_mma(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            if (j > j0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);   // step j − 1's group has landed: its stage is free
+            if (j > j0) mmw_arrive(&empty[(j - 1) % S]);   // step j − 1's group has landed: its stage is free
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int e = 0; e < 64; e++) tot[e] = cls == 0 ? acc[e] : tot[e] + acc[e], acc[e] = 0.f;
     }
-    if (j > j0) mmw_arrive(&empty[(j - 1) % GPU_MMW_STAGES]);
+    if (j > j0) mmw_arrive(&empty[(j - 1) % S]);
 }
 
 // The block's shared state: the stages (1,024-aligned in the dynamic shared memory) and the raw ring after them; the
-// barriers initialised (full: the 256 producers arrive; empty: the 256 consumers). Every thread calls it.
-__device__ __forceinline__ mmw_stage *mmw_setup(uint8_t *smem, uint64_t *full, uint64_t *empty) {
+// ns barriers of each array initialised (full: the 256 producers arrive; empty: the 256 consumers). Every thread calls it.
+__device__ __forceinline__ mmw_stage *mmw_setup(uint8_t *smem, uint64_t *full, uint64_t *empty, int ns) {
     if (threadIdx.x == 0)
-        for (int s = 0; s < GPU_MMW_STAGES; s++) mmw_bar_init(&full[s], 256), mmw_bar_init(&empty[s], 256);
+        for (int s = 0; s < ns; s++) mmw_bar_init(&full[s], 256), mmw_bar_init(&empty[s], 256);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     return (mmw_stage *)(smem + ((1024u - (mmw_sa(smem) & 1023u)) & 1023u));
 }

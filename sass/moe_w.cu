@@ -3,8 +3,8 @@
 // for NVFP4 and 2-bit plane experts where the products read one bf16 part and the cubin is sm_90a. The same sums as
 // k_moe_up_g128 / k_moe_dn_g128 and their epilogues, so the same bits. CPU twin: ref_moe (moet.c).
 //
-// Both are persistent: grid (blocks, 1, 1) — at most one a multiprocessor (gpu_moe_w_blocks) — GPU_MMW_NT threads,
-// GPU_MMW_SMEM bytes of dynamic shared memory; the step's tiles n = (item) · nrb + (row block) (an item's row blocks
+// Both are persistent: grid (blocks, 1, 1) — at most one a multiprocessor (gpu_moe_w_grid) — GPU_MMW_NT threads,
+// GPU_MMW_SMEM_MOE bytes of dynamic shared memory (the kind's plan: mmw_plan); the step's tiles n = (item) · nrb + (row block) (an item's row blocks
 // together: they read its tokens' rows while L2 holds them) taken by block n mod gridDim.x in turn, the producers
 // running on into a block's next tile while the consumers finish this one (mmw_produce), so a tile's fill and epilogue
 // overlap its neighbours' products. No tile past map[0]'s items.
@@ -36,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
                                                                      __nv_bfloat16 *__restrict__ hs, int I) {
 #if MMW_ON
     extern __shared__ __align__(1024) uint8_t mmw_smem[];
-    __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES], empty[GPU_MMW_STAGES];
+    __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES_PL], empty[GPU_MMW_STAGES_PL];   // (the larger plan's: mmw_plan)
     MM_PL_LUT(lut);   // (256-aligned: mm_pl_lut)
     __shared__ int pair[2][GPU_MMW_BN];   // the consumers' tiles' pairs, by tile parity
     GPU_DEP();   // (the map is the step's: nothing of a tile is known before it)
@@ -44,14 +44,15 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     if (nt == 0) return;
     const int *perm = map + 1 + 3 * items_bound;
     mm_plane_lut(lut);
-    mmw_stage *st = mmw_setup(mmw_smem, full, empty);
-    uint8_t *raw = (uint8_t *)(st + GPU_MMW_STAGES);
-    const int H = experts[3 * mmw_tile_at(map, 0, nrb).x].cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
+    mmw_stage *st = mmw_setup(mmw_smem, full, empty, GPU_MMW_STAGES_PL);
+    const gpu_mat &G0 = experts[3 * mmw_tile_at(map, 0, nrb).x];   // (every expert's kind and shape alike)
+    const int H = G0.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
+    const bool pl = G0.kind == GPU_W_PLANES;   // (the planes' plan: mmw_plan)
     __syncthreads();   // the table and the barriers
     if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the tokens
         mmw_regs_producer();
         const bool wts = wg == 0;
-        if (experts[3 * mmw_tile_at(map, 0, nrb).x].kind == GPU_W_PLANES) {   // 16-row blocks 0..3 of the tile from gate, 4..7 from up
+        if (pl) {   // 16-row blocks 0..3 of the tile from gate, 4..7 from up
             mmw_produce<GPU_W_PLANES, true>(
                 [&](int m, mmw_src &w, int &tok) {
                     const mmw_tile tl = mmw_tile_at(map, m, nrb);
@@ -59,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
                     if (wts) w = mmw_src{experts[3 * tl.x + (nb >> 2)], 64 * tl.rb + 16 * (nb & 3)};
                     else tok = i < tl.cnt ? perm[tl.first + i] / K : -1;
                 },
-                nt, xs, H, raw, st, full, empty, lut, wts);
+                nt, xs, H, st, full, empty, lut, wts);
         } else {   // NVFP4 (gpu_moe_shape: planes and NVFP4 only): rows 0..63 gate, 64..127 up
             mmw_produce<GPU_W_NVFP4, true>(
                 [&](int m, mmw_src &w, int &tok) {
@@ -67,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
                     if (wts) w = mmw_src{experts[3 * tl.x + (i >> 6)], 64 * tl.rb + (i & 63)};
                     else tok = i < tl.cnt ? perm[tl.first + i] / K : -1;
                 },
-                nt, xs, H, raw, st, full, empty, lut, wts);
+                nt, xs, H, st, full, empty, lut, wts);
         }
         return;
     }
@@ -78,7 +79,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     for (int m = 0; m < nt; m++) {
         const mmw_tile tl = mmw_tile_at(map, m, nrb);
         if (c == 0) pair[m & 1][i] = i < tl.cnt ? perm[tl.first + i] : -1;
-        mmw_consume(st, full, empty, H, c, tot, m * (H / 64));
+        if (pl) mmw_consume<GPU_MMW_STAGES_PL>(st, full, empty, H, c, tot, m * (H / 64));
+        else mmw_consume<GPU_MMW_STAGES>(st, full, empty, H, c, tot, m * (H / 64));
         asm volatile("bar.sync 1, 256;" ::: "memory");   // the tile's pairs in (and every consumer past the tile before's epilogue)
         const float pg = mm_post(experts[3 * tl.x]), pu = mm_post(experts[3 * tl.x + 1]);
         // tot[4n + e]: A row 64c + 16·warp + g + 8(e / 2) — output 32c + 8·warp + g, its gate (e < 2) and up sums
@@ -102,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
                                                                      float *__restrict__ ye, int H) {
 #if MMW_ON
     extern __shared__ __align__(1024) uint8_t mmw_smem[];
-    __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES], empty[GPU_MMW_STAGES];
+    __shared__ __align__(8) uint64_t full[GPU_MMW_STAGES_PL], empty[GPU_MMW_STAGES_PL];   // (the larger plan's: mmw_plan)
     MM_PL_LUT(lut);   // (256-aligned: mm_pl_lut)
     __shared__ int pair[2][GPU_MMW_BN];   // the consumers' tiles' rows of hs, by tile parity
     GPU_DEP();
@@ -110,9 +112,10 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     if (nt == 0) return;
     const int *perm = map + 1 + 3 * items_bound;
     mm_plane_lut(lut);
-    mmw_stage *st = mmw_setup(mmw_smem, full, empty);
-    uint8_t *raw = (uint8_t *)(st + GPU_MMW_STAGES);
-    const int I = experts[3 * mmw_tile_at(map, 0, nrb).x + 2].cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
+    mmw_stage *st = mmw_setup(mmw_smem, full, empty, GPU_MMW_STAGES_PL);
+    const gpu_mat &D0 = experts[3 * mmw_tile_at(map, 0, nrb).x + 2];   // (every expert's kind and shape alike)
+    const int I = D0.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
+    const bool pl = D0.kind == GPU_W_PLANES;   // (the planes' plan: mmw_plan)
     __syncthreads();
     if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the rows of hs
         mmw_regs_producer();
@@ -122,9 +125,9 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
             if (wts) w = mmw_src{experts[3 * tl.x + 2], GPU_MMW_BM * tl.rb + r};
             else tok = i < tl.cnt ? perm[tl.first + i] : -1;
         };
-        if (experts[3 * mmw_tile_at(map, 0, nrb).x + 2].kind == GPU_W_PLANES)
-            mmw_produce<GPU_W_PLANES, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, 16 * (i >> 4)); }, nt, hs, I, raw, st, full, empty, lut, wts);
-        else mmw_produce<GPU_W_NVFP4, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, i); }, nt, hs, I, raw, st, full, empty, lut, wts);
+        if (pl)
+            mmw_produce<GPU_W_PLANES, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, 16 * (i >> 4)); }, nt, hs, I, st, full, empty, lut, wts);
+        else mmw_produce<GPU_W_NVFP4, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, i); }, nt, hs, I, st, full, empty, lut, wts);
         return;
     }
     mmw_regs_consumer();
@@ -133,7 +136,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     for (int m = 0; m < nt; m++) {
         const mmw_tile tl = mmw_tile_at(map, m, nrb);
         if (c == 0) pair[m & 1][i] = i < tl.cnt ? perm[tl.first + i] : -1;
-        mmw_consume(st, full, empty, I, c, tot, m * (I / 64));
+        if (pl) mmw_consume<GPU_MMW_STAGES_PL>(st, full, empty, I, c, tot, m * (I / 64));
+        else mmw_consume<GPU_MMW_STAGES>(st, full, empty, I, c, tot, m * (I / 64));
         asm volatile("bar.sync 1, 256;" ::: "memory");   // the tile's pairs in (and every consumer past the tile before's epilogue)
         const float post = mm_post(experts[3 * tl.x + 2]);
         const int *pr = pair[m & 1];
