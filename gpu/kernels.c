@@ -84,11 +84,18 @@ static int gpu_gdn_layout(int smem_optin, int dk) {
     return -1;
 }
 
+// need bytes padded past half of what a block may take on a device of smem_optin bytes (so that a
+// multiprocessor holds one such block), where the padding fits room; else need.
+static size_t gpu_gdn_chunk_solo(size_t need, int smem_optin, size_t room) {
+    const size_t solo = (size_t)smem_optin / 2 + 1024;
+    return need < solo && solo <= room ? solo : need;
+}
+
 // What k_gdn_chunk's launches may take (gpu_kernel_smem): its arrays, or more where a grid of at
 // most one block per multiprocessor takes gpu_gdn_chunk_grid_smem's padding or the ahead form.
 static size_t gpu_gdn_chunk_smem_max(int smem_optin, int dk, int lean) {
-    const size_t need = gpu_gdn_chunk_smem(dk, lean), solo = (size_t)smem_optin / 2 + 1024;
-    const size_t most = need < solo && solo <= (size_t)smem_optin ? solo : need, ahead = gpu_gdn_chunk_smem(dk, lean | GPU_GDN_AHEAD);
+    const size_t most = gpu_gdn_chunk_solo(gpu_gdn_chunk_smem(dk, lean), smem_optin, (size_t)smem_optin);
+    const size_t ahead = gpu_gdn_chunk_smem(dk, lean | GPU_GDN_AHEAD);
     return gpu_gdn_ahead_ok(dk, lean) && ahead > most && ahead <= (size_t)smem_optin ? ahead : most;
 }
 
@@ -273,15 +280,14 @@ static void gpu_kernel_smem(gpu_kernels *k, int fn, size_t bytes) {
 // 1,024 (2,048 blocks) 8,628–8,653 with two blocks a multiprocessor against 7,779–7,799. Where
 // the registered limit is below the padding, the arrays alone.
 static size_t gpu_gdn_chunk_grid_smem(const gpu_kernels *k, int dk, long long blocks, int *form) {
-    const size_t ahead = gpu_gdn_chunk_smem(dk, k->gdn_lean | GPU_GDN_AHEAD), solo = (size_t)k->smem_optin / 2 + 1024;
+    const size_t room = (size_t)k->smem_max[K_GDN_CHUNK], ahead = gpu_gdn_chunk_smem(dk, k->gdn_lean | GPU_GDN_AHEAD);
     *form = k->gdn_lean;
-    if ((k->gdn_ahead == 2 || (k->gdn_ahead == 1 && blocks <= k->sms)) && gpu_gdn_ahead_ok(dk, k->gdn_lean) &&
-        ahead <= (size_t)k->smem_max[K_GDN_CHUNK]) {
+    if ((k->gdn_ahead == 2 || (k->gdn_ahead == 1 && blocks <= k->sms)) && gpu_gdn_ahead_ok(dk, k->gdn_lean) && ahead <= room) {
         *form |= GPU_GDN_AHEAD;
-        return blocks <= k->sms && ahead < solo && solo <= (size_t)k->smem_max[K_GDN_CHUNK] ? solo : ahead;
+        return blocks <= k->sms ? gpu_gdn_chunk_solo(ahead, k->smem_optin, room) : ahead;
     }
-    const size_t need = gpu_gdn_chunk_smem(dk, k->gdn_lean), padded = need < solo && solo <= (size_t)k->smem_optin ? solo : need;
-    return blocks <= k->sms && padded <= (size_t)k->smem_max[K_GDN_CHUNK] ? padded : need;
+    const size_t need = gpu_gdn_chunk_smem(dk, k->gdn_lean);
+    return blocks <= k->sms ? gpu_gdn_chunk_solo(need, k->smem_optin, room) : need;
 }
 
 // A launch's grid, in blocks (long long: a launcher's product of shapes is checked, not wrapped),

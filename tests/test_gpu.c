@@ -1353,7 +1353,7 @@ static void kernel_gdn(gpu_engine *g) {
     // (row 6: a single-token piece, then a piece of 39 that starts from the state it left)
     static const kt_row rows[] = {{0, 0, 150}, {1, 37, 100}, {2, 63, 2}, {3, 64, 1}, {4, 5, 64}, {5, 200, 1}, {6, 63, 40}};
     enum { NR = 7, NS = 7 };
-    const int lean0 = g->k.gdn_lean;   // (the engine's choice, back after the shapes)
+    const int lean0 = g->k.gdn_lean, ahead0 = g->k.gdn_ahead;   // (the engine's choices, back after the shapes)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int nk = shapes[si].nk, nv = shapes[si].nv, dk = shapes[si].dk, dv = shapes[si].dv, cd = 2 * nk * dk + nv * dv;
         // the layout this device's blocks take (gpu_gdn_layout: lean on sm_120 / sm_121 at dk 128)
@@ -1532,7 +1532,7 @@ static void kernel_gdn(gpu_engine *g) {
                 CU_CHECK(cu.cuStreamSynchronize(g->compute));
                 CU_CHECK(cu.cuMemcpyHtoD(qd, qkv, sizeof(float) * (size_t)T * cd));
                 CU_CHECK(cu.cuCtxSynchronize());
-                g->k.gdn_ahead = 1;
+                g->k.gdn_ahead = ahead0;
                 gpu_kernel_smem(&g->k, K_GDN_CHUNK, gpu_gdn_chunk_smem(dk, lay));
                 CU_CHECK(cu.cuMemcpyDtoH(got2, od2, sizeof(float) * nO));
                 CU_CHECK(cu.cuMemcpyDtoH(gS2, Sd2, sizeof(float) * nS));
