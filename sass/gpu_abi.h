@@ -217,8 +217,9 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 // pieces are swizzled instead) in flight; GPU_MMW_SMEM of dynamic shared memory (1 KiB of it to
 // align the stages to 1,024 bytes, wgmma's 128B swizzle). k_moe_up_w / k_moe_dn_w (sass/moe_w.cu):
 // with 2-bit plane experts the tokens go straight into the stages, so the raw ring holds weights
-// alone and GPU_MMW_STAGES_PL stages fit; GPU_MMW_SMEM_MOE, the larger of the two plans (a block a
-// multiprocessor either way: its registers).
+// alone — GPU_MMW_PL_SLOT bytes a 64-block (the eight producer warps' buffers of their 16-row blocks'
+// codes and scales), a slot a stage — and GPU_MMW_STAGES_PL stages fit; GPU_MMW_SMEM_MOE, the larger
+// of the two plans (a block a multiprocessor either way: its registers).
 #define GPU_MMW_BM 128
 #define GPU_MMW_BN 128
 #define GPU_MMW_NT 512
@@ -227,8 +228,9 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MMW_RAW 3
 #define GPU_MMW_RAW_A 80
 #define GPU_MMW_RAW_B 128
+#define GPU_MMW_PL_SLOT 2304
 #define GPU_MMW_SMEM_FP (GPU_MMW_STAGES * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * (GPU_MMW_BM * GPU_MMW_RAW_A + GPU_MMW_BN * GPU_MMW_RAW_B))
-#define GPU_MMW_SMEM_PL (GPU_MMW_STAGES_PL * (GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_RAW * GPU_MMW_BM * GPU_MMW_RAW_A)
+#define GPU_MMW_SMEM_PL (GPU_MMW_STAGES_PL * ((GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_PL_SLOT))
 #define GPU_MMW_SMEM (GPU_MMW_SMEM_FP + 1024)
 #define GPU_MMW_SMEM_MOE ((GPU_MMW_SMEM_FP > GPU_MMW_SMEM_PL ? GPU_MMW_SMEM_FP : GPU_MMW_SMEM_PL) + 1024)
 // k_mm_c (sass/mm_c.cu; the sm_90a cubin's one-part image only): the FP8 products of a prompt's full

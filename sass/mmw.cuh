@@ -16,14 +16,15 @@
 // copied straight into the stages (mmw_plan).
 //
 // A block: GPU_MMW_BM weight rows (the A tile; where they come from is the kernel's: mmw_src) × GPU_MMW_BN tokens.
-// Two warpgroups produce, each by cp.async into its part of a raw ring of GPU_MMW_RAW 64-blocks (a warp's lanes copy its
-// 32 threads' shares together, coalesced, and wait for them with a warp barrier: no barrier among warps): in warpgroup 0
-// thread i's share is its part of the weights (FP8, NVFP4: row i of the tile; PLANES: rows g, g + 8 of the tile's 16-row
-// block i / 16, words t = 2(i % 2), +1, as the file stores them, from its warp's copy of both its blocks: mmw_pl_buf),
-// which it widens to bf16 (FP8 exactly through bf16 × 2^120, NVFP4 by its block scale, the planes by their UE8M0 scale:
-// mm_fp8x4, mm_fp4x4, mm_plane_base + the nibble table) and writes to the stage in the order above; in warpgroup 1
-// thread i's share is token i of each 64-block, which it writes to the stage in the same order (PLANES: copied there).
-// Both arrive on the stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
+// Two warpgroups produce, each by cp.async into its part of a raw ring of 64-blocks (a warp's lanes copy its 32
+// threads' shares together, coalesced, and wait for them with a warp barrier: no barrier among warps). FP8, NVFP4: in
+// warpgroup 0 thread i's share is row i of the tile's weights, which it widens to bf16 (FP8 exactly through bf16 ×
+// 2^120, NVFP4 by its block scale: mm_fp8x4, mm_fp4x4) and writes to the stage in the order above; in warpgroup 1 thread
+// i's share is token i of each 64-block, which it writes to the stage in the same order. PLANES: producer warp v (0..7
+// over both warpgroups) copies the tile's 16-row block v as the file stores it into a buffer of its own (mmw_pl_buf)
+// and its threads widen it by their UE8M0 scale (mm_plane_base + the nibble table) — thread (g, tp, h = lane / 16) row
+// 8h + g, words t = 2tp, +1 — and warpgroup 1 also copies the tokens straight into the stages. Every producer thread
+// arrives on the stage's `full` barrier. Warpgroups 2 and 3 consume A rows [64(w − 2), +64) × all GPU_MMW_BN tokens (mmw_consume): four wgmma
 // m64n128k16 a stage, one group in flight, releasing each stage on its `empty` barrier once its group has landed; a
 // class's sum is added to the total after its last group. Registers (setmaxnreg): GPU_MMW_REG_P a producer thread,
 // GPU_MMW_REG_C a consumer thread (its 64 sums and 64 partial sums).
@@ -48,14 +49,16 @@ static_assert(GPU_MMW_STAGES * sizeof(mmw_stage) + GPU_MMW_RAW * MMW_RAW_BYTES +
 // A kind's plan (gpu_abi.h): FP8 and NVFP4 — GPU_MMW_STAGES stages, raw slots of weights and tokens (the tokens'
 // pairs reordered by mmw_fill_b); 2-bit planes (direct) — the tokens copied straight into GPU_MMW_STAGES_PL stages in
 // their natural k order (the planes' step q takes k 16q .. 16q + 15 of its 64-block: natural bytes [32q, 32q + 32) of a
-// row, and mmw_fill_a writes the weights' pairs in that order too), raw slots of weights alone.
+// row, and mmw_fill_pl writes the weights' pairs in that order too), a raw slot of the weights alone (the producer
+// warps' buffers, GPU_MMW_PL_SLOT bytes) a stage. R raw slots of `slot` bytes.
 template <int KIND>
 struct mmw_plan {
     static constexpr bool direct = KIND == GPU_W_PLANES;
     static constexpr int S = direct ? GPU_MMW_STAGES_PL : GPU_MMW_STAGES;
-    static constexpr int slot = direct ? GPU_MMW_BM * GPU_MMW_RAW_A : MMW_RAW_BYTES;
+    static constexpr int R = direct ? GPU_MMW_STAGES_PL : GPU_MMW_RAW;
+    static constexpr int slot = direct ? GPU_MMW_PL_SLOT : MMW_RAW_BYTES;
 };
-static_assert(GPU_MMW_STAGES_PL * sizeof(mmw_stage) + GPU_MMW_RAW * GPU_MMW_BM * GPU_MMW_RAW_A + 1024 <= GPU_MMW_SMEM_MOE &&
+static_assert(GPU_MMW_STAGES_PL * (sizeof(mmw_stage) + GPU_MMW_PL_SLOT) + 1024 <= GPU_MMW_SMEM_MOE &&
                   GPU_MMW_SMEM <= GPU_MMW_SMEM_MOE && GPU_MMW_STAGES_PL >= GPU_MMW_STAGES, "mmw: gpu_abi.h's plans");
 // The raw ring of a kind's plan: after its stages.
 template <int KIND>
@@ -149,13 +152,13 @@ __device__ __forceinline__ void mmw_cp_rows(const mmw_src &w, uint8_t *rw, int k
     }
 }
 
-// The planes' copies by warps: weight warp w's threads widen the tile's 16-row blocks 2w and 2w + 1 (thread i: block
-// i / 16, rows g and g + 8, words t = 2tp, 2tp + 1), and the warp copies both blocks' 64-block into a buffer of its own
-// in the raw slot, contiguous (MMW_PL_BUF bytes a block: the 256 code bytes as the file stores them, [g][tp][x, y, z,
-// w], then the 32 scale bytes [2 blocks][16 rows]; 36 pieces of 16 bytes, lanes 0..31 then 0..3 again), so that a copy
-// instruction writes a few 128-byte lines of shared memory — per-thread shares 80 bytes apart cost a line each.
+// The planes' copies by warps: producer warp v's threads widen the tile's 16-row block v (thread (g, tp, h): row 8h + g,
+// words t = 2tp, 2tp + 1), which the warp copies into a buffer of its own in the raw slot, contiguous (MMW_PL_BUF bytes:
+// the block's 256 code bytes of the 64-block as the file stores them, [g][tp][x, y, z, w], then its 32 scale bytes
+// [2 k-blocks][16 rows]; 18 pieces of 16 bytes, lanes 0..17), so that a copy instruction writes a few 128-byte lines of
+// shared memory — per-thread shares 80 bytes apart cost a line each.
 #define MMW_PL_BUF 288
-static_assert(4 * 2 * MMW_PL_BUF <= GPU_MMW_BM * GPU_MMW_RAW_A, "mmw: the planes' four warp buffers in a raw slot's weights");
+static_assert(8 * MMW_PL_BUF == GPU_MMW_PL_SLOT, "mmw: the planes' eight warp buffers, a raw slot");
 
 // A lane's source of one piece at 64-block 0 and its bytes a 64-block; rows past W: nothing (zeros).
 struct mmw_pl_src {
@@ -163,32 +166,31 @@ struct mmw_pl_src {
     int step;
     bool v;
 };
-// Piece p (< 36) of the warp's two blocks: block half p / 18 (its first row: lane 16·half's w.row), piece p % 18 of it.
-__device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K, int p) {
-    const int h = p >= 18, k = p - 18 * h, l = threadIdx.x & 31;
-    const int row = __shfl_sync(0xffffffffu, w.row, 16 * h);
-    const bool v = row < w.W.rows && l < 36 - 32 * (p >= 32);
-    const size_t nb = (size_t)(row < w.W.rows ? row : 0) / 16;
+// The calling lane's piece (lane l < 18: piece l) of the warp's block, whose first row is w.row (every lane's).
+__device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K) {
+    const int l = threadIdx.x & 31, k = l < 18 ? l : 0;
+    const bool v = w.row < w.W.rows && l < 18;
+    const size_t nb = (size_t)(w.row < w.W.rows ? w.row : 0) / 16;
     if (k < 16) return mmw_pl_src{(const uint8_t *)w.W.w + nb * (K / 64) * 256 + 16 * k, 256, v};
     return mmw_pl_src{(const uint8_t *)w.W.scale + nb * (K / 32) * 16 + 16 * (k - 16), 32, v};
 }
 
-// The calling weight warp's buffer in raw slot `slot`.
-__device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 3) * 2 * MMW_PL_BUF; }
+// The calling producer warp's buffer in raw slot `slot` (warp v = threadIdx.x / 32 of the two producer warpgroups).
+__device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 7) * MMW_PL_BUF; }
 
 // A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce; the plan's
 // slots, mmw_plan) — the 2-bit planes' tokens straight into stage st (j's, in the same swizzle as a raw row's): with weights each
-// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's two
-// 16-row blocks into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
+// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's
+// 16-row block into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
 // — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
 // own w.row and tok by shuffles), the rest by each thread for itself; a token's 16-byte pieces swizzled in its 128-byte
 // raw row (piece c of token u at c ^ (u % 8): a copy instruction writes four whole lines, mmw_fill_b's reads meet eight
 // bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).
 template <int KIND>
-__device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&ps)[2], const __nv_bfloat16 *__restrict__ xs, int tok, int K,
+__device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src &ps, const __nv_bfloat16 *__restrict__ xs, int tok, int K,
                                           int j, int kb, uint8_t *raw, mmw_stage &st, bool weights, bool tokens) {
     const int i = threadIdx.x & 127, l = threadIdx.x & 31;   // (thread i of either producer warpgroup)
-    uint8_t *slot = raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot;
+    uint8_t *slot = raw + (j % mmw_plan<KIND>::R) * mmw_plan<KIND>::slot;
     if (weights) {
         uint8_t *ra = slot + i * GPU_MMW_RAW_A, *rw = slot + (i - l) * GPU_MMW_RAW_A;   // this thread's share; its warp's first
         const bool va = w.row < w.W.rows;
@@ -198,10 +200,8 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&p
         } else if (KIND == GPU_W_NVFP4) {   // t's 16 elements: code bytes 8t .. 8t + 7, scale byte t
             mmw_cp_rows<16>(w, rw, kb, l);
             mm_cp<4>(ra + 32, (const uint8_t *)w.W.scale + (size_t)row * (K / 16) + (size_t)kb * 4, va);
-        } else {   // the warp's two blocks into its buffer (pieces l and 32 + l)
-            uint8_t *buf = mmw_pl_buf(slot);
-            mm_cp<16>(buf + 16 * l, ps[0].p + (size_t)kb * ps[0].step, ps[0].v);
-            if (l < 4) mm_cp<16>(buf + 16 * (32 + l), ps[1].p + (size_t)kb * ps[1].step, ps[1].v);
+        } else if (l < 18) {   // the warp's block into its buffer (piece l)
+            mm_cp<16>(mmw_pl_buf(slot) + 16 * l, ps.p + (size_t)kb * ps.step, ps.v);
         }
     }
     if (tokens) {
@@ -221,56 +221,58 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src (&p
 // producer's row (0..63 gate, 64..127 up). The same row's sums wherever it sits (a wgmma's rows are independent sums).
 __device__ __forceinline__ int mmw_arow(int r, bool paired) { return paired ? 16 * ((r & 63) >> 3) + 8 * (r >> 6) + (r & 7) : r; }
 
-// The weight producer's step j: its raw share of slot j % GPU_MMW_RAW (landed) → its stage rows in wgmma's order (see
-// the top), A row mmw_arow(r, PAIRED) for its row r. lut: the planes' nibble table (mm_plane_lut).
+// The weight producer's step j (FP8, NVFP4): its raw share of slot j % R (landed) → its stage row in wgmma's order (see
+// the top), A row mmw_arow(i, PAIRED).
 template <int KIND, bool PAIRED>
-__device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
+__device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage &st) {
+    static_assert(KIND == GPU_W_FP8 || KIND == GPU_W_NVFP4, "mmw_fill_a: the planes widen in mmw_fill_pl");
     const int i = threadIdx.x & 127;
-    const uint8_t *ra = raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot + i * GPU_MMW_RAW_A;
-    if (KIND == GPU_W_PLANES) {   // natural order (mmw_plan): pairs 4c .. 4c + 3 in piece c; this thread's rows, words 2tp, 2tp + 1
-        const int g = (i >> 1) & 7, tp = i & 1, hb = (i >> 4) & 1;   // hb: the thread's block of its warp's two
-        const uint8_t *buf = mmw_pl_buf(raw + (j % GPU_MMW_RAW) * mmw_plan<KIND>::slot) + hb * MMW_PL_BUF;
-        const uint4 cw = *(const uint4 *)(buf + 32 * g + 16 * tp);   // x: (g, 2tp) row g, y: row g + 8, z: (g, 2tp + 1) row g, w: row g + 8
-        const uint32_t la = mmw_sa(lut);
+    const uint8_t *ra = raw + (j % mmw_plan<KIND>::R) * mmw_plan<KIND>::slot + i * GPU_MMW_RAW_A;
+    uint32_t lo[16], hi[16];   // [4t + q]: the bf16 pairs P = 8t + 2q (lo) and P + 1 (hi) of the row
+    if (KIND == GPU_W_FP8) {   // word 4t + q holds k 16t + 4q + 0..3 (stored c0 c2 c1 c3)
 #pragma unroll
-        for (int tile = 0; tile < 2; tile++) {
-            const int r = mmw_arow(16 * (i >> 4) + 8 * tile + g, PAIRED);   // (r % 8 = g: the swizzle's)
-            uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
-            mm_pl_idx(tile ? cw.y : cw.x, ea, oa), mm_pl_idx(tile ? cw.w : cw.z, eb, ob);
-            const uint32_t b0 = mm_plane_base(buf[256 + 8 * tile + g]), b1 = mm_plane_base(buf[272 + 8 * tile + g]);   // scale blocks of q < 2, q ≥ 2
-            uint8_t *ar = st.a + r * 128;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {   // pairs 8q + 4tp + 0..3 (ea: codes 0, 1 of word 2tp; oa: 2, 3; eb, ob: word 2tp + 1's): piece 2q + tp
-                const uint32_t base = q < 2 ? b0 : b1;
-                *(uint4 *)(ar + (((2 * q + tp) ^ g) << 4)) =
-                    make_uint4(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(oa, la, q), base + mm_pl_lut(eb, la, q), base + mm_pl_lut(ob, la, q));
-            }
+        for (int c = 0; c < 4; c++) {
+            const uint4 v = *(const uint4 *)(ra + 16 * c);
+            mm_fp8x4(v.x, lo[4 * c], hi[4 * c]), mm_fp8x4(v.y, lo[4 * c + 1], hi[4 * c + 1]);
+            mm_fp8x4(v.z, lo[4 * c + 2], hi[4 * c + 2]), mm_fp8x4(v.w, lo[4 * c + 3], hi[4 * c + 3]);
         }
-    } else {
-        uint32_t lo[16], hi[16];   // [4t + q]: the bf16 pairs P = 8t + 2q (lo) and P + 1 (hi) of the row
-        if (KIND == GPU_W_FP8) {   // word 4t + q holds k 16t + 4q + 0..3 (stored c0 c2 c1 c3)
+    } else {   // NVFP4: bytes 8t .. 8t + 7 hold k 16t .. 16t + 15 (low nibble first), scale byte t
+        const uint4 c0 = *(const uint4 *)ra, c1 = *(const uint4 *)(ra + 16);
+        const uint32_t scw = *(const uint32_t *)(ra + 32), words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const uint4 v = *(const uint4 *)(ra + 16 * c);
-                mm_fp8x4(v.x, lo[4 * c], hi[4 * c]), mm_fp8x4(v.y, lo[4 * c + 1], hi[4 * c + 1]);
-                mm_fp8x4(v.z, lo[4 * c + 2], hi[4 * c + 2]), mm_fp8x4(v.w, lo[4 * c + 3], hi[4 * c + 3]);
-            }
-        } else {   // NVFP4: bytes 8t .. 8t + 7 hold k 16t .. 16t + 15 (low nibble first), scale byte t
-            const uint4 c0 = *(const uint4 *)ra, c1 = *(const uint4 *)(ra + 16);
-            const uint32_t scw = *(const uint32_t *)(ra + 32), words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        for (int t = 0; t < 4; t++) {
+            const __nv_bfloat162 sc = __float2bfloat162_rn(dec_e4m3((scw >> (8 * t)) & 0xffu));
 #pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const __nv_bfloat162 sc = __float2bfloat162_rn(dec_e4m3((scw >> (8 * t)) & 0xffu));
-#pragma unroll
-                for (int q = 0; q < 4; q++) mm_fp4x4(words[2 * t + (q >> 1)] >> ((q & 1) * 16), sc, lo[4 * t + q], hi[4 * t + q]);
-            }
+            for (int q = 0; q < 4; q++) mm_fp4x4(words[2 * t + (q >> 1)] >> ((q & 1) * 16), sc, lo[4 * t + q], hi[4 * t + q]);
         }
-        uint8_t *ar = st.a + mmw_arow(i, PAIRED) * 128;   // piece 2q + h holds words t = 0..3 (the A row ≡ i mod 8: the swizzle's)
+    }
+    uint8_t *ar = st.a + mmw_arow(i, PAIRED) * 128;   // piece 2q + h holds words t = 0..3 (the A row ≡ i mod 8: the swizzle's)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            *(uint4 *)(ar + (((2 * q) ^ (i & 7)) << 4)) = make_uint4(lo[q], lo[4 + q], lo[8 + q], lo[12 + q]);
-            *(uint4 *)(ar + (((2 * q + 1) ^ (i & 7)) << 4)) = make_uint4(hi[q], hi[4 + q], hi[8 + q], hi[12 + q]);
-        }
+    for (int q = 0; q < 4; q++) {
+        *(uint4 *)(ar + (((2 * q) ^ (i & 7)) << 4)) = make_uint4(lo[q], lo[4 + q], lo[8 + q], lo[12 + q]);
+        *(uint4 *)(ar + (((2 * q + 1) ^ (i & 7)) << 4)) = make_uint4(hi[q], hi[4 + q], hi[8 + q], hi[12 + q]);
+    }
+}
+
+// A planes producer thread's step j: its row 8h + g of its warp's 16-row block v (slot j % R, landed) → its stage row in
+// the natural order (mmw_plan), A row mmw_arow(16v + 8h + g, PAIRED); words t = 2tp, 2tp + 1 of each k16 step q — pairs
+// 8q + 4tp .. + 3: piece 2q + tp. lut: the nibble table (mm_plane_lut).
+template <bool PAIRED>
+__device__ __forceinline__ void mmw_fill_pl(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
+    constexpr int KIND = GPU_W_PLANES;
+    const int l = threadIdx.x & 31, v = (threadIdx.x >> 5) & 7, g = (l >> 1) & 7, tp = l & 1, h = l >> 4;
+    const uint8_t *buf = mmw_pl_buf(raw + (j % mmw_plan<KIND>::R) * mmw_plan<KIND>::slot);
+    const uint4 cw = *(const uint4 *)(buf + 32 * g + 16 * tp);   // x: (g, 2tp) row g, y: row g + 8, z: (g, 2tp + 1) row g, w: row g + 8
+    const uint32_t la = mmw_sa(lut);
+    uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
+    mm_pl_idx(h ? cw.y : cw.x, ea, oa), mm_pl_idx(h ? cw.w : cw.z, eb, ob);
+    const uint32_t b0 = mm_plane_base(buf[256 + 8 * h + g]), b1 = mm_plane_base(buf[272 + 8 * h + g]);   // scale blocks of q < 2, q ≥ 2
+    uint8_t *ar = st.a + mmw_arow(16 * v + 8 * h + g, PAIRED) * 128;   // (the A row ≡ g mod 8: the swizzle's)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {   // pairs 8q + 4tp + 0..3 (ea: codes 0, 1 of word 2tp; oa: 2, 3; eb, ob: word 2tp + 1's)
+        const uint32_t base = q < 2 ? b0 : b1;
+        *(uint4 *)(ar + (((2 * q + tp) ^ g) << 4)) =
+            make_uint4(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(oa, la, q), base + mm_pl_lut(eb, la, q), base + mm_pl_lut(ob, la, q));
     }
 }
 
@@ -298,39 +300,41 @@ __device__ __forceinline__ void mmw_fill_b(const uint8_t *raw, int j, mmw_stage 
 // A producer warpgroup's part: the block's tiles m = 0 .. nt − 1 one after the other, every 64-block of K of each into
 // the stages — the steps j = m·KB + (the tile's j) numbered across tiles, so the copies run on from one tile into the
 // next (the next tile's first issued while this one's last are widened) and the stages' barriers keep their phases;
-// src(m, w, tok) gives tile m's source (weights: w, tokens: tok; every lane calls it). Warpgroup 0 the weights
-// (weights: before any GPU_DEP — they never change after boot — and never waiting for it), through the raw ring
-// GPU_MMW_RAW − 1 steps ahead; warpgroup 1 the tokens (after GPU_DEP), through the raw ring the same way or, in the
-// planes' plan (mmw_plan: direct), straight into the stages MMW_AHEAD steps ahead (a stage's copies issued once the
-// consumers released it). Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier
-// after the wait, and one before a raw slot is copied into again, once every lane has read it) and each thread arrives
-// on the stage's `full` barrier when its half is in.
+// src(m, w, tok) gives tile m's source (weights: w, tokens: tok; every lane calls it). WTS: the warpgroup copies and
+// widens weights (before any GPU_DEP — they never change after boot — and never waiting for it), TOKS: it copies tokens
+// (after GPU_DEP). FP8, NVFP4: warpgroup 0 the weights, warpgroup 1 the tokens, both through the raw ring R − 1 steps
+// ahead. PLANES (mmw_plan: direct): both warpgroups a weight block a warp (mmw_fill_pl) and warpgroup 1 the tokens too,
+// straight into the stages; all MMW_AHEAD steps ahead (a stage's token copies issued once the consumers released it).
+// Each warp waits for its own copies only (its lanes copy each other's shares: a warp barrier after the wait, and one
+// before a raw slot is copied into again, once every lane has read it) and each thread arrives on the stage's `full`
+// barrier when its part is in.
 #define MMW_AHEAD (GPU_MMW_STAGES_PL - 2)   // (≤ S − 2: the stage it waits for is released once the consumers hold the step before's)
-template <int KIND, bool PAIRED, bool WTS, class Src>
+template <int KIND, bool PAIRED, bool WTS, bool TOKS, class Src>
 __device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, mmw_stage *st, uint64_t *full,
                                                uint64_t *empty, const uint32_t *lut) {
     constexpr int S = mmw_plan<KIND>::S;
-    constexpr bool direct = mmw_plan<KIND>::direct && !WTS;   // (the tokens straight into the stages)
-    constexpr int A = direct ? MMW_AHEAD : GPU_MMW_RAW - 1;   // steps issued ahead
+    constexpr bool pl = KIND == GPU_W_PLANES, direct = pl && TOKS;   // (direct: this warpgroup's tokens straight into the stages)
+    constexpr int A = pl ? MMW_AHEAD : mmw_plan<KIND>::R - 1;   // steps issued ahead
+    static_assert(A < mmw_plan<KIND>::R && (WTS || TOKS) && (pl || WTS != TOKS), "mmw_produce_as: the rings and the warpgroups' parts");
     uint8_t *raw = mmw_raw<KIND>(st);
-    const int KB = K / 64, steps = nt * KB, l = threadIdx.x & 31;
-    if (KIND == GPU_W_PLANES && (mmw_sa(lut) & 255u)) __trap();   // (the table not where MM_PL_LUT puts it: mm_pl_lut, loudly)
+    const int KB = K / 64, steps = nt * KB;
+    if (pl && (mmw_sa(lut) & 255u)) __trap();   // (the table not where MM_PL_LUT puts it: mm_pl_lut, loudly)
     mmw_src w = {};
     int tok = -1, m = 0, jt = 0;   // the issues' tile and its 64-blocks issued
-    mmw_pl_src ps[2] = {};
+    mmw_pl_src ps = {};
     auto at = [&](int mm) {   // tile mm's source (every lane of the warp: the shuffles)
         src(mm, w, tok);
-        if (KIND == GPU_W_PLANES && WTS) ps[0] = mmw_pl_at(w, K, l), ps[1] = mmw_pl_at(w, K, 32 + (l & 3));
+        if (pl) ps = mmw_pl_at(w, K);
     };
     at(0);
-    if (!WTS) GPU_DEP();
+    if (TOKS) GPU_DEP();
     mmg_kb_walk kw(KB);   // the issues' 64-blocks of their tile, in turn
     auto issue = [&](int j) {   // step j's copies (the steps in turn), none past the last
         if (j >= steps) return;
         if (jt == KB) at(++m), jt = 0, kw = mmg_kb_walk(KB);
         jt++;
         if (direct && j >= S) mmw_wait(&empty[j % S], (j / S - 1) & 1);   // (its stage released)
-        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), raw, st[j % S], WTS, !WTS);
+        mmw_issue<KIND>(w, ps, xs, tok, K, j, kw.next(), raw, st[j % S], WTS, TOKS);
     };
     for (int j = 0; j < A; j++) {
         issue(j);
@@ -338,35 +342,34 @@ __device__ __forceinline__ void mmw_produce_as(Src src, int nt, const __nv_bfloa
     }
     for (int j = 0; j < steps; j++) {
         const int s = j % S;
-        if (!direct) __syncwarp();   // every lane's fill of step j − 1 has read the raw slot about to be copied into
-        issue(j + A);   // (the raw ring: into the slot step j − 1 read)
+        __syncwarp();   // every lane's fill of the step before has read the raw slot about to be copied into
+        issue(j + A);
         mm_cp_commit();
         mm_cp_wait<A>();   // step j's copies (this lane's own) landed
-        if constexpr (!direct) {
-            __syncwarp();   // and the other lanes': this thread's share is whole
-            if (j >= S) mmw_wait(&empty[s], (j / S - 1) & 1);
-            if constexpr (WTS) mmw_fill_a<KIND, PAIRED>(raw, j, st[s], lut);
-            else mmw_fill_b<KIND>(raw, j, st[s]);
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores seen by the consumers' wgmma
+        __syncwarp();      // and the other lanes': this thread's share is whole
+        if (!direct && j >= S) mmw_wait(&empty[s], (j / S - 1) & 1);   // (direct: waited before its copies)
+        if constexpr (pl) mmw_fill_pl<PAIRED>(raw, j, st[s], lut);
+        else if constexpr (WTS) mmw_fill_a<KIND, PAIRED>(raw, j, st[s]);
+        else mmw_fill_b<KIND>(raw, j, st[s]);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores (and the direct copies) seen by the consumers' wgmma
         mmw_arrive(&full[s]);
     }
     mm_cp_wait<0>();
 }
 
-// The calling producer warpgroup's part (weights: warpgroup 0's), each its own code.
+// The calling producer warpgroup's part (wg0: warpgroup 0's), each its own code.
 template <int KIND, bool PAIRED, class Src>
 __device__ __forceinline__ void mmw_produce(Src src, int nt, const __nv_bfloat16 *__restrict__ xs, int K, mmw_stage *st, uint64_t *full,
-                                            uint64_t *empty, const uint32_t *lut, bool weights) {
-    if (weights) mmw_produce_as<KIND, PAIRED, true>(src, nt, xs, K, st, full, empty, lut);
-    else mmw_produce_as<KIND, PAIRED, false>(src, nt, xs, K, st, full, empty, lut);
+                                            uint64_t *empty, const uint32_t *lut, bool wg0) {
+    if (wg0) mmw_produce_as<KIND, PAIRED, true, false>(src, nt, xs, K, st, full, empty, lut);
+    else mmw_produce_as<KIND, PAIRED, KIND == GPU_W_PLANES, true>(src, nt, xs, K, st, full, empty, lut);
 }
 
 // One tile's producer source (k_mm_w: a block one tile).
 template <int KIND>
 __device__ __forceinline__ void mmw_produce(const mmw_src &w0, const __nv_bfloat16 *__restrict__ xs, int tok0, int K, mmw_stage *st, uint64_t *full,
-                                            uint64_t *empty, const uint32_t *lut, bool weights) {
-    mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, st, full, empty, lut, weights);
+                                            uint64_t *empty, const uint32_t *lut, bool wg0) {
+    mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, st, full, empty, lut, wg0);
 }
 
 // Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps) over S stages (the kind's plan): tot[4n + e]

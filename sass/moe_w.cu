@@ -49,16 +49,16 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     const int H = G0.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
     const bool pl = G0.kind == GPU_W_PLANES;   // (the planes' plan: mmw_plan)
     __syncthreads();   // the table and the barriers
-    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the tokens
+    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the tokens (planes: both the weights, mmw_produce_as)
         mmw_regs_producer();
         const bool wts = wg == 0;
-        if (pl) {   // 16-row blocks 0..3 of the tile from gate, 4..7 from up
+        if (pl) {   // producer warp v's 16-row block: v < 4 of the tile's gate rows, 4..7 of its up rows
+            const int v = threadIdx.x >> 5;
             mmw_produce<GPU_W_PLANES, true>(
                 [&](int m, mmw_src &w, int &tok) {
                     const mmw_tile tl = mmw_tile_at(map, m, nrb);
-                    const int nb = i >> 4;
-                    if (wts) w = mmw_src{experts[3 * tl.x + (nb >> 2)], 64 * tl.rb + 16 * (nb & 3)};
-                    else tok = i < tl.cnt ? perm[tl.first + i] / K : -1;
+                    w = mmw_src{experts[3 * tl.x + (v >> 2)], 64 * tl.rb + 16 * (v & 3)};
+                    if (!wts) tok = i < tl.cnt ? perm[tl.first + i] / K : -1;
                 },
                 nt, xs, H, st, full, empty, lut, wts);
         } else {   // NVFP4 (gpu_moe_shape: planes and NVFP4 only): rows 0..63 gate, 64..127 up
@@ -117,16 +117,16 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     const int I = D0.cols, wg = threadIdx.x >> 7, i = threadIdx.x & 127;
     const bool pl = D0.kind == GPU_W_PLANES;   // (the planes' plan: mmw_plan)
     __syncthreads();
-    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the rows of hs
+    if (wg < 2) {   // the producers: warpgroup 0 the weights, 1 the rows of hs (planes: both the weights, mmw_produce_as)
         mmw_regs_producer();
         const bool wts = wg == 0;
         auto src = [&](int m, mmw_src &w, int &tok, int r) {
             const mmw_tile tl = mmw_tile_at(map, m, nrb);
-            if (wts) w = mmw_src{experts[3 * tl.x + 2], GPU_MMW_BM * tl.rb + r};
-            else tok = i < tl.cnt ? perm[tl.first + i] : -1;
+            if (wts || pl) w = mmw_src{experts[3 * tl.x + 2], GPU_MMW_BM * tl.rb + r};
+            if (!wts) tok = i < tl.cnt ? perm[tl.first + i] : -1;
         };
-        if (pl)
-            mmw_produce<GPU_W_PLANES, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, 16 * (i >> 4)); }, nt, hs, I, st, full, empty, lut, wts);
+        if (pl)   // producer warp v: the tile's 16-row block v
+            mmw_produce<GPU_W_PLANES, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, 16 * (threadIdx.x >> 5)); }, nt, hs, I, st, full, empty, lut, wts);
         else mmw_produce<GPU_W_NVFP4, false>([&](int m, mmw_src &w, int &tok) { src(m, w, tok, i); }, nt, hs, I, st, full, empty, lut, wts);
         return;
     }
