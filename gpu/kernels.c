@@ -35,7 +35,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_FA_W, "k_fa_w") X(K_ARGMAX, "k_argmax") X(K_SAMPLE, "k_sample")                                                                                    \
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_V4, "k_mm_v4") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") X(K_MM_C, "k_mm_c") X(K_ROWS, "k_rows") \
-    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
+    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_HIST, "k_moe_hist") X(K_MOE_PLACE, "k_moe_place") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_DG4, "k_moe_up_dg4") X(K_MOE_DN_DG4, "k_moe_dn_dg4") X(K_MOE_UP_DG1, "k_moe_up_dg1") X(K_MOE_DN_DG1, "k_moe_dn_dg1") \
     X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128") X(K_MOE_UP_W, "k_moe_up_w") X(K_MOE_DN_W, "k_moe_dn_w")
@@ -155,6 +155,7 @@ typedef struct {
     int moe_w_blocks;      // ... in at most this many blocks (0: one a multiprocessor; the tests' small grids: many tiles a block)
     int moe_nrb;           // row blocks a block of the experts' _d shape takes (0: gpu_moe_nrb's choice)
     int route_silu;        // k_route's SiLU · up in blocks past its first (0: its first block's)
+    int moe_sort_pb;       // steps of more than this many pairs group them in k_moe_sort's grouped form (0: one block always)
     int moe_dg;            // 2-bit plane experts' _d shape through their own kernels, k_moe_*_dg4 (k_moe_*_dg1 at one
                            // row block a block; 0: k_moe_*_d, _d1)
     int mm_v2;             // dense products of GPU_MM_TOK_V + 1 to GPU_MM_TOK_V2 tokens through k_mm_v2 (0: the split-K shapes)
@@ -250,6 +251,9 @@ static int gpu_kernels_load(gpu_kernels *k, const gpu_device *d, moet_err *e) {
     // block a block, _dg1 340.1-341.3 against k_moe_*_d1's 333.3-334.2 (before mm_core_pl _dg1 319
     // against 321-322))
     k->moe_dg = 1;
+    // (k_moe_sort is one block: 69 us a launch at an 8,192-token prompt's 65,536 pairs, 2.8 ms of the prompt's 248 on an
+    // H100; the grouped form spreads them over blocks of GPU_MOE_SORT_PB)
+    k->moe_sort_pb = GPU_MOE_SORT_PB;
     // (the same bench, without / with: batch 1 340.9-343.3 / 347.0-347.2, batch 16 2,433.5-2,445.1 /
     // 2,564.1-2,565.4, batch 32 3,323.6-3,339.5 / 3,460.1-3,463.7, batch 64 5,003.1-5,025.9 /
     // 5,023.5-5,034.5: block 0's routing no longer waits on the SiLU's T·768 elements)

@@ -435,12 +435,25 @@ static int gpu_moe_items_max(long long P, int E) {
     int a = gpu_moe_items_bound(P, E), b = gpu_moe_items_bound(P < d ? P : d, E);
     return a > b ? a : b;
 }
-static size_t gpu_moe_map_ints(long long P, int E) { return 1 + 3 * (size_t)gpu_moe_items_max(P, E) + (size_t)P; }
+// (+ the grouped form's hist [⌈P / GPU_MOE_SORT_PB⌉][E] past perm, where P is past one block's: gpu_k_moe_sort; a step
+// of fewer pairs finds its hist inside the allocation of the most: its items bound and P are no larger)
+static size_t gpu_moe_map_ints(long long P, int E) {
+    return 1 + 3 * (size_t)gpu_moe_items_max(P, E) + (size_t)P + (P > GPU_MOE_SORT_PB ? (size_t)gpu_cdiv(P, GPU_MOE_SORT_PB) * E : 0);
+}
 
-// map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu).
+// map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu): one block, or past k->moe_sort_pb pairs the
+// grouped form (k_moe_hist, k_moe_place: a block a GPU_MOE_SORT_PB pairs; the same items, each expert's pairs in another
+// order — any order serves, as the one block's atomics give).
 static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
     MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
     int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(k, P, E);
+    if (k->moe_sort_pb > 0 && P > k->moe_sort_pb && P > GPU_MOE_SORT_PB) {
+        const int nb = (int)gpu_cdiv(P, GPU_MOE_SORT_PB);
+        gpu_launch(k, K_MOE_HIST, (gpu_dim){nb, 1, 1, "(blocks of GPU_MOE_SORT_PB pairs, 1, 1)"}, GPU_MOE_HIST_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound));
+        gpu_launch(k, K_MOE_PLACE, (gpu_dim){nb, 1, 1, "(blocks of GPU_MOE_SORT_PB pairs, 1, 1)"}, GPU_MOE_SORT_NT, 0, s,
+                   GPU_ARGS(&sel, &P, &E, &map, &bound, &cap));
+        return;
+    }
     gpu_launch(k, K_MOE_SORT, (gpu_dim){1, 1, 1, "(1, 1, 1)"}, GPU_MOE_SORT_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound, &cap));
 }
 

@@ -257,6 +257,13 @@ GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MM
 // time (moe_sort_block: their loads in flight together)
 #define GPU_MOE_SORT_NT 1024
 #define GPU_MOE_SORT_U 8
+// ... and its grouped form for steps of more than GPU_MOE_SORT_PB pairs (gpu_k_moe_sort): blocks of
+// GPU_MOE_SORT_PB pairs, k_moe_hist counting them (GPU_MOE_HIST_NT threads, GPU_MOE_SORT_U pairs a
+// thread) into hist [blocks][E] past perm in the map, then k_moe_place placing them (GPU_MOE_SORT_NT
+// threads: a thread per expert for the scans).
+#define GPU_MOE_SORT_PB 2048
+#define GPU_MOE_HIST_NT 256
+GPU_ABI_ASSERT(GPU_MOE_SORT_PB == GPU_MOE_HIST_NT * GPU_MOE_SORT_U && GPU_MOE_SORT_PB % GPU_MOE_SORT_NT == 0, "k_moe_hist / k_moe_place: a block's pairs");
 // k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared
 // expert's activation in one block (a warp per token's router).
 #define GPU_ROUTE_T 32

@@ -1,14 +1,15 @@
 // sass/moe_mm.cu — the routed experts of one layer on the tensor cores (sass/mm.cuh), the step's
 // (token, choice) pairs grouped by expert so each chosen expert's weights are read once per item
 // of up to cap of its pairs (MODEL.md §3.6):
-//   k_moe_sort: the pairs p = t·K + k of sel [T·K] grouped by expert into map (below)
+//   k_moe_sort: the pairs p = t·K + k of sel [T·K] grouped by expert into map (below); past
+//     GPU_MOE_SORT_PB pairs its grouped form, k_moe_hist then k_moe_place, the same items
 //   k_moe_up_*: hs = the bf16 parts of h[p, i] = SiLU(gate_x[i] · xn[t]) · (up_x[i] · xn[t]), i < I
 //   k_moe_dn_*: ye[p, j] = down_x[j] · h[p], j < H
 // (k_moe_combine, sass/moe.cu, then adds a token's choices and the shared expert.)
 // CPU twins: ref_moe_gate_up, ref_moe_down (moet.c: one expert over the tokens that chose it).
 //
 // Launch (gpu/launch.c: gpu_k_moe_sort, gpu_k_moe_up, gpu_k_moe_dn): k_moe_sort one block of
-// GPU_MOE_SORT_NT threads; the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
+// GPU_MOE_SORT_NT threads (k_moe_hist, k_moe_place: a block of GPU_MOE_SORT_PB pairs each); the others block GPU_MM_NT, grid (items bound, ceil(I or H / 16RT / nrb)):
 // a block past the step's item count returns at once; a block of _d (or _dg4: 2-bit planes alone,
 // gpu_kernels.moe_dg; at nrb 1 _d1, _dg1) takes nrb row blocks (gpu_moe_nrb), _p one. The shape is picked by P = T·K, the same bits in each:
 // _d when P ≤ GPU_MM_TOK_B or up to GPU_MOE_D_PPE pairs per expert (items of ≤ GPU_MOE_CAP_D pairs, whose activations are staged in dynamic
@@ -21,10 +22,36 @@
 //
 // map (int32, gpu/launch.c: gpu_moe_map_ints): [0] the number of items; then items of 3 ints
 // (expert x, first position in perm, count ≤ cap: GPU_MOE_CAP_D pairs for the _d shape, GPU_MM_TOK
-// for _p), in ascending x; then perm [P]: the
-// pairs p = t·K + k sorted by expert. The order of pairs inside one expert's list varies from run
-// to run (atomic counters); no result depends on it: each pair's sums are its own column of the
+// for _p), in ascending x; then perm [P]: the pairs p = t·K + k sorted by expert; then (the grouped
+// form's) hist [⌈P / GPU_MOE_SORT_PB⌉][E]. The order of pairs inside one expert's list varies from
+// run to run (atomic counters); no result depends on it: each pair's sums are its own column of the
 // products, whatever tile it shares.
+
+// Thread x's exclusive prefix sums over the block of c and it (x < E: expert x's pairs and items; the rest hold zeros)
+// into oc, oi, and its inclusive one of it into ti (the last thread's: the items in all). wsum: the warps' sums (one
+// barrier inside).
+__device__ __forceinline__ void moe_sort_scan(int c, int it, int (&wsum)[2][32], int &oc, int &oi, int &ti) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int sc = c, si = it;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, sc, o), b = __shfl_up_sync(0xffffffffu, si, o);
+        if (lane >= o) sc += a, si += b;
+    }
+    if (lane == 31) wsum[0][w] = sc, wsum[1][w] = si;
+    __syncthreads();
+    int ac = 0, ai = 0;
+    for (int v = 0; v < w; v++) ac += wsum[0][v], ai += wsum[1][v];
+    oc = ac + sc - c, oi = ai + si - it, ti = ai + si;
+}
+
+// Expert x's items (its c pairs from position pos in runs of up to cap, the first item ib) into map's items.
+__device__ __forceinline__ void moe_sort_items(int *__restrict__ items, int x, int c, int it, int pos, int ib, int cap) {
+    for (int j = 0; j < it; j++) {
+        int *q = items + 3 * (ib + j);
+        q[0] = x, q[1] = pos + j * cap, q[2] = min(cap, c - j * cap);
+    }
+}
 
 // The block's work (GPU_MOE_SORT_NT threads; k_route, sass/route.cu, runs it too, U 1: a pair an
 // iteration, its few tokens' pairs one round each). Each of the two passes over sel reads U pairs a
@@ -45,7 +72,8 @@ __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int 
             if (U == 1 || p0 + u * (int)blockDim.x < P) atomicAdd(&cnt[e[u]], 1);
     }
     __syncthreads();
-    // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each)
+    // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each; moe_sort_scan's sums, written
+    // out here: with the call ptxas spills 12 bytes more of k_route, which runs this at every decode step)
     const int x = threadIdx.x, lane = x & 31, w = x >> 5;
     int c = x < E ? cnt[x] : 0, it = (c + cap - 1) / cap;
     int sc = c, si = it;
@@ -62,11 +90,7 @@ __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int 
     if (x == blockDim.x - 1) map[0] = oi + si;
     __syncthreads();
     int *items = map + 1, *perm = map + 1 + 3 * items_bound;
-    if (x < E)
-        for (int j = 0; j < it; j++) {
-            int *q = items + 3 * (ib[x] + j);
-            q[0] = x, q[1] = pos[x] + j * cap, q[2] = min(cap, c - j * cap);
-        }
+    if (x < E) moe_sort_items(items, x, c, it, pos[x], ib[x], cap);
     for (int p0 = threadIdx.x; p0 < P; p0 += U * blockDim.x) {
         int e[U];
 #pragma unroll
@@ -81,6 +105,58 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const i
                                                                          int items_bound, int cap) {
     GPU_DEP();
     moe_sort_block<GPU_MOE_SORT_U>(sel, P, E, map, items_bound, cap);
+}
+
+// The grouped form (steps of more than GPU_MOE_SORT_PB pairs, gpu_k_moe_sort): grid (B = ⌈P / GPU_MOE_SORT_PB⌉), block b
+// the pairs [b·PB, +PB). k_moe_hist: hist[b][x] (map + 1 + 3·items_bound + P: past perm) = block b's pairs of expert x.
+extern "C" __global__ void __launch_bounds__(GPU_MOE_HIST_NT) k_moe_hist(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
+                                                                         int items_bound) {
+    __shared__ int cnt[GPU_ROUTER_MAX_E];
+    GPU_DEP();
+    for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = 0;
+    __syncthreads();
+    const int p0 = (int)blockIdx.x * GPU_MOE_SORT_PB + (int)threadIdx.x;
+    int e[GPU_MOE_SORT_U];   // (the loads in flight together, as moe_sort_block's)
+#pragma unroll
+    for (int u = 0; u < GPU_MOE_SORT_U; u++) e[u] = p0 + u * GPU_MOE_HIST_NT < P ? sel[p0 + u * GPU_MOE_HIST_NT] : -1;
+#pragma unroll
+    for (int u = 0; u < GPU_MOE_SORT_U; u++)
+        if (e[u] >= 0) atomicAdd(&cnt[e[u]], 1);
+    __syncthreads();
+    int *hist = map + 1 + 3 * (size_t)items_bound + P;
+    for (int x = threadIdx.x; x < E; x += blockDim.x) hist[(size_t)blockIdx.x * E + x] = cnt[x];
+}
+
+// k_moe_place: every block scans the experts' totals from hist (thread x: expert x's, and its pairs in the blocks before
+// this one), block 0 writes map[0] and the items as moe_sort_block does, and each block places its pairs after those
+// of the blocks before it (within a block in any order, as moe_sort_block's atomics do).
+extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_place(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
+                                                                          int items_bound, int cap) {
+    __shared__ int pos[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
+    __shared__ int wsum[2][32];
+    GPU_DEP();
+    const int x = threadIdx.x, b = blockIdx.x;
+    const int *hist = map + 1 + 3 * (size_t)items_bound + P;
+    int c = 0, before = 0;
+    if (x < E)
+        for (int v = 0; v < (int)gridDim.x; v++) {
+            const int h = hist[(size_t)v * E + x];
+            c += h, before += v < b ? h : 0;
+        }
+    const int it = (c + cap - 1) / cap;
+    int oc, oi, ti;
+    moe_sort_scan(c, it, wsum, oc, oi, ti);
+    if (x < E) pos[x] = oc + before, fill[x] = 0;
+    if (b == 0) {
+        if (x == blockDim.x - 1) map[0] = ti;
+        if (x < E) moe_sort_items(map + 1, x, c, it, oc, oi, cap);
+    }
+    __syncthreads();
+    int *perm = map + 1 + 3 * (size_t)items_bound;
+    for (int p = b * GPU_MOE_SORT_PB + x; p < P && p < (b + 1) * GPU_MOE_SORT_PB; p += blockDim.x) {
+        const int y = sel[p];
+        perm[pos[y] + atomicAdd(&fill[y], 1)] = p;
+    }
 }
 
 // A row block's outputs from red (mm_reduce's sums of the item's cnt pairs, rows [base, +16RT)):

@@ -1084,6 +1084,73 @@ static void kernel_sample(gpu_engine *g) {
 // a normalisation over ≤ 2048 terms moves by a few ulps (1e-6 relative). Measured: the router's
 // weights 6e-8 (absolute) → 3e-7; k_add_rmsnorm 6.9e-7 → 2e-6; k_gated_norm 2.4e-6 (heads of 160: 1.6e-6) → 7e-6.
 // The router's choices must be the same experts in the same order (random logits: no near ties).
+// A map of P pairs over E experts (gpu_moe_map_ints) that groups sel: items in ascending expert from position 0 on,
+// each of 1..cap pairs of its expert, every pair exactly once.
+static int kt_map_valid(const int *m, const int32_t *sel, int P, int E, int cap) {
+    const int bound = gpu_moe_items_bound(P, E), *perm = m + 1 + 3 * bound;
+    char *seen = calloc((size_t)P, 1);
+    int ok = m[0] >= 1 && m[0] <= bound, pos = 0, last = -1;
+    for (int i = 0; ok && i < m[0]; i++) {
+        const int *it = m + 1 + 3 * i;
+        ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= cap;
+        for (int j = 0; ok && j < it[2]; j++) {
+            const int p = perm[it[1] + j];
+            ok = p >= 0 && p < P && !seen[p] && sel[p] == it[0];
+            if (ok) seen[p] = 1;
+        }
+        last = it[0], pos += it[2];
+    }
+    free(seen);
+    return ok && pos == P;
+}
+
+// k_moe_sort's grouped form (k_moe_hist, k_moe_place) against its one block, E 256: P = 2,049 (one pair past a block
+// of GPU_MOE_SORT_PB), 6,267 and 24,699 (13 blocks, the last partial; the one block's loop past one round), the choices
+// at random and skewed (every other pair expert 7: items past one of its run). Each map valid on the host and the items
+// the same bit for bit — so each expert's run holds the same pairs (in any order: the one block's atomics give any).
+static void kernel_moe_sort_grouped(gpu_engine *g) {
+    enum { E = 256, PMAX = 24699 };
+    static const int Ps[] = {2049, 6267, 24699};
+    moet_err e = {{0}};
+    const size_t mi = gpu_moe_map_ints(PMAX, E);
+    arena plan = arena_measure("sort test"), d;
+    arena_take(&plan, sizeof(float) * (size_t)PMAX, 256, "test buffer");
+    for (int i = 0; i < 2; i++) arena_take(&plan, sizeof(float) * mi, 256, "test buffer");
+    if (arena_init_kind(&d, "sort test", ARENA_DEVICE, plan.used, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    int32_t *sel = malloc(sizeof(int32_t) * PMAX);
+    int *ma = malloc(sizeof(int) * mi), *mb = malloc(sizeof(int) * mi);
+    CUdeviceptr sd = kt_dev(&d, NULL, PMAX), m1 = kt_dev(&d, NULL, mi), m2 = kt_dev(&d, NULL, mi);
+    const int pb0 = g->k.moe_sort_pb;
+    for (int v = 0; v < 6; v++) {
+        const int P = Ps[v % 3], skew = v >= 3, cap = gpu_moe_cap(&g->k, P, E);
+        const size_t n = gpu_moe_map_ints(P, E);
+        for (int p = 0; p < P; p++) sel[p] = skew && p % 2 ? 7 : (int)(kt_next() % E);
+        CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof(int32_t) * P));
+        CU_CHECK(cu.cuMemsetD8(m1, 0xff, sizeof(int) * n));
+        CU_CHECK(cu.cuMemsetD8(m2, 0xff, sizeof(int) * n));
+        CU_CHECK(cu.cuCtxSynchronize());
+        g->k.moe_sort_pb = 0;
+        gpu_k_moe_sort(&g->k, g->compute, sd, P, E, m1);
+        g->k.moe_sort_pb = GPU_MOE_SORT_PB;
+        gpu_k_moe_sort(&g->k, g->compute, sd, P, E, m2);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(ma, m1, sizeof(int) * n));
+        CU_CHECK(cu.cuMemcpyDtoH(mb, m2, sizeof(int) * n));
+        const int va = kt_map_valid(ma, sel, P, E, cap), vb = kt_map_valid(mb, sel, P, E, cap);
+        const int same = va && vb && ma[0] == mb[0] && !memcmp(ma + 1, mb + 1, sizeof(int) * 3 * (size_t)ma[0]);
+        CHECK(va && vb && same, "k_moe_sort [%d pairs%s]: one block's map %s, the grouped form's %s, items %s", P, skew ? ", skewed" : "",
+              va ? "valid" : "INVALID", vb ? "valid" : "INVALID", same ? "the same" : "DIFFERENT");
+        printf("k_moe_sort [%d pairs%s, E %d]: the grouped form's map %s, its %d items %s the one block's\n", P, skew ? ", skewed" : "", E,
+               vb ? "valid" : "INVALID", mb[0], same ? "the same as" : "NOT");
+    }
+    g->k.moe_sort_pb = pb0;
+    free(sel), free(ma), free(mb);
+    arena_release(&d);
+}
+
 static void kernel_misc(gpu_engine *g) {
     enum { T = 37, E = 256, KT = 8, H = 2048, NV = 32, DV = 128 };
     moet_err e = {{0}};
@@ -3509,6 +3576,7 @@ int main(void) {
             kernel_mm_stream(&g);
             kernel_widen_codes(&g);
             kernel_misc(&g);
+            kernel_moe_sort_grouped(&g);
             kernel_argmax(&g);
             kernel_sample(&g);
             kernel_gdn(&g);
