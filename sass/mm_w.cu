@@ -4,7 +4,8 @@
 //
 // grid (the row blocks of GPU_MMW_BM rows of every matrix of the set, set.first; token tiles of GPU_MMW_BN), GPU_MMW_NT
 // threads, GPU_MMW_SMEM bytes of dynamic shared memory. A set's BF16 matrices are not taken (gpu_k_mm_w launches them
-// apart). Rows past a matrix and tokens past T read zeros and write nothing.
+// apart). Rows past a matrix read zeros, tokens past T nothing (their columns: whatever the stages held), and write nothing;
+// the last token tile takes the narrowest product that holds its tokens (mmw_consume_n).
 #include "mmw.cuh"
 
 extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_mm_w(gpu_lin_set set, const __nv_bfloat16 *__restrict__ xs, int T) {
@@ -29,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_mm_w(gpu_lin_set s
     GPU_DEP();
     const int c = wg - 2, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     float tot[64];
-    mmw_consume(st, full, empty, K, c, tot);
+    mmw_consume_n<GPU_MMW_STAGES>(st, full, empty, K, c, tot, 0, T - t0 < GPU_MMW_BN ? T - t0 : GPU_MMW_BN);
     const gpu_mat &W = set.W[m];
     const float post = mm_post(W);
     float *__restrict__ y = (float *)set.y[m];

@@ -89,16 +89,31 @@ __device__ __forceinline__ uint64_t mmw_desc(uint32_t sa) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
-// d += one k16 step of 64 rows (a, this warpgroup's) × 128 tokens (b): d[4n + e] = row 16·warp + g + 8(e/2), token
-// 8n + 2t + e % 2 (mma.m16n8k16's c of n-tile n).
+// d += one k16 step of 64 rows (a, this warpgroup's) × the first N tokens (b; N = 32, 64 or 128): d[4n + e] = row
+// 16·warp + g + 8(e/2), token 8n + 2t + e % 2 (mma.m16n8k16's c of n-tile n), n < N / 8 (the rest untouched). A token's
+// sums are the same bits whatever N (each n-tile of 8 tokens its own columns).
 #define MMW_D8(n) "+f"(d[8 * n]), "+f"(d[8 * n + 1]), "+f"(d[8 * n + 2]), "+f"(d[8 * n + 3]), "+f"(d[8 * n + 4]), "+f"(d[8 * n + 5]), "+f"(d[8 * n + 6]), "+f"(d[8 * n + 7])
+template <int N>
 __device__ __forceinline__ void mmw_mma(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "%64, %65, p, 1, 1, 0, 0;}"
-                 : MMW_D8(0), MMW_D8(1), MMW_D8(2), MMW_D8(3), MMW_D8(4), MMW_D8(5), MMW_D8(6), MMW_D8(7)
-                 : "l"(a), "l"(b));
+    static_assert(N == 32 || N == 64 || N == 128, "mmw_mma: m64n32, m64n64, m64n128");
+    if constexpr (N == 128)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                     "%64, %65, p, 1, 1, 0, 0;}"
+                     : MMW_D8(0), MMW_D8(1), MMW_D8(2), MMW_D8(3), MMW_D8(4), MMW_D8(5), MMW_D8(6), MMW_D8(7)
+                     : "l"(a), "l"(b));
+    else if constexpr (N == 64)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "%32, %33, p, 1, 1, 0, 0;}"
+                     : MMW_D8(0), MMW_D8(1), MMW_D8(2), MMW_D8(3)
+                     : "l"(a), "l"(b));
+    else
+        asm volatile("{.reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;}"
+                     : MMW_D8(0), MMW_D8(1)
+                     : "l"(a), "l"(b));
 }
 
 // Producer thread i's weights: FP8, NVFP4 — row `row` of W (A row i of the tile); PLANES — the 16-row block of W from
@@ -181,7 +196,7 @@ __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (ui
 // A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce; the plan's
 // slots, mmw_plan) — the 2-bit planes' tokens straight into stage st (j's, in the same swizzle as a raw row's): with weights each
 // thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's
-// 16-row block into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, zeros)
+// 16-row block into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs ([·][K]; -1: none, nothing copied — that token's column of the products is never written back, whatever its stage row holds)
 // — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
 // own w.row and tok by shuffles), the rest by each thread for itself; a token's 16-byte pieces swizzled in its 128-byte
 // raw row (piece c of token u at c ^ (u % 8): a copy instruction writes four whole lines, mmw_fill_b's reads meet eight
@@ -211,7 +226,7 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src &ps
         for (int c = 0; c < 8; c++) {
             const int u = mmw_crow<4>(c, l), r = __shfl_sync(0xffffffffu, tok, u);
             const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
-            mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, r >= 0);   // (mmw_fill_b, wgmma's 128B swizzle: piece pc of token u at pc ^ (u % 8))
+            if (r >= 0) mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, true);   // (mmw_fill_b, wgmma's 128B swizzle: piece pc of token u at pc ^ (u % 8))
         }
     }
 }
@@ -372,11 +387,12 @@ __device__ __forceinline__ void mmw_produce(const mmw_src &w0, const __nv_bfloat
     mmw_produce<KIND, false>([&](int, mmw_src &w, int &tok) { w = w0, tok = tok0; }, 1, xs, K, st, full, empty, lut, wg0);
 }
 
-// Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps) over S stages (the kind's plan): tot[4n + e]
-// = the sum of A row 64c + 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K, in k_mm_g's order (before the kind's
-// scale). Returns when every stage it read is released.
-template <int S = GPU_MMW_STAGES>
-__device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0 = 0) {
+// Warpgroup 2 + c's part of a tile whose first step is j0 (mmw_produce's steps) over S stages (the kind's plan), its
+// first N tokens (mmw_mma's N: the stages' token rows past N are not read): tot[4n + e] = the sum of A row 64c +
+// 16·warp + g + 8(e/2) and token 8n + 2t + e % 2 over K, in k_mm_g's order (before the kind's scale); n ≥ N / 8: 0.
+// Returns when every stage it read is released.
+template <int S, int N>
+__device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0) {
     const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
     float acc[64];
 #pragma unroll
@@ -390,16 +406,25 @@ __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint6
             const uint32_t a0 = mmw_sa(st[s].a + 64 * c * 128), b0 = mmw_sa(st[s].b);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-            for (int q = 0; q < 4; q++) mmw_mma(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
+            for (int q = 0; q < 4; q++) mmw_mma<N>(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
             if (j > j0) mmw_arrive(&empty[(j - 1) % S]);   // step j − 1's group has landed: its stage is free
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int e = 0; e < 64; e++) tot[e] = cls == 0 ? acc[e] : tot[e] + acc[e], acc[e] = 0.f;
+        for (int e = 0; e < N / 2; e++) tot[e] = cls == 0 ? acc[e] : tot[e] + acc[e], acc[e] = 0.f;
     }
     if (j > j0) mmw_arrive(&empty[(j - 1) % S]);
+}
+
+// The same for a tile of cnt tokens (1 .. GPU_MMW_BN): the narrowest product that holds them (m64n32, m64n64, m64n128;
+// the same bits each: mmw_mma), so an expert's last short run costs its own tokens' tensor work, not a full tile's.
+template <int S>
+__device__ __forceinline__ void mmw_consume_n(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0, int cnt) {
+    if (cnt <= 32) mmw_consume<S, 32>(st, full, empty, K, c, tot, j0);
+    else if (cnt <= 64) mmw_consume<S, 64>(st, full, empty, K, c, tot, j0);
+    else mmw_consume<S, 128>(st, full, empty, K, c, tot, j0);
 }
 
 // The block's shared state: the stages (1,024-aligned in the dynamic shared memory) and the raw ring after them; the

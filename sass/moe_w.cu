@@ -79,8 +79,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_up_w(const gpu
     for (int m = 0; m < nt; m++) {
         const mmw_tile tl = mmw_tile_at(map, m, nrb);
         if (c == 0) pair[m & 1][i] = i < tl.cnt ? perm[tl.first + i] : -1;
-        if (pl) mmw_consume<GPU_MMW_STAGES_PL>(st, full, empty, H, c, tot, m * (H / 64));
-        else mmw_consume<GPU_MMW_STAGES>(st, full, empty, H, c, tot, m * (H / 64));
+        if (pl) mmw_consume_n<GPU_MMW_STAGES_PL>(st, full, empty, H, c, tot, m * (H / 64), tl.cnt);
+        else mmw_consume_n<GPU_MMW_STAGES>(st, full, empty, H, c, tot, m * (H / 64), tl.cnt);
         asm volatile("bar.sync 1, 256;" ::: "memory");   // the tile's pairs in (and every consumer past the tile before's epilogue)
         const float pg = mm_post(experts[3 * tl.x]), pu = mm_post(experts[3 * tl.x + 1]);
         // tot[4n + e]: A row 64c + 16·warp + g + 8(e / 2) — output 32c + 8·warp + g, its gate (e < 2) and up sums
@@ -136,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(GPU_MMW_NT, 1) k_moe_dn_w(const gpu
     for (int m = 0; m < nt; m++) {
         const mmw_tile tl = mmw_tile_at(map, m, nrb);
         if (c == 0) pair[m & 1][i] = i < tl.cnt ? perm[tl.first + i] : -1;
-        if (pl) mmw_consume<GPU_MMW_STAGES_PL>(st, full, empty, I, c, tot, m * (I / 64));
-        else mmw_consume<GPU_MMW_STAGES>(st, full, empty, I, c, tot, m * (I / 64));
+        if (pl) mmw_consume_n<GPU_MMW_STAGES_PL>(st, full, empty, I, c, tot, m * (I / 64), tl.cnt);
+        else mmw_consume_n<GPU_MMW_STAGES>(st, full, empty, I, c, tot, m * (I / 64), tl.cnt);
         asm volatile("bar.sync 1, 256;" ::: "memory");   // the tile's pairs in (and every consumer past the tile before's epilogue)
         const float post = mm_post(experts[3 * tl.x + 2]);
         const int *pr = pair[m & 1];

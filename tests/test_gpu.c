@@ -2959,15 +2959,15 @@ static void cache_victim(void) {
 
 // k_mm_g128 (the one-part images' prompt tiles of 128 tokens) against k_mm_g on the same step, bit
 // for bit, and against ref_linear on the rounded inputs: sets of every kind it carries, rows not a
-// multiple of the tile, 600 tokens (a partial last tile). Run on an engine of the one-part images.
+// multiple of the tile, 600 and 536 tokens (a partial last tile: of 88 tokens, k_mm_w's m64n128, and
+// of 24, its m64n32). Run on an engine of the one-part images.
 static void kernel_mm_g128(gpu_engine *g) {
-    static const struct { int n, K, kind[3], rows[3]; } sets[] = {
-        {3, 2048, {CK_W_FP8, CK_W_BF16, CK_W_NVFP4}, {1000, 33, 256}},
-        {1, 768, {CK_W_FP8, 0, 0}, {130, 0, 0}},
+    static const struct { int n, K, kind[3], rows[3], T; } sets[] = {
+        {3, 2048, {CK_W_FP8, CK_W_BF16, CK_W_NVFP4}, {1000, 33, 256}, 600},
+        {1, 768, {CK_W_FP8, 0, 0}, {130, 0, 0}, 536},
     };
-    enum { T = 600 };
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
-        const int n = sets[si].n, K = sets[si].K;
+        const int n = sets[si].n, K = sets[si].K, T = sets[si].T;
         kt_set ks;
         if (kt_set_make(&ks, n, K, sets[si].kind, sets[si].rows, T)) return;
         const size_t outs = ks.outs;
@@ -3228,13 +3228,15 @@ static void kt_experts_free(kt_experts *k) {
     arena_release(&k->d);
 }
 
-// sel [T, K]: K distinct experts of E a token, at random; first0: expert 0 every token's first.
+// sel [T, K]: K distinct experts of E a token, at random; first0 1: expert 0 every token's first; 2: skewed, the
+// smaller of two draws (expert e drawn with weight 2(E − e) − 1: the first experts many pairs, the last few).
 static void kt_random_sel(int32_t *sel, int T, int K, int E, int first0) {
     for (int t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             int x, dup;
             do {
-                x = first0 && k == 0 ? 0 : (int)(kt_next() % E), dup = 0;
+                const int a = (int)(kt_next() % E), b = first0 == 2 ? (int)(kt_next() % E) : a;
+                x = first0 == 1 && k == 0 ? 0 : a < b ? a : b, dup = 0;
                 for (int j = 0; j < k; j++) dup |= sel[t * K + j] == x;
             } while (dup);
             sel[t * K + k] = x;
@@ -3243,8 +3245,10 @@ static void kt_random_sel(int32_t *sel, int T, int K, int E, int first0) {
 
 // The experts' prompt shapes _g (items of up to GPU_MMG_BN pairs) and _g128 (GPU_MMG_BN128, one
 // part) on the same step, bit for bit: random NVFP4 and plane experts (E 16, [I 128, H 256]), 256
-// tokens choosing 4 each (64 pairs an expert on average), grouped (k_moe_sort) and multiplied
-// (k_moe_up, k_moe_dn) in each shape. Run on an engine of the one-part images.
+// tokens choosing 4 each (64 pairs an expert on average; skewed, kt_random_sel's 2: from about 125 pairs
+// down to a few, so k_moe_up_w / k_moe_dn_w take items in each of their products m64n32, m64n64 and
+// m64n128), grouped (k_moe_sort) and multiplied (k_moe_up, k_moe_dn) in each shape. Run on an engine of
+// the one-part images.
 static void kernel_moe_g128(gpu_engine *g) {
     enum { E = 16, I = 128, H = 256, T = 256, K = 4, P = T * K };
     for (int kind = CK_W_NVFP4; kind <= CK_W_PLANES; kind += CK_W_PLANES - CK_W_NVFP4) {
@@ -3252,7 +3256,7 @@ static void kernel_moe_g128(gpu_engine *g) {
         if (kt_experts_make(&xp, kind, E, I, H, 12, sizeof(float) * (size_t)P * (H > I ? H : I) * 2)) return;
         arena *d = &xp.d;
         int32_t sel[P];
-        kt_random_sel(sel, T, K, E, 0);
+        kt_random_sel(sel, T, K, E, 2);
         float *x = malloc(sizeof(float) * T * H);
         for (int i = 0; i < T * H; i++) x[i] = kt_normal();
         CUdeviceptr ex = xp.ex, sd = (uintptr_t)arena_take(d, sizeof sel, 256, "sel");
