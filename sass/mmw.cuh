@@ -419,12 +419,83 @@ __device__ __forceinline__ void mmw_consume(mmw_stage *st, uint64_t *full, uint6
     if (j > j0) mmw_arrive(&empty[(j - 1) % S]);
 }
 
+// d (= or +=, Z 0 or 1) one k16 step of 64 rows × 64 tokens (m64n64, the same bits as mmw_mma's: each n-tile its own
+// columns): d[4n + e] = row 16·warp + g + 8(e/2), token 8n + 2t + e % 2 of the 64 (n < 8).
+template <int Z>
+__device__ __forceinline__ void mmw_mma_h(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, p, 1, 1, 0, 0;}"
+                 : MMW_D8(0), MMW_D8(1), MMW_D8(2), MMW_D8(3)
+                 : "l"(a), "l"(b), "n"(Z));
+}
+// One half of a step: the four k16 products of A at a0 and the 64 tokens at b0 into acc (FRESH: the first overwrites
+// it, so a class's sum starts from zero without an instruction writing acc), a commit group of their own.
+template <bool FRESH>
+__device__ __forceinline__ void mmw_half(float (&acc)[32], uint32_t a0, uint32_t b0) {
+    mmw_mma_h<FRESH ? 0 : 1>(acc, mmw_desc(a0), mmw_desc(b0));
+#pragma unroll
+    for (int q = 1; q < 4; q++) mmw_mma_h<1>(acc, mmw_desc(a0 + 32 * q), mmw_desc(b0 + 32 * q));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// mmw_consume<S, 128>'s sums (the same bits: each class's sum from zero over its 64-blocks in turn, added to the total
+// in class order) with the classes' drains hidden: the 128 tokens as two halves of 64 (acc0: tokens 0..63 = tot[0..31],
+// acc1: 64..127 = tot[32..63]), each half a commit group, so that a class's half-0 sum is added while its half 1 is
+// still in the tensor pipe and its half-1 sum while the next class's half 0 is — the pipe idles at one drain in two
+// classes, where one class a drain idled it (every step where K = 512: one 64-block a class). The classes in pairs,
+// each pair's groups landed at its end (wait_group 0): ptxas keeps wgmma in its pipeline only where a read of an
+// accumulator follows the wait that lands it in straight-line code, not across a loop's back edge. K ≥ 512 (every
+// class one 64-block at least).
+template <int S>
+__device__ __forceinline__ void mmw_consume_pp(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0) {
+    const int KB = K / 64, q8 = KB / GPU_MM_WARPS, r8 = KB % GPU_MM_WARPS;
+    float acc0[32], acc1[32];
+    int j = j0;
+    auto at = [&](int jj, uint32_t &a0, uint32_t &b0) {   // step jj's stage, once its products have landed in it
+        const int s = jj % S;
+        mmw_wait(&full[s], (jj / S) & 1);
+        a0 = mmw_sa(st[s].a + 64 * c * 128), b0 = mmw_sa(st[s].b);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    };
+    auto next = [&]() {   // step j's groups in flight: step j − 1's have landed, its stage is free
+        asm volatile("wgmma.wait_group.sync.aligned 2;" ::: "memory");
+        if (j > j0) mmw_arrive(&empty[(j - 1) % S]);
+        j++;
+    };
+    for (int cp = 0; cp < GPU_MM_WARPS; cp += 2) {
+        const int la = q8 + (cp < r8), lb = q8 + (cp + 1 < r8);
+        uint32_t a0, b0;
+        at(j, a0, b0), mmw_half<true>(acc0, a0, b0), mmw_half<true>(acc1, a0, b0 + 64 * 128), next();   // class cp
+        for (int e = 1; e < la; e++) at(j, a0, b0), mmw_half<false>(acc0, a0, b0), mmw_half<false>(acc1, a0, b0 + 64 * 128), next();
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // class cp's half 0 landed
+#pragma unroll
+        for (int e = 0; e < 32; e++) tot[e] = cp == 0 ? acc0[e] : tot[e] + acc0[e];
+        at(j, a0, b0), mmw_half<true>(acc0, a0, b0);   // class cp + 1's first step, half 0
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");   // class cp's half 1 landed
+#pragma unroll
+        for (int e = 0; e < 32; e++) tot[32 + e] = cp == 0 ? acc1[e] : tot[32 + e] + acc1[e];
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        mmw_half<true>(acc1, a0, b0 + 64 * 128), next();
+        for (int e = 1; e < lb; e++) at(j, a0, b0), mmw_half<false>(acc0, a0, b0), mmw_half<false>(acc1, a0, b0 + 64 * 128), next();
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#pragma unroll
+        for (int e = 0; e < 32; e++) tot[e] += acc0[e];
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int e = 0; e < 32; e++) tot[32 + e] += acc1[e];
+    }
+    mmw_arrive(&empty[(j - 1) % S]);
+}
+
 // The same for a tile of cnt tokens (1 .. GPU_MMW_BN): the narrowest product that holds them (m64n32, m64n64, m64n128;
-// the same bits each: mmw_mma), so an expert's last short run costs its own tokens' tensor work, not a full tile's.
+// the same bits each: mmw_mma), so an expert's last short run costs its own tokens' tensor work, not a full tile's;
+// a full one by halves where K allows (mmw_consume_pp).
 template <int S>
 __device__ __forceinline__ void mmw_consume_n(mmw_stage *st, uint64_t *full, uint64_t *empty, int K, int c, float (&tot)[64], int j0, int cnt) {
     if (cnt <= 32) mmw_consume<S, 32>(st, full, empty, K, c, tot, j0);
     else if (cnt <= 64) mmw_consume<S, 64>(st, full, empty, K, c, tot, j0);
+    else if (K >= 64 * GPU_MM_WARPS) mmw_consume_pp<S>(st, full, empty, K, c, tot, j0);
     else mmw_consume<S, 128>(st, full, empty, K, c, tot, j0);
 }
 
