@@ -193,12 +193,12 @@ __device__ __forceinline__ mmw_pl_src mmw_pl_at(const mmw_src &w, int K) {
 // The calling producer warp's buffer in raw slot `slot` (warp v = threadIdx.x / 32 of the two producer warpgroups).
 __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (uint8_t *)slot + ((threadIdx.x >> 5) & 7) * MMW_PL_BUF; }
 
-// A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce; the plan's
-// slots, mmw_plan) — the 2-bit planes' tokens straight into stage st (j's, in the same swizzle as a raw row's): with weights each
-// thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block; PLANES the warp's
-// 16-row block into its buffer, mmw_pl_at's pieces ps), with tokens
-// each thread's token of xs ([·][K]; -1: none, nothing copied — that token's column of the products is never written back, whatever its stage row holds)
-// — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
+// A producer warp's copies of 64-block kb into raw slot j % GPU_MMW_RAW (j: the producer's step, mmw_produce; the
+// plan's slots, mmw_plan) — the 2-bit planes' tokens straight into stage st (j's, in the same swizzle as a raw row's):
+// with weights each thread's share of them (FP8 64 bytes; NVFP4 32 of codes and the 4 e4m3 scales of the 64-block;
+// PLANES the warp's 16-row block into its buffer, mmw_pl_at's pieces ps), with tokens each thread's token of xs
+// ([·][K]; -1: none, nothing copied — that token's column of the products is never written back, whatever its stage
+// row holds) — FP8, NVFP4's codes and the tokens by the warp's coalesced copies (mmw_crow: the rows of other lanes, their threads'
 // own w.row and tok by shuffles), the rest by each thread for itself; a token's 16-byte pieces swizzled in its 128-byte
 // raw row (piece c of token u at c ^ (u % 8): a copy instruction writes four whole lines, mmw_fill_b's reads meet eight
 // bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).

@@ -4,10 +4,10 @@
 // k_moe_up_g128 / k_moe_dn_g128 and their epilogues, so the same bits. CPU twin: ref_moe (moet.c).
 //
 // Both are persistent: grid (blocks, 1, 1) — at most one a multiprocessor (gpu_moe_w_grid) — GPU_MMW_NT threads,
-// GPU_MMW_SMEM_MOE bytes of dynamic shared memory (the kind's plan: mmw_plan); the step's tiles n = (item) · nrb + (row block) (an item's row blocks
-// together: they read its tokens' rows while L2 holds them) taken by block n mod gridDim.x in turn, the producers
-// running on into a block's next tile while the consumers finish this one (mmw_produce), so a tile's fill and epilogue
-// overlap its neighbours' products. No tile past map[0]'s items.
+// GPU_MMW_SMEM_MOE bytes of dynamic shared memory (the kind's plan: mmw_plan); the step's tiles n = (item) · nrb +
+// (row block) (an item's row blocks together: they read its tokens' rows while L2 holds them) taken by block n mod
+// gridDim.x in turn, the producers running on into a block's next tile while the consumers finish this one
+// (mmw_produce), so a tile's fill and epilogue overlap its neighbours' products. No tile past map[0]'s items.
 // k_moe_up_w: tiles of 64 rows (nrb = I / 64): rows [64·rb, +64) of the item's gate and of its up over K = H, times the
 // item's pairs' tokens of xs, the gate and up rows of an output paired in the A tile (mmw_arow), so each consumer
 // thread holds both sums of its outputs and writes h = SiLU(gate · scale) · (up · scale) as moe_up_g does.
