@@ -516,6 +516,19 @@ static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
     return gpu_smem_exact(k, K_MOE_UP_W, GPU_MMW_SMEM_MOE) && gpu_smem_exact(k, K_MOE_DN_W, GPU_MMW_SMEM_MOE);
 }
 
+// k_moe_up_c / k_moe_dn_c (sass/moe_c.cu): the chain products of the pairs of map's items — 2-bit plane experts, the
+// one-part sm_90a image (k->moe_w: where k_moe_up_w runs) — hs [P][I] (one bf16 part) from xs (xn's part [T][H]),
+// ye [P][H] from hs; bound: the map's items bound.
+static void gpu_k_moe_up_c(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int bound, int K, CUdeviceptr xs, CUdeviceptr hs,
+                           int I) {
+    MOET_ASSERT(k->moe_w && k->parts == 1 && gpu_multiple(I, 128) && gpu_smem_exact(k, K_MOE_UP_C, GPU_MOEC_SMEM), "k_moe_up_c: I = %d", I);
+    gpu_launch(k, K_MOE_UP_C, gpu_moe_w_grid(k, bound, I / 128), GPU_MMW_NT, GPU_MOEC_SMEM, s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &hs, &I));
+}
+static void gpu_k_moe_dn_c(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int bound, CUdeviceptr hs, CUdeviceptr ye, int H) {
+    MOET_ASSERT(k->moe_w && k->parts == 1 && gpu_multiple(H, GPU_MOEC_BM) && gpu_smem_exact(k, K_MOE_DN_C, GPU_MOEC_SMEM), "k_moe_dn_c: H = %d", H);
+    gpu_launch(k, K_MOE_DN_C, gpu_moe_w_grid(k, bound, H / GPU_MOEC_BM), GPU_MMW_NT, GPU_MOEC_SMEM, s, GPU_ARGS(&experts, &map, &bound, &hs, &ye, &H));
+}
+
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
 // experts), from xs (the parts of xn [T, H]).
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,

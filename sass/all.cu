@@ -11,6 +11,7 @@
 #include "mm_c.cu"
 #include "rows.cu"
 #include "moe_w.cu"
+#include "moe_c.cu"   // (after moe_w.cu: its tiles)
 #include "silu_mul.cu"
 #include "route.cu"
 #include "gdn_conv.cu"

@@ -233,6 +233,14 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MMW_SMEM_PL (GPU_MMW_STAGES_PL * ((GPU_MMW_BM + GPU_MMW_BN) * 128 + GPU_MMW_PL_SLOT))
 #define GPU_MMW_SMEM (GPU_MMW_SMEM_FP + 1024)
 #define GPU_MMW_SMEM_MOE ((GPU_MMW_SMEM_FP > GPU_MMW_SMEM_PL ? GPU_MMW_SMEM_FP : GPU_MMW_SMEM_PL) + 1024)
+// k_moe_up_c / k_moe_dn_c (sass/moe_c.cu: the chain products of prompts' full pieces' pairs, 2-bit plane experts):
+// tiles of GPU_MOEC_BM weight rows × GPU_MMW_BN tokens, GPU_MMW_NT threads, GPU_MOEC_STAGES stages of the widened
+// rows and the tokens and as many raw slots of the sixteen 16-row blocks' codes and scales (GPU_MOEC_SLOT bytes);
+// GPU_MOEC_SMEM of dynamic shared memory (1 KiB of it to align the stages).
+#define GPU_MOEC_BM 256
+#define GPU_MOEC_STAGES 4
+#define GPU_MOEC_SLOT 4608
+#define GPU_MOEC_SMEM (GPU_MOEC_STAGES * ((GPU_MOEC_BM + GPU_MMW_BN) * 128 + GPU_MOEC_SLOT) + 1024)
 // k_mm_c (sass/mm_c.cu; the sm_90a cubin's one-part image only): the FP8 products of a prompt's full
 // pieces (GPU_MMC_PIECE tokens at positions [64m, 64m + 64) of one sequence, wholly in the step) in
 // chain order — one accumulator over K, the 64-blocks and their k in ascending order — on wgmma, in

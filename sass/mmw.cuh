@@ -202,6 +202,19 @@ __device__ __forceinline__ uint8_t *mmw_pl_buf(const uint8_t *slot) { return (ui
 // own w.row and tok by shuffles), the rest by each thread for itself; a token's 16-byte pieces swizzled in its 128-byte
 // raw row (piece c of token u at c ^ (u % 8): a copy instruction writes four whole lines, mmw_fill_b's reads meet eight
 // bank groups). A thread's share has landed once the copies of its whole warp have (mmw_produce).
+// A warp's copies of its 32 threads' tokens' 64-block kb (thread u's token tok, -1: none, nothing copied) into 128-byte
+// rows from rb (the warp's first; 4 tokens a copy instruction, 8 lanes a token), each row's 16-byte piece c at c ^ (u % 8)
+// (mmw_fill_b's raw rows, and wgmma's 128B swizzle where the rows are a stage's).
+__device__ __forceinline__ void mmw_cp_tok(uint8_t *rb, const __nv_bfloat16 *__restrict__ xs, int tok, int K, int kb) {
+    const int l = threadIdx.x & 31, pc = mmw_cpiece<4>(l);
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const int u = mmw_crow<4>(c, l), r = __shfl_sync(0xffffffffu, tok, u);
+        const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
+        if (r >= 0) mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, true);
+    }
+}
+
 template <int KIND>
 __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src &ps, const __nv_bfloat16 *__restrict__ xs, int tok, int K,
                                           int j, int kb, uint8_t *raw, mmw_stage &st, bool weights, bool tokens) {
@@ -220,16 +233,8 @@ __device__ __forceinline__ void mmw_issue(const mmw_src &w, const mmw_pl_src &ps
             mm_cp<16>(mmw_pl_buf(slot) + 16 * l, ps.p + (size_t)kb * ps.step, ps.v);
         }
     }
-    if (tokens) {
-        uint8_t *rb = mmw_plan<KIND>::direct ? st.b + (i - l) * 128 : slot + GPU_MMW_BM * GPU_MMW_RAW_A + (i - l) * GPU_MMW_RAW_B;   // the warp's first token row
-        const int pc = mmw_cpiece<4>(l);
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            const int u = mmw_crow<4>(c, l), r = __shfl_sync(0xffffffffu, tok, u);
-            const __nv_bfloat16 *x = xs + (size_t)(r >= 0 ? r : 0) * K + (size_t)kb * 64 + 8 * pc;
-            if (r >= 0) mm_cp<16>(rb + u * GPU_MMW_RAW_B + 16 * (pc ^ (u & 7)), x, true);   // (mmw_fill_b, wgmma's 128B swizzle: piece pc of token u at pc ^ (u % 8))
-        }
-    }
+    if (tokens)   // (from the warp's first token row)
+        mmw_cp_tok(mmw_plan<KIND>::direct ? st.b + (i - l) * 128 : slot + GPU_MMW_BM * GPU_MMW_RAW_A + (i - l) * GPU_MMW_RAW_B, xs, tok, K, kb);
 }
 
 // k_moe_up_w's A rows (PAIRED): the tile's 64 output rows o as gate row o at A row 16(o / 8) + o % 8 and up row o eight
@@ -270,26 +275,31 @@ __device__ __forceinline__ void mmw_fill_a(const uint8_t *raw, int j, mmw_stage 
     }
 }
 
-// A planes producer thread's step j: its row 8h + g of its warp's 16-row block v (slot j % R, landed) → its stage row in
-// the natural order (mmw_plan), A row mmw_arow(16v + 8h + g, PAIRED); words t = 2tp, 2tp + 1 of each k16 step q — pairs
-// 8q + 4tp .. + 3: piece 2q + tp. lut: the nibble table (mm_plane_lut).
-template <bool PAIRED>
-__device__ __forceinline__ void mmw_fill_pl(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
-    constexpr int KIND = GPU_W_PLANES;
-    const int l = threadIdx.x & 31, v = (threadIdx.x >> 5) & 7, g = (l >> 1) & 7, tp = l & 1, h = l >> 4;
-    const uint8_t *buf = mmw_pl_buf(raw + (j % mmw_plan<KIND>::R) * mmw_plan<KIND>::slot);
+// The calling thread's row 8h + g (lane (g, tp, h): g = lane / 2 % 8, tp = lane % 2, h = lane / 16) of the 16-row block
+// in buf (MMW_PL_BUF bytes, landed) → its stage row ar (≡ g mod 8: the swizzle's) in the natural order.
+__device__ __forceinline__ void mmw_pl_widen(const uint8_t *buf, uint8_t *ar, const uint32_t *lut) {
+    const int l = threadIdx.x & 31, g = (l >> 1) & 7, tp = l & 1, h = l >> 4;
     const uint4 cw = *(const uint4 *)(buf + 32 * g + 16 * tp);   // x: (g, 2tp) row g, y: row g + 8, z: (g, 2tp + 1) row g, w: row g + 8
     const uint32_t la = mmw_sa(lut);
     uint32_t ea, oa, eb, ob;   // byte q = codes j of k = 16q + 4t + j, words t = 2tp (a) and 2tp + 1 (b)
     mm_pl_idx(h ? cw.y : cw.x, ea, oa), mm_pl_idx(h ? cw.w : cw.z, eb, ob);
     const uint32_t b0 = mm_plane_base(buf[256 + 8 * h + g]), b1 = mm_plane_base(buf[272 + 8 * h + g]);   // scale blocks of q < 2, q ≥ 2
-    uint8_t *ar = st.a + mmw_arow(16 * v + 8 * h + g, PAIRED) * 128;   // (the A row ≡ g mod 8: the swizzle's)
 #pragma unroll
     for (int q = 0; q < 4; q++) {   // pairs 8q + 4tp + 0..3 (ea: codes 0, 1 of word 2tp; oa: 2, 3; eb, ob: word 2tp + 1's)
         const uint32_t base = q < 2 ? b0 : b1;
         *(uint4 *)(ar + (((2 * q + tp) ^ g) << 4)) =
             make_uint4(base + mm_pl_lut(ea, la, q), base + mm_pl_lut(oa, la, q), base + mm_pl_lut(eb, la, q), base + mm_pl_lut(ob, la, q));
     }
+}
+
+// A planes producer thread's step j: its row 8h + g of its warp's 16-row block v (slot j % R, landed) → its stage row in
+// the natural order (mmw_plan), A row mmw_arow(16v + 8h + g, PAIRED); words t = 2tp, 2tp + 1 of each k16 step q — pairs
+// 8q + 4tp .. + 3: piece 2q + tp. lut: the nibble table (mm_plane_lut).
+template <bool PAIRED>
+__device__ __forceinline__ void mmw_fill_pl(const uint8_t *raw, int j, mmw_stage &st, const uint32_t *lut) {
+    constexpr int KIND = GPU_W_PLANES;
+    const int l = threadIdx.x & 31, v = (threadIdx.x >> 5) & 7, g = (l >> 1) & 7, h = l >> 4;
+    mmw_pl_widen(mmw_pl_buf(raw + (j % mmw_plan<KIND>::R) * mmw_plan<KIND>::slot), st.a + mmw_arow(16 * v + 8 * h + g, PAIRED) * 128, lut);
 }
 
 // The token producer's step j (FP8, NVFP4): token i's raw 64-block → its stage row in wgmma's order (see the top).

@@ -913,6 +913,22 @@ static void hk_experts(int kind) {
             printf(" %s up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s)%s;", nm[sh], tu, fl_up / tu * 1e-6, td, fl_dn / td * 1e-6,
                    eq ? "" : " DIFFERENT bits");
         }
+        // the chain products (k_moe_up_c / k_moe_dn_c: prompts' full pieces' pairs, 2-bit planes, one part) on the
+        // _g128 shape's map: their time, and the down products' error against the _g shape's (another order of the
+        // f32 sums, h rounded to bf16 from other sums: not bits — how far, not whether)
+        hk.k.moe_g128_min = 1, hk.k.moe_w = w0;
+        if (kind == GPU_W_PLANES && hk.k.parts == 1 && gpu_moe_w_take(&hk.k, I, H) && gpu_moe_shape(&hk.k, P, E) == 3 && I % 128 == 0 &&
+            H % GPU_MOEC_BM == 0) {
+            const int bound = gpu_moe_items_bound(P, E);
+            gpu_k_moe_sort(&hk.k, hk.s, sd, P, E, map);
+            double tu, td;
+            HK_TIME(tu, gpu_k_moe_up_c(&hk.k, hk.s, ex, map, bound, K, xs, hs, I));
+            HK_TIME(td, gpu_k_moe_dn_c(&hk.k, hk.s, ex, map, bound, hs, yd, H));
+            float *cy = hk_down(yd, sizeof(float) * (size_t)P * H);
+            printf(" _c up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s), down's error vs _g %.2g;", tu, fl_up / tu * 1e-6, td,
+                   fl_dn / td * 1e-6, check_nerr(cy, gy, (size_t)P * H));
+            free(cy);
+        }
         printf("\n");
         hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280, hk.k.moe_w = w0;
         free(hp), free(gy), free(sel), free(w), free(xn);

@@ -3196,6 +3196,7 @@ typedef struct {
     CUdeviceptr ex;
     int E;
     uint8_t *buf[6 * KT_EXPERTS_MAX];   // the host copies' codes and scales
+    ck_mat m[3 * KT_EXPERTS_MAX];       // ... as matrices (gate, up, down of each expert), for the CPU reference
 } kt_experts;
 
 static int kt_experts_make(kt_experts *k, int kind, int E, int I, int H, int nbuf, size_t bytes) {
@@ -3217,7 +3218,7 @@ static int kt_experts_make(kt_experts *k, int kind, int E, int I, int H, int nbu
         for (int i = 0; i < 6 * E; i++) free(k->buf[i]);
         return -1;
     }
-    for (int i = 0; i < 3 * E; i++) tab[i] = gpu_put(&k->d, &m[i], "expert");
+    for (int i = 0; i < 3 * E; i++) tab[i] = gpu_put(&k->d, &m[i], "expert"), k->m[i] = m[i];
     k->ex = (uintptr_t)arena_take(&k->d, sizeof(gpu_mat) * 3 * (size_t)E, 256, "table");
     CU_CHECK(cu.cuMemcpyHtoD(k->ex, tab, sizeof(gpu_mat) * 3 * (size_t)E));
     return 0;
@@ -3377,6 +3378,85 @@ static void kernel_moe_dg(gpu_engine *g) {
 // exactly at 1, 8, 100 and 200 tokens, k_mm_g128 against k_mm_g (kernel_mm_g128) and the
 // experts' _g128 against _g (kernel_moe_g128). (kernel_linear's K of 2048 is past the tiny
 // model's widths, where gpu_linear takes k_linear: f32, never rounded, as the reference there.)
+// The experts' chain products (k_moe_up_c / k_moe_dn_c, sass/moe_c.cu: the pairs of prompts' full pieces, one
+// accumulator over K, 256-row tiles) on random plane experts (E 16, I 256, H 512: two row blocks of each), 256 tokens
+// choosing 4 each, skewed (kt_random_sel 2: items of every product width), grouped by k_moe_sort in the _g128 shape:
+// h against the CPU reference on the rounded inputs within h's own bf16 rounding (the kernel writes h as one bf16
+// part, the reference keeps f32: each value within 2^-8 of itself, plus the sums' order), and against k_moe_up_w's h (the same sums in another order, each then
+// rounded to bf16: equal or one bf16 step apart); the down products, from the GPU's own h, against ref_linear within
+// GPU_TOL_LINEAR_CHAIN (one f32 chain over K = I, as k_mm_c's). Only where the image has the wgmma experts.
+static void kernel_moe_c(gpu_engine *g) {
+    enum { E = 16, I = 256, H = 512, T = 256, K = 4, P = T * K };
+    if (!g->k.moe_w || g->k.parts != 1) {
+        CHECK_SKIP("k_moe_up_c / k_moe_dn_c", "not the sm_90a cubin's one-part image (gpu_kernels.moe_w 0)");
+        return;
+    }
+    kt_experts xp;
+    if (kt_experts_make(&xp, CK_W_PLANES, E, I, H, 12, sizeof(float) * (size_t)P * H * 2)) return;
+    arena *d = &xp.d;
+    int32_t *sel = malloc(sizeof(int32_t) * P);
+    kt_random_sel(sel, T, K, E, 2);
+    float *x = malloc(sizeof(float) * T * H);
+    for (int i = 0; i < T * H; i++) x[i] = kt_normal();
+    CUdeviceptr sd = kt_dev(d, NULL, P), xd = kt_dev(d, x, (size_t)T * H), xs = kt_dev(d, NULL, (size_t)T * H), map = kt_dev(d, NULL, gpu_moe_map_ints(P, E));
+    CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof(int32_t) * P));
+    CUdeviceptr hs = kt_dev(d, NULL, (size_t)P * I), hw = kt_dev(d, NULL, (size_t)P * I), ye = kt_dev(d, NULL, (size_t)P * H);
+    gpu_k_mm_split(&g->k, g->compute, xd, H, H, T, xs);
+    const int kind0 = g->k.moe_kind, g0 = g->k.moe_g_min, g1280 = g->k.moe_g128_min;
+    g->k.moe_kind = GPU_W_PLANES, g->k.moe_g_min = 1, g->k.moe_g128_min = 1;
+    const int shape = gpu_moe_shape(&g->k, P, E), bound = gpu_moe_items_bound(P, E);
+    CU_CHECK(cu.cuMemsetD8Async(hs, 0xff, 2 * (size_t)P * I, g->compute));
+    CU_CHECK(cu.cuMemsetD8Async(ye, 0xff, sizeof(float) * (size_t)P * H, g->compute));
+    gpu_k_moe_sort(&g->k, g->compute, sd, P, E, map);
+    gpu_k_moe_up_c(&g->k, g->compute, xp.ex, map, bound, K, xs, hs, I);
+    gpu_k_moe_dn_c(&g->k, g->compute, xp.ex, map, bound, hs, ye, H);
+    gpu_k_moe_up(&g->k, g->compute, xp.ex, map, E, K, xs, T, H, hw, I);   // (the class order's, for the comparison)
+    CU_CHECK(cu.cuStreamSynchronize(g->compute));
+    g->k.moe_kind = kind0, g->k.moe_g_min = g0, g->k.moe_g128_min = g1280;
+    uint16_t *hb = malloc(2 * (size_t)P * I), *hwb = malloc(2 * (size_t)P * I);
+    float *yg = malloc(sizeof(float) * (size_t)P * H), *hg = malloc(sizeof(float) * (size_t)P * I), *hr = malloc(sizeof(float) * (size_t)P * I);
+    float *yr = malloc(sizeof(float) * (size_t)P * H), *u = malloc(sizeof(float) * (size_t)I), *xr = malloc(sizeof(float) * H);
+    float *row = malloc(sizeof(float) * (H > I ? H : I));
+    CU_CHECK(cu.cuMemcpyDtoH(hb, hs, 2 * (size_t)P * I));
+    CU_CHECK(cu.cuMemcpyDtoH(hwb, hw, 2 * (size_t)P * I));
+    CU_CHECK(cu.cuMemcpyDtoH(yg, ye, sizeof(float) * (size_t)P * H));
+    size_t apart = 0, differ = 0;
+    for (size_t i = 0; i < (size_t)P * I; i++) {
+        hg[i] = ck_bf16((const uint8_t *)&hb[i]);   // (little-endian bf16, as the checkpoint reads it)
+        // bf16 codes in order (sign and magnitude → an integer line through zero): adjacent values one apart
+        const int oa = hb[i] & 0x8000 ? -(int)(hb[i] & 0x7fff) : (int)hb[i], ob = hwb[i] & 0x8000 ? -(int)(hwb[i] & 0x7fff) : (int)hwb[i];
+        differ += oa != ob, apart += abs(oa - ob) > 1;
+    }
+    for (int p = 0; p < P; p++) {   // the reference: pair p = t·K + k of expert sel[p], from the GPU's rounding of x_t
+        const int t = p / K, xx = sel[p];
+        for (int k = 0; k < H; k++) xr[k] = ref_bf16_round(x[(size_t)t * H + k]);
+        ref_linear_job jg = {&xp.m[3 * xx], xr, hr + (size_t)p * I, 1, H, I, 0, I, row}, ju = {&xp.m[3 * xx + 1], xr, u, 1, H, I, 0, I, row};
+        ref_linear_rows(&jg), ref_linear_rows(&ju);
+        ref_silu_mul(hr + (size_t)p * I, u, hr + (size_t)p * I, I);
+        ref_linear_job jd = {&xp.m[3 * xx + 2], hg + (size_t)p * I, yr + (size_t)p * H, 1, I, H, 0, H, row};
+        ref_linear_rows(&jd);
+    }
+    // h elementwise: the reference's f32 value rounded to bf16 is within 2^-9 of it relative to its binade (≤ 2^-8 |h|),
+    // plus the f32 sums' order (GPU_TOL_LINEAR_CHAIN of h's spread)
+    double mean = 0, var = 0;
+    for (size_t i = 0; i < (size_t)P * I; i++) mean += hr[i];
+    mean /= (double)P * I;
+    for (size_t i = 0; i < (size_t)P * I; i++) var += (hr[i] - mean) * (hr[i] - mean);
+    const double hsd = sqrt(var / ((double)P * I));
+    size_t far = 0;
+    for (size_t i = 0; i < (size_t)P * I; i++) far += !(fabs((double)hg[i] - hr[i]) <= ldexp(fabs(hr[i]), -8) + GPU_TOL_LINEAR_CHAIN * hsd);
+    const double eh = check_nerr(hg, hr, (size_t)P * I), ey = check_nerr(yg, yr, (size_t)P * H);
+    CHECK(shape == 3 && !far && ey < GPU_TOL_LINEAR_CHAIN && !apart,
+          "k_moe_up_c / k_moe_dn_c: shape %d; %zu of h past its bf16 rounding of the reference (error %.3g), %zu more than a bf16 step "
+          "from k_moe_up_w's; down %.3g",
+          shape, far, eh, apart, ey);
+    printf("k_moe_up_c / k_moe_dn_c (%d pairs over %d experts, planes): h within its bf16 rounding of the reference: %s (error %.2g); %zu of %zu "
+           "one bf16 step from k_moe_up_w's, none further: %s; down products error vs ref_linear %.2g\n",
+           P, E, far ? "NO" : "yes", eh, differ, (size_t)P * I, apart ? "NO" : "yes", ey);
+    free(sel), free(x), free(hb), free(hwb), free(yg), free(hg), free(hr), free(yr), free(u), free(xr), free(row);
+    kt_experts_free(&xp);
+}
+
 static void kernels_act(void) {
     ck_model m;
     gpu_engine g;
@@ -3392,6 +3472,7 @@ static void kernels_act(void) {
     kernel_mm_g128(&g);
     kernel_mm_c(&g);
     kernel_moe_g128(&g);
+    kernel_moe_c(&g);
     kernel_moe_dg(&g);
     kernel_fa_w(&g);
     gpu_free(&g);
