@@ -134,6 +134,11 @@ typedef struct {
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;
+    // the experts' chain path (moe_chain: sass/moe_c.cu, where k_mm_c runs and the experts are 2-bit planes of widths
+    // its tiles take): a step's pairs apart by their token's side (sel_c: the full pieces', sel_n: the others' — int
+    // [Tm·topk] each, k_moe_split) and the pieces' pairs grouped by expert (moe_map_c, gpu_moe_map_ints)
+    int moe_chain;
+    CUdeviceptr sel_c, sel_n, moe_map_c;
     CUdeviceptr shs;                 // the shared expert's SiLU·up as bf16 parts [GPU_MM_SPLITS][T][shared_inter]
     size_t mm_width;
     // attention's partial states for steps of up to att_split_T tokens (gpu_k_attn_split):
@@ -425,6 +430,11 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
     } else {
         g->hs = g->moe_map = 0;
     }
+    g->moe_chain = g->mmc && g->moe_mm && g->k.moe_w && g->k.moe_kind == GPU_W_PLANES && c->inter % 128 == 0 && c->hidden % GPU_MOEC_BM == 0 &&
+                   gpu_smem_exact(&g->k, K_MOE_UP_C, GPU_MOEC_SMEM) && gpu_smem_exact(&g->k, K_MOE_DN_C, GPU_MOEC_SMEM);
+    g->sel_c = g->moe_chain ? gpu_take_f32(a, Tm * K, "the pieces' routing") : 0;
+    g->sel_n = g->moe_chain ? gpu_take_f32(a, Tm * K, "the other tokens' routing") : 0;
+    g->moe_map_c = g->moe_chain ? (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "the pieces' experts' pairs") : 0;
     // decode steps (up to GPU_ATT_SPLIT_T tokens) take attention split over the context's chunks
     g->att_nc = (int)((g->o.max_len + GPU_ATT_CHUNK - 1) / GPU_ATT_CHUNK);
     g->att_split_T = c->n_full ? (int)(Tm < (size_t)g->o.max_seqs ? Tm : (size_t)g->o.max_seqs) : 0;
@@ -1137,7 +1147,21 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
             routed = 0;   // (the grouping by expert redone from them)
         }
     }
-    if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
+    // the chain path: a step with full pieces, the main layers' plane experts (not the MTP head's: gpu_mtp_rows runs
+    // with moe_kind -1) — the pieces' pairs through k_moe_up_c / k_moe_dn_c, the others through the class order's
+    // shapes (hs and ye are a pair's rows: the two write apart). A pair's side is its token's position's alone.
+    const int chain = g->moe_chain && g->mmc_live && g->mmc_np && g->k.moe_kind == GPU_W_PLANES;
+    if (g->moe_mm && chain) {
+        MOET_ASSERT(!routed, "the chain path: a step of %d tokens grouped by k_route", T);   // (GPU_ROUTE_T < GPU_MMC_PIECE)
+        const int P = T * K, bound = gpu_moe_items_bound(P, E);
+        gpu_k_moe_split(&g->k, g->compute, g->sel, P, K, E, gpu_meta(g, GM_MMC_PIECES), g->mmc_np, g->sel_c, g->sel_n);
+        gpu_k_moe_sort(&g->k, g->compute, g->sel_n, P, E, g->moe_map);
+        gpu_k_moe_sort_cap(&g->k, g->compute, g->sel_c, P, E, g->moe_map_c, GPU_MMW_BN);
+        gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
+        gpu_k_moe_up_c(&g->k, g->compute, G->experts, g->moe_map_c, bound, K, g->xs, g->hs, I);
+        gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, P, I, g->ye, H);
+        gpu_k_moe_dn_c(&g->k, g->compute, G->experts, g->moe_map_c, bound, g->hs, g->ye, H);
+    } else if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
         if (!routed) gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
         gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
         gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, T * K, I, g->ye, H);

@@ -35,7 +35,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_ATTN_PART_F32, "k_attn_part_f32") X(K_ATTN_MERGE, "k_attn_merge")                                 \
     X(K_FA, "k_fa") X(K_FA_W, "k_fa_w") X(K_ARGMAX, "k_argmax") X(K_SAMPLE, "k_sample")                                                                                    \
     X(K_MM_SPLIT, "k_mm_split") X(K_MM_V, "k_mm_v") X(K_MM_V2, "k_mm_v2") X(K_MM_V4, "k_mm_v4") X(K_MM_T, "k_mm_t") X(K_MM_D, "k_mm_d") X(K_MM_B, "k_mm_b") X(K_MM_P, "k_mm_p") X(K_MM_G, "k_mm_g") X(K_MM_G32, "k_mm_g32") X(K_MM_G128, "k_mm_g128") X(K_MM_W, "k_mm_w") X(K_MM_C, "k_mm_c") X(K_ROWS, "k_rows") \
-    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_HIST, "k_moe_hist") X(K_MOE_PLACE, "k_moe_place") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
+    X(K_MOE_SORT, "k_moe_sort") X(K_MOE_SPLIT, "k_moe_split") X(K_MOE_HIST, "k_moe_hist") X(K_MOE_PLACE, "k_moe_place") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_DG4, "k_moe_up_dg4") X(K_MOE_DN_DG4, "k_moe_dn_dg4") X(K_MOE_UP_DG1, "k_moe_up_dg1") X(K_MOE_DN_DG1, "k_moe_dn_dg1") \
     X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128") X(K_MOE_UP_W, "k_moe_up_w") X(K_MOE_DN_W, "k_moe_dn_w") X(K_MOE_UP_C, "k_moe_up_c") X(K_MOE_DN_C, "k_moe_dn_c")

@@ -444,9 +444,15 @@ static size_t gpu_moe_map_ints(long long P, int E) {
 // map = the pairs of sel (int32 [P]) grouped by expert (sass/moe_mm.cu): one block, or past k->moe_sort_pb pairs the
 // grouped form (k_moe_hist, k_moe_place: a block a GPU_MOE_SORT_PB pairs; the same items, each expert's pairs in another
 // order — any order serves, as the one block's atomics give).
+static void gpu_k_moe_sort_cap(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map, int cap);
 static void gpu_k_moe_sort(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map) {
-    MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1, "k_moe_sort: %d experts", E);
-    int bound = gpu_moe_items_bound(P, E), cap = gpu_moe_cap(k, P, E);
+    gpu_k_moe_sort_cap(k, s, sel, P, E, map, gpu_moe_cap(k, P, E));
+}
+// ... in items of up to cap pairs (at least the smallest cap of P's shapes: the items bound holds); a pair of expert
+// E or past it (k_moe_split's) is dropped.
+static void gpu_k_moe_sort_cap(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int E, CUdeviceptr map, int cap) {
+    MOET_ASSERT(E >= 1 && E <= GPU_MOE_SORT_NT && E <= GPU_ROUTER_MAX_E && P >= 1 && cap >= gpu_moe_cap(k, P, E), "k_moe_sort: %d experts, cap %d", E, cap);
+    int bound = gpu_moe_items_bound(P, E);
     if (k->moe_sort_pb > 0 && P > k->moe_sort_pb && P > GPU_MOE_SORT_PB) {
         const int nb = (int)gpu_cdiv(P, GPU_MOE_SORT_PB);
         gpu_launch(k, K_MOE_HIST, (gpu_dim){nb, 1, 1, "(blocks of GPU_MOE_SORT_PB pairs, 1, 1)"}, GPU_MOE_HIST_NT, 0, s, GPU_ARGS(&sel, &P, &E, &map, &bound));
@@ -514,6 +520,15 @@ static gpu_dim gpu_moe_w_grid(const gpu_kernels *k, int items, int nrb) {
 static int gpu_moe_w_take(gpu_kernels *k, int I, int H) {
     if (k->parts != 1 || !k->moe_w || I % 64 || H % GPU_MMW_BM) return 0;
     return gpu_smem_exact(k, K_MOE_UP_W, GPU_MMW_SMEM_MOE) && gpu_smem_exact(k, K_MOE_DN_W, GPU_MMW_SMEM_MOE);
+}
+
+// sel_c, sel_n [P] = the pairs of sel [P = T·K] apart by their token's side (sass/moe_mm.cu: k_moe_split): pieces [np]
+// the step's full pieces' first tokens, ascending (gpu_mmc_split).
+static void gpu_k_moe_split(gpu_kernels *k, CUstream s, CUdeviceptr sel, int P, int K, int E, CUdeviceptr pieces, int np, CUdeviceptr sel_c,
+                            CUdeviceptr sel_n) {
+    MOET_ASSERT(P >= 1 && K >= 1 && np >= 1, "k_moe_split: %d pairs, %d pieces", P, np);
+    gpu_launch(k, K_MOE_SPLIT, (gpu_dim){(int)gpu_cdiv(P, GPU_MOE_SPLIT_NT), 1, 1, "(blocks of GPU_MOE_SPLIT_NT pairs, 1, 1)"}, GPU_MOE_SPLIT_NT, 0, s,
+               GPU_ARGS(&sel, &P, &K, &E, &pieces, &np, &sel_c, &sel_n));
 }
 
 // k_moe_up_c / k_moe_dn_c (sass/moe_c.cu): the chain products of the pairs of map's items — 2-bit plane experts, the

@@ -57,7 +57,8 @@ __device__ __forceinline__ void moe_sort_items(int *__restrict__ items, int x, i
 // iteration, its few tokens' pairs one round each). Each of the two passes over sel reads U pairs a
 // thread at a time, every load in flight before the first atomic that needs one (pairs p0 + u ·
 // blockDim.x: coalesced), so a prompt's 65,536 pairs cost 64 / U round trips a pass instead of 64.
-template <int U>
+// DROP: a pair whose expert is E or past it (k_moe_split's) is counted nowhere and placed nowhere.
+template <int U, bool DROP = false>
 __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int P, int E, int *__restrict__ map, int items_bound, int cap) {
     __shared__ int cnt[GPU_ROUTER_MAX_E], pos[GPU_ROUTER_MAX_E], ib[GPU_ROUTER_MAX_E], fill[GPU_ROUTER_MAX_E];
     __shared__ int wsum[2][32];
@@ -69,7 +70,7 @@ __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int 
         for (int u = 0; u < U; u++) e[u] = U == 1 || p0 + u * (int)blockDim.x < P ? sel[p0 + u * (int)blockDim.x] : 0;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (U == 1 || p0 + u * (int)blockDim.x < P) atomicAdd(&cnt[e[u]], 1);
+            if ((U == 1 || p0 + u * (int)blockDim.x < P) && (!DROP || e[u] < E)) atomicAdd(&cnt[e[u]], 1);
     }
     __syncthreads();
     // exclusive scans of the counts and of the items per expert (E ≤ blockDim.x: one each; moe_sort_scan's sums, written
@@ -97,14 +98,14 @@ __device__ __forceinline__ void moe_sort_block(const int *__restrict__ sel, int 
         for (int u = 0; u < U; u++) e[u] = U == 1 || p0 + u * (int)blockDim.x < P ? sel[p0 + u * (int)blockDim.x] : 0;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (U == 1 || p0 + u * (int)blockDim.x < P) perm[pos[e[u]] + atomicAdd(&fill[e[u]], 1)] = p0 + u * (int)blockDim.x;
+            if ((U == 1 || p0 + u * (int)blockDim.x < P) && (!DROP || e[u] < E)) perm[pos[e[u]] + atomicAdd(&fill[e[u]], 1)] = p0 + u * (int)blockDim.x;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_sort(const int *__restrict__ sel, int P, int E, int *__restrict__ map,
                                                                          int items_bound, int cap) {
     GPU_DEP();
-    moe_sort_block<GPU_MOE_SORT_U>(sel, P, E, map, items_bound, cap);
+    moe_sort_block<GPU_MOE_SORT_U, true>(sel, P, E, map, items_bound, cap);
 }
 
 // The grouped form (steps of more than GPU_MOE_SORT_PB pairs, gpu_k_moe_sort): grid (B = ⌈P / GPU_MOE_SORT_PB⌉), block b
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_HIST_NT) k_moe_hist(const i
     for (int u = 0; u < GPU_MOE_SORT_U; u++) e[u] = p0 + u * GPU_MOE_HIST_NT < P ? sel[p0 + u * GPU_MOE_HIST_NT] : -1;
 #pragma unroll
     for (int u = 0; u < GPU_MOE_SORT_U; u++)
-        if (e[u] >= 0) atomicAdd(&cnt[e[u]], 1);
+        if (e[u] >= 0 && e[u] < E) atomicAdd(&cnt[e[u]], 1);   // (past E: dropped, k_moe_split's)
     __syncthreads();
     int *hist = map + 1 + 3 * (size_t)items_bound + P;
     for (int x = threadIdx.x; x < E; x += blockDim.x) hist[(size_t)blockIdx.x * E + x] = cnt[x];
@@ -155,8 +156,29 @@ extern "C" __global__ void __launch_bounds__(GPU_MOE_SORT_NT) k_moe_place(const 
     int *perm = map + 1 + 3 * (size_t)items_bound;
     for (int p = b * GPU_MOE_SORT_PB + x; p < P && p < (b + 1) * GPU_MOE_SORT_PB; p += blockDim.x) {
         const int y = sel[p];
-        perm[pos[y] + atomicAdd(&fill[y], 1)] = p;
+        if (y < E) perm[pos[y] + atomicAdd(&fill[y], 1)] = p;
     }
+}
+
+// k_moe_split: the step's pairs p = t·K + k of sel [P] apart by their token's side (gpu/engine.c: gpu_mmc_split): sel_c[p]
+// = sel[p] where token t lies in a full piece (pieces [np]: the pieces' first tokens, ascending; a piece is 64 tokens),
+// else E; sel_n[p] the other way round — each then grouped by k_moe_sort, which drops the pairs of expert E. grid
+// (⌈P / GPU_MOE_SPLIT_NT⌉), GPU_MOE_SPLIT_NT threads, a pair each.
+extern "C" __global__ void __launch_bounds__(GPU_MOE_SPLIT_NT) k_moe_split(const int *__restrict__ sel, int P, int K, int E, const int *__restrict__ pieces,
+                                                                          int np, int *__restrict__ sel_c, int *__restrict__ sel_n) {
+    GPU_DEP();
+    const int p = (int)blockIdx.x * GPU_MOE_SPLIT_NT + (int)threadIdx.x;
+    if (p >= P) return;
+    const int t = p / K;
+    int lo = 0, hi = np;   // the first piece starting past t: lo
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (pieces[mid] <= t) lo = mid + 1;
+        else hi = mid;
+    }
+    const bool in = lo > 0 && t < pieces[lo - 1] + GPU_MMC_PIECE;
+    const int x = sel[p];
+    sel_c[p] = in ? x : E, sel_n[p] = in ? E : x;
 }
 
 // A row block's outputs from red (mm_reduce's sums of the item's cnt pairs, rows [base, +16RT)):

@@ -1085,11 +1085,14 @@ static void kernel_sample(gpu_engine *g) {
 // weights 6e-8 (absolute) → 3e-7; k_add_rmsnorm 6.9e-7 → 2e-6; k_gated_norm 2.4e-6 (heads of 160: 1.6e-6) → 7e-6.
 // The router's choices must be the same experts in the same order (random logits: no near ties).
 // A map of P pairs over E experts (gpu_moe_map_ints) that groups sel: items in ascending expert from position 0 on,
-// each of 1..cap pairs of its expert, every pair exactly once.
+// each of 1..cap pairs of its expert, every pair exactly once — but a pair of expert E or past it (k_moe_split's side
+// apart), which no item holds.
 static int kt_map_valid(const int *m, const int32_t *sel, int P, int E, int cap) {
     const int bound = gpu_moe_items_bound(P, E), *perm = m + 1 + 3 * bound;
     char *seen = calloc((size_t)P, 1);
-    int ok = m[0] >= 1 && m[0] <= bound, pos = 0, last = -1;
+    int kept = 0;
+    for (int p = 0; p < P; p++) kept += sel[p] < E;
+    int ok = m[0] >= (kept > 0) && m[0] <= bound, pos = 0, last = -1;
     for (int i = 0; ok && i < m[0]; i++) {
         const int *it = m + 1 + 3 * i;
         ok = it[0] >= last && it[0] < E && it[1] == pos && it[2] >= 1 && it[2] <= cap;
@@ -1101,7 +1104,7 @@ static int kt_map_valid(const int *m, const int32_t *sel, int P, int E, int cap)
         last = it[0], pos += it[2];
     }
     free(seen);
-    return ok && pos == P;
+    return ok && pos == kept;
 }
 
 // k_moe_sort's grouped form (k_moe_hist, k_moe_place) against its one block, E 256: P = 2,049 (one pair past a block
@@ -1148,6 +1151,65 @@ static void kernel_moe_sort_grouped(gpu_engine *g) {
     }
     g->k.moe_sort_pb = pb0;
     free(sel), free(ma), free(mb);
+    arena_release(&d);
+}
+
+// k_moe_split against the host's sides: T tokens choosing 8 of E 256, full pieces at random (64 tokens each, apart,
+// ascending, the first at token 0 or not), sel_c and sel_n each pair's expert or E exactly as the host puts them; then
+// each side grouped by k_moe_sort (one block, and the grouped form at T = 2,000) into a valid map of its pairs alone.
+static void kt_random_sel(int32_t *sel, int T, int K, int E, int first0);
+static void kernel_moe_split(gpu_engine *g) {
+    enum { E = 256, K = 8, TMAX = 2000, PMAX = TMAX * K };
+    static const int Ts[] = {64, 300, 2000};
+    moet_err e = {{0}};
+    const size_t mi = gpu_moe_map_ints(PMAX, E);
+    arena plan = arena_measure("split test"), d;
+    for (int i = 0; i < 4; i++) arena_take(&plan, sizeof(float) * (size_t)PMAX, 256, "test buffer");
+    for (int i = 0; i < 2; i++) arena_take(&plan, sizeof(float) * mi, 256, "test buffer");
+    if (arena_init_kind(&d, "split test", ARENA_DEVICE, plan.used, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    int32_t *sel = malloc(sizeof(int32_t) * PMAX), *pc = malloc(sizeof(int32_t) * PMAX), *pn = malloc(sizeof(int32_t) * PMAX);
+    int32_t *hc = malloc(sizeof(int32_t) * PMAX), *hn = malloc(sizeof(int32_t) * PMAX), pieces[TMAX / 64];
+    int *ma = malloc(sizeof(int) * mi), *mb = malloc(sizeof(int) * mi);
+    CUdeviceptr sd = kt_dev(&d, NULL, PMAX), cd = kt_dev(&d, NULL, PMAX), nd = kt_dev(&d, NULL, PMAX), pd = kt_dev(&d, NULL, PMAX);
+    CUdeviceptr m1 = kt_dev(&d, NULL, mi), m2 = kt_dev(&d, NULL, mi);
+    for (int v = 0; v < 3; v++) {
+        const int T = Ts[v], P = T * K;
+        kt_random_sel(sel, T, K, E, 0);
+        int np = 0;
+        for (int t = v == 1 ? 0 : 3; t + 64 <= T; t += 64 + (int)(kt_next() % 40)) pieces[np++] = t;
+        if (np == 0) pieces[np++] = 0;   // (at least one: the engine splits only steps with pieces)
+        for (int p = 0; p < P; p++) {
+            int in = 0;
+            for (int q = 0; q < np; q++) in |= p / K >= pieces[q] && p / K < pieces[q] + 64;
+            hc[p] = in ? sel[p] : E, hn[p] = in ? E : sel[p];
+        }
+        CU_CHECK(cu.cuMemcpyHtoD(sd, sel, sizeof(int32_t) * P));
+        CU_CHECK(cu.cuMemcpyHtoD(pd, pieces, sizeof(int32_t) * np));
+        gpu_k_moe_split(&g->k, g->compute, sd, P, K, E, pd, np, cd, nd);
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(pc, cd, sizeof(int32_t) * P));
+        CU_CHECK(cu.cuMemcpyDtoH(pn, nd, sizeof(int32_t) * P));
+        const int sides = !memcmp(pc, hc, sizeof(int32_t) * P) && !memcmp(pn, hn, sizeof(int32_t) * P);
+        const int cap = gpu_moe_cap(&g->k, P, E);
+        const size_t n = gpu_moe_map_ints(P, E);
+        const int pb0 = g->k.moe_sort_pb;
+        g->k.moe_sort_pb = v == 2 ? GPU_MOE_SORT_PB : 0;   // (2,000 tokens: the grouped form; the others one block)
+        gpu_k_moe_sort(&g->k, g->compute, cd, P, E, m1);
+        gpu_k_moe_sort(&g->k, g->compute, nd, P, E, m2);
+        g->k.moe_sort_pb = pb0;
+        CU_CHECK(cu.cuStreamSynchronize(g->compute));
+        CU_CHECK(cu.cuMemcpyDtoH(ma, m1, sizeof(int) * n));
+        CU_CHECK(cu.cuMemcpyDtoH(mb, m2, sizeof(int) * n));
+        const int va = kt_map_valid(ma, hc, P, E, cap), vb = kt_map_valid(mb, hn, P, E, cap);
+        CHECK(sides && va && vb, "k_moe_split [%d tokens, %d pieces]: sides %s the host's; the pieces' map %s, the others' %s", T, np,
+              sides ? "" : "NOT", va ? "valid" : "INVALID", vb ? "valid" : "INVALID");
+        printf("k_moe_split [%d tokens, %d pieces]: both sides the host's %s; each grouped by k_moe_sort into a valid map of its own "
+               "pairs: %s\n", T, np, sides ? "bit for bit" : "DIFFERENT", va && vb ? "yes" : "NO");
+    }
+    free(sel), free(pc), free(pn), free(hc), free(hn), free(ma), free(mb);
     arena_release(&d);
 }
 
@@ -3557,6 +3619,70 @@ static void mmc_steps(void) {
     ck_close(&m);
 }
 
+// The experts' chain path in whole steps (gpu_moe_layer: a step's full pieces' pairs through k_moe_up_c / k_moe_dn_c,
+// the others through the class order's shapes), on the demo model's plane experts (H 256, I 128: the chain tiles fit)
+// with `--act-dtype bf16` and a bf16 cache: a 330-token prompt (5 full pieces, 10 tokens after) gives the same logits
+// bits in one step, in chunks of 64 and beside another sequence's 100-token prompt in one step. Against the same step
+// without the chain path (every pair in the class order): the two differ by the f32 sums' order and the bf16
+// roundings that follow (h, the next products' inputs); a wrong pair or row would move the logits by their spread —
+// bound 0.05 of it, a check of the plumbing (the kernels' own accuracy: kernel_moe_c, against the CPU reference).
+static void moe_chain_steps(const char *planes) {
+    enum { T = 330, T2 = 100 };
+    ck_model m;
+    gpu_engine g;
+    moet_err e = {{0}};
+    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
+    if (ck_open(&m, "tests/fixtures/demo", &e) || gpu_init(&g, &m, &o, planes, &(pf_serve_opts){0}, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    if (!g.moe_chain) {
+        CHECK_SKIP("the experts' chain path in whole steps", "not the sm_90a cubin's one-part image with plane experts (gpu_engine.moe_chain 0)");
+        gpu_free(&g), ck_close(&m);
+        return;
+    }
+    const int V = m.cfg.vocab;
+    int32_t ids[T + T2];
+    for (int t = 0; t < T + T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
+    float *l[4];
+    for (int v = 0; v < 4; v++) l[v] = malloc(sizeof(float) * 2 * V);
+    int nr = 0, s0 = 0, s1 = 1, ok = 1;
+    // 0: whole; 1: chunks of 64; 2: beside another prompt; 3: whole without the chain path
+    for (int v = 0; v < 4; v++) {
+        g.moe_chain = v != 3;
+        ok &= gpu_seq_start(&g, 0, T) == 0 && gpu_seq_start(&g, 1, T) == 0;
+        if (v == 1) {
+            for (int t0 = 0; t0 < T && ok; t0 += 64) {
+                int n = T - t0 < 64 ? T - t0 : 64, oc[2] = {0, n};
+                ok &= gpu_step(&g, 1, &s0, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+            }
+        } else if (v == 2) {
+            int sl[2] = {s1, s0}, oc[3] = {0, T2, T2 + T};
+            int32_t both[T + T2];
+            memcpy(both, ids + T, sizeof(int32_t) * T2), memcpy(both + T2, ids, sizeof(int32_t) * T);
+            ok &= gpu_step(&g, 2, sl, both, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+        } else {
+            int oc[2] = {0, T};
+            ok &= gpu_step(&g, 1, &s0, ids, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
+        }
+        if (ok) memcpy(l[v], gpu_step_logits(&g, nr), sizeof(float) * (size_t)nr * V);
+        gpu_seq_end(&g, 0), gpu_seq_end(&g, 1);
+    }
+    g.moe_chain = 1;
+    CHECK(ok, "the chain path's steps: %s", e.msg);
+    const double d = check_nerr(l[0], l[3], V);
+    const int chunked = !memcmp(l[0], l[1], sizeof(float) * V), beside = !memcmp(l[0], l[2] + V, sizeof(float) * V), other = memcmp(l[0], l[3], sizeof(float) * V) != 0;
+    CHECK(chunked && beside && other && d < 0.05,
+          "the experts' chain path: chunks of 64 %s, beside another prompt %s the whole step's bits; against the class order %.3g (%s)",
+          chunked ? "" : "NOT", beside ? "" : "NOT", d, other ? "other bits" : "the SAME bits: the chain kernels did not run");
+    printf("the experts' chain path in whole steps (demo + planes, act bf16, bf16 KV; 330 tokens, 5 pieces): in chunks of 64 %s, beside "
+           "another prompt %s; logits against the class order's %.3g of their spread\n",
+           chunked ? "bit for bit" : "DIFFERENT", beside ? "bit for bit" : "DIFFERENT", d);
+    for (int v = 0; v < 4; v++) free(l[v]);
+    gpu_free(&g);
+    ck_close(&m);
+}
+
 // --act-dtype bf16 on the fixtures (variant_act), f32 and bf16 KV, with their plane files tpl, cpl.
 static void variants_act(const char *tpl, const char *cpl) {
     for (int kv = GPU_KV_F32; kv <= GPU_KV_BF16; kv++) {
@@ -3662,6 +3788,7 @@ int main(void) {
             kernel_widen_codes(&g);
             kernel_misc(&g);
             kernel_moe_sort_grouped(&g);
+            kernel_moe_split(&g);
             kernel_argmax(&g);
             kernel_sample(&g);
             kernel_gdn(&g);
@@ -3697,6 +3824,8 @@ int main(void) {
         const char *tpl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp0, sizeof tp0), *cpl = planes_of("tests/fixtures/check/nvfp4", "check", cp0, sizeof cp0);
         variants_act(tpl, cpl);
         mmc_steps();
+        char dp0[512];
+        moe_chain_steps(planes_of("tests/fixtures/demo", "demo", dp0, sizeof dp0));
         return check_report("test_gpu");
     }
     if (only && !strcmp(only, "kernels")) {
@@ -3706,6 +3835,8 @@ int main(void) {
         variant("tests/fixtures/tiny", "nvfp4", "nvfp4", NULL, GPU_KV_F32);
         graph_replay();
         graph_costs();
+        char dp1[512];
+        moe_chain_steps(planes_of("tests/fixtures/demo", "demo", dp1, sizeof dp1));
         CHECK_SKIP("the other fixtures, KV types, real shapes, long context, demo, moet eval", "MOET_GPU_TESTS=kernels");
         return check_report("test_gpu");
     }
@@ -3722,6 +3853,8 @@ int main(void) {
     }
     variants_act(tiny_pl, check_pl);
     mmc_steps();
+    char dp[512];
+    moe_chain_steps(planes_of("tests/fixtures/demo", "demo", dp, sizeof dp));
     // MOET_GPU_FIXTURE=DIR: one more fixture of the same layout (DIR/bf16, DIR/nvfp4, DIR/golden.safetensors,
     // made by transformers), e.g. a model of other dimensions the tests have never seen
     const char *extra = getenv("MOET_GPU_FIXTURE");
