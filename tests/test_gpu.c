@@ -3444,9 +3444,12 @@ static void kernel_moe_dg(gpu_engine *g) {
 // accumulator over K, 256-row tiles) on random plane experts (E 16, I 256, H 512: two row blocks of each), 256 tokens
 // choosing 4 each, skewed (kt_random_sel 2: items of every product width), grouped by k_moe_sort in the _g128 shape:
 // h against the CPU reference on the rounded inputs within h's own bf16 rounding (the kernel writes h as one bf16
-// part, the reference keeps f32: each value within 2^-8 of itself, plus the sums' order), and against k_moe_up_w's h (the same sums in another order, each then
-// rounded to bf16: equal or one bf16 step apart); the down products, from the GPU's own h, against ref_linear within
-// GPU_TOL_LINEAR_CHAIN (one f32 chain over K = I, as k_mm_c's). Only where the image has the wgmma experts.
+// part, the reference keeps f32: each value within 2^-8 of itself, plus the sums' order); k_moe_up_w's h beside it (the
+// same sums in another order, each then rounded to bf16) is reported, not bounded in steps: mostly equal or one step
+// apart, but the orders' absolute difference can span more than one step of a small h (a sum that nearly cancels) —
+// on an H100 2 of 262,144 values were more than one step apart with every value within the reference's bound; the down
+// products, from the GPU's own h, against ref_linear within GPU_TOL_LINEAR_CHAIN (one f32 chain over K = I, as
+// k_mm_c's). Only where the image has the wgmma experts.
 static void kernel_moe_c(gpu_engine *g) {
     enum { E = 16, I = 256, H = 512, T = 256, K = 4, P = T * K };
     if (!g->k.moe_w || g->k.parts != 1) {
@@ -3483,11 +3486,13 @@ static void kernel_moe_c(gpu_engine *g) {
     CU_CHECK(cu.cuMemcpyDtoH(hwb, hw, 2 * (size_t)P * I));
     CU_CHECK(cu.cuMemcpyDtoH(yg, ye, sizeof(float) * (size_t)P * H));
     size_t apart = 0, differ = 0;
+    double apart_h = 0;   // the largest |h| among the values more than one bf16 step from k_moe_up_w's (set below: / spread)
     for (size_t i = 0; i < (size_t)P * I; i++) {
         hg[i] = ck_bf16((const uint8_t *)&hb[i]);   // (little-endian bf16, as the checkpoint reads it)
         // bf16 codes in order (sign and magnitude → an integer line through zero): adjacent values one apart
         const int oa = hb[i] & 0x8000 ? -(int)(hb[i] & 0x7fff) : (int)hb[i], ob = hwb[i] & 0x8000 ? -(int)(hwb[i] & 0x7fff) : (int)hwb[i];
         differ += oa != ob, apart += abs(oa - ob) > 1;
+        if (abs(oa - ob) > 1) apart_h = fmax(apart_h, fabs((double)hg[i]));
     }
     for (int p = 0; p < P; p++) {   // the reference: pair p = t·K + k of expert sel[p], from the GPU's rounding of x_t
         const int t = p / K, xx = sel[p];
@@ -3508,13 +3513,12 @@ static void kernel_moe_c(gpu_engine *g) {
     size_t far = 0;
     for (size_t i = 0; i < (size_t)P * I; i++) far += !(fabs((double)hg[i] - hr[i]) <= ldexp(fabs(hr[i]), -8) + GPU_TOL_LINEAR_CHAIN * hsd);
     const double eh = check_nerr(hg, hr, (size_t)P * I), ey = check_nerr(yg, yr, (size_t)P * H);
-    CHECK(shape == 3 && !far && ey < GPU_TOL_LINEAR_CHAIN && !apart,
-          "k_moe_up_c / k_moe_dn_c: shape %d; %zu of h past its bf16 rounding of the reference (error %.3g), %zu more than a bf16 step "
-          "from k_moe_up_w's; down %.3g",
-          shape, far, eh, apart, ey);
-    printf("k_moe_up_c / k_moe_dn_c (%d pairs over %d experts, planes): h within its bf16 rounding of the reference: %s (error %.2g); %zu of %zu "
-           "one bf16 step from k_moe_up_w's, none further: %s; down products error vs ref_linear %.2g\n",
-           P, E, far ? "NO" : "yes", eh, differ, (size_t)P * I, apart ? "NO" : "yes", ey);
+    CHECK(shape == 3 && !far && ey < GPU_TOL_LINEAR_CHAIN, "k_moe_up_c / k_moe_dn_c: shape %d; %zu of h past its bf16 rounding of the reference "
+          "(error %.3g); down %.3g", shape, far, eh, ey);
+    printf("k_moe_up_c / k_moe_dn_c (%d pairs over %d experts, planes): h within its bf16 rounding of the reference: %s (error %.2g); "
+           "against k_moe_up_w's h %zu of %zu differ, %zu by more than one bf16 step (|h| at most %.3g of the spread); down products "
+           "error vs ref_linear %.2g\n",
+           P, E, far ? "NO" : "yes", eh, differ, (size_t)P * I, apart, apart_h / hsd, ey);
     free(sel), free(x), free(hb), free(hwb), free(yg), free(hg), free(hr), free(yr), free(u), free(xr), free(row);
     kt_experts_free(&xp);
 }
