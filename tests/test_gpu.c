@@ -3545,6 +3545,39 @@ static void kernels_act(void) {
     ck_close(&m);
 }
 
+// The four runs of a chain path's checks (mmc_steps, moe_chain_steps) on sequences 0 and 1 of g: a CHAIN_T-token
+// prompt (ids) whole in one step (run 0), in chunks of 64 (1), in one step beside another sequence's CHAIN_T2-token
+// prompt (ids + CHAIN_T; its logits second: 2), and whole with *path 0 (3, the class order); each run's last tokens'
+// logits into l[v] (2 · V floats); np: run 0's full pieces. *path is 1 again after. 1: every step ran.
+enum { CHAIN_T = 330, CHAIN_T2 = 100 };
+static int chain_runs(gpu_engine *g, int *path, const int32_t *ids, float *l[4], int *np, moet_err *e) {
+    const int V = g->m->cfg.vocab;
+    int nr = 0, s0 = 0, s1 = 1, ok = 1;
+    for (int v = 0; v < 4; v++) {
+        *path = v != 3;
+        ok &= gpu_seq_start(g, 0, CHAIN_T) == 0 && gpu_seq_start(g, 1, CHAIN_T) == 0;
+        if (v == 1) {
+            for (int t0 = 0; t0 < CHAIN_T && ok; t0 += 64) {
+                int n = CHAIN_T - t0 < 64 ? CHAIN_T - t0 : 64, oc[2] = {0, n};
+                ok &= gpu_step(g, 1, &s0, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e) == 0;
+            }
+        } else if (v == 2) {
+            int sl[2] = {s1, s0}, oc[3] = {0, CHAIN_T2, CHAIN_T2 + CHAIN_T};
+            int32_t both[CHAIN_T + CHAIN_T2];
+            memcpy(both, ids + CHAIN_T, sizeof(int32_t) * CHAIN_T2), memcpy(both + CHAIN_T2, ids, sizeof(int32_t) * CHAIN_T);
+            ok &= gpu_step(g, 2, sl, both, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e) == 0;
+        } else {
+            int oc[2] = {0, CHAIN_T};
+            ok &= gpu_step(g, 1, &s0, ids, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, e) == 0;
+        }
+        if (v == 0 && np) *np = g->mmc_np;   // (the step's full pieces, gpu_mmc_split)
+        if (ok) memcpy(l[v], gpu_step_logits(g, nr), sizeof(float) * (size_t)nr * V);
+        gpu_seq_end(g, 0), gpu_seq_end(g, 1);
+    }
+    *path = 1;
+    return ok;
+}
+
 // The chain products (k_mm_c) in whole steps, on the tiny fixture's FP8 projections with `--act-dtype bf16` and a bf16
 // cache (the sm_90a cubin's one-part image): a 330-token prompt (5 full pieces, 10 tokens after) gives the same logits
 // bits in one step, in chunks of 64 and beside another sequence's 100-token prompt in one step; its logits are as near
@@ -3552,11 +3585,11 @@ static void kernels_act(void) {
 // order): both are the f32 sums of the same exact products in different orders, so neither should be more than twice
 // the other's distance (plus 1e-6 of the logits' spread for the case where both are nearly exact).
 static void mmc_steps(void) {
-    enum { T = 330, T2 = 100 };
+    enum { T = CHAIN_T };
     ck_model m;
     gpu_engine g;
     moet_err e = {{0}};
-    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
+    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + CHAIN_T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
     if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) {
         CHECK(0, "%s", e.msg);
         return;
@@ -3567,34 +3600,11 @@ static void mmc_steps(void) {
         return;
     }
     const int V = m.cfg.vocab;
-    int32_t ids[T + T2];
-    for (int t = 0; t < T + T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
-    float *l[5], *ref = malloc(sizeof(float) * V);
-    for (int v = 0; v < 5; v++) l[v] = malloc(sizeof(float) * 2 * V);
-    int nr = 0, s0 = 0, s1 = 1, np = 0, ok = 1;
-    // 0: whole; 1: chunks of 64; 2: beside another prompt; 3: whole without k_mm_c
-    for (int v = 0; v < 4; v++) {
-        g.mmc = v != 3;
-        ok &= gpu_seq_start(&g, 0, T) == 0 && gpu_seq_start(&g, 1, T) == 0;
-        if (v == 1) {
-            for (int t0 = 0; t0 < T && ok; t0 += 64) {
-                int n = T - t0 < 64 ? T - t0 : 64, oc[2] = {0, n};
-                ok &= gpu_step(&g, 1, &s0, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-            }
-        } else if (v == 2) {
-            int sl[2] = {s1, s0}, oc[3] = {0, T2, T2 + T};
-            int32_t both[T + T2];
-            memcpy(both, ids + T, sizeof(int32_t) * T2), memcpy(both + T2, ids, sizeof(int32_t) * T);
-            ok &= gpu_step(&g, 2, sl, both, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-        } else {
-            int oc[2] = {0, T};
-            ok &= gpu_step(&g, 1, &s0, ids, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-        }
-        if (v == 0) np = g.mmc_np;
-        if (ok) memcpy(l[v], gpu_step_logits(&g, nr), sizeof(float) * (size_t)nr * V);
-        gpu_seq_end(&g, 0), gpu_seq_end(&g, 1);
-    }
-    g.mmc = 1;
+    int32_t ids[T + CHAIN_T2];
+    for (int t = 0; t < T + CHAIN_T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
+    float *l[4], *ref = malloc(sizeof(float) * V);
+    for (int v = 0; v < 4; v++) l[v] = malloc(sizeof(float) * 2 * V);
+    int s0 = 0, np = 0, ok = chain_runs(&g, &g.mmc, ids, l, &np, &e);   // 3: without k_mm_c
     CHECK(ok, "k_mm_c steps: %s", e.msg);
     {   // the CPU reference, its inputs and cache rounded as the GPU's
         ref_engine r;
@@ -3617,7 +3627,7 @@ static void mmc_steps(void) {
     printf("k_mm_c in whole steps (tiny fixture, act bf16, bf16 KV; 330 tokens, 5 pieces): in chunks of 64 %s, beside another prompt %s; "
            "logits vs the CPU reference %.3g, without k_mm_c %.3g\n",
            chunked ? "bit for bit" : "DIFFERENT", beside ? "bit for bit" : "DIFFERENT", e_on, e_off);
-    for (int v = 0; v < 5; v++) free(l[v]);
+    for (int v = 0; v < 4; v++) free(l[v]);
     free(ref);
     gpu_free(&g);
     ck_close(&m);
@@ -3631,11 +3641,11 @@ static void mmc_steps(void) {
 // roundings that follow (h, the next products' inputs); a wrong pair or row would move the logits by their spread —
 // bound 0.05 of it, a check of the plumbing (the kernels' own accuracy: kernel_moe_c, against the CPU reference).
 static void moe_chain_steps(const char *planes) {
-    enum { T = 330, T2 = 100 };
+    enum { T = CHAIN_T };
     ck_model m;
     gpu_engine g;
     moet_err e = {{0}};
-    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
+    gpu_opts o = {.max_seqs = 2, .max_len = T + 8, .max_tokens = T + CHAIN_T2, .kv_dtype = GPU_KV_BF16, .act_bf16 = 1};
     if (ck_open(&m, "tests/fixtures/demo", &e) || gpu_init(&g, &m, &o, planes, &(pf_serve_opts){0}, &e)) {
         CHECK(0, "%s", e.msg);
         return;
@@ -3646,33 +3656,11 @@ static void moe_chain_steps(const char *planes) {
         return;
     }
     const int V = m.cfg.vocab;
-    int32_t ids[T + T2];
-    for (int t = 0; t < T + T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
+    int32_t ids[T + CHAIN_T2];
+    for (int t = 0; t < T + CHAIN_T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
     float *l[4];
     for (int v = 0; v < 4; v++) l[v] = malloc(sizeof(float) * 2 * V);
-    int nr = 0, s0 = 0, s1 = 1, ok = 1;
-    // 0: whole; 1: chunks of 64; 2: beside another prompt; 3: whole without the chain path
-    for (int v = 0; v < 4; v++) {
-        g.moe_chain = v != 3;
-        ok &= gpu_seq_start(&g, 0, T) == 0 && gpu_seq_start(&g, 1, T) == 0;
-        if (v == 1) {
-            for (int t0 = 0; t0 < T && ok; t0 += 64) {
-                int n = T - t0 < 64 ? T - t0 : 64, oc[2] = {0, n};
-                ok &= gpu_step(&g, 1, &s0, ids + t0, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-            }
-        } else if (v == 2) {
-            int sl[2] = {s1, s0}, oc[3] = {0, T2, T2 + T};
-            int32_t both[T + T2];
-            memcpy(both, ids + T, sizeof(int32_t) * T2), memcpy(both + T2, ids, sizeof(int32_t) * T);
-            ok &= gpu_step(&g, 2, sl, both, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-        } else {
-            int oc[2] = {0, T};
-            ok &= gpu_step(&g, 1, &s0, ids, oc, NULL, GPU_OUT_LAST, NULL, NULL, NULL, &nr, &e) == 0;
-        }
-        if (ok) memcpy(l[v], gpu_step_logits(&g, nr), sizeof(float) * (size_t)nr * V);
-        gpu_seq_end(&g, 0), gpu_seq_end(&g, 1);
-    }
-    g.moe_chain = 1;
+    const int ok = chain_runs(&g, &g.moe_chain, ids, l, NULL, &e);   // 3: every pair in the class order
     CHECK(ok, "the chain path's steps: %s", e.msg);
     const double d = check_nerr(l[0], l[3], V);
     const int chunked = !memcmp(l[0], l[1], sizeof(float) * V), beside = !memcmp(l[0], l[2] + V, sizeof(float) * V), other = memcmp(l[0], l[3], sizeof(float) * V) != 0;
