@@ -3548,11 +3548,13 @@ static void kernels_act(void) {
 // The four runs of a chain path's checks (mmc_steps, moe_chain_steps) on sequences 0 and 1 of g: a CHAIN_T-token
 // prompt (ids) whole in one step (run 0), in chunks of 64 (1), in one step beside another sequence's CHAIN_T2-token
 // prompt (ids + CHAIN_T; its logits second: 2), and whole with *path 0 (3, the class order); each run's last tokens'
-// logits into l[v] (2 · V floats); np: run 0's full pieces. *path is 1 again after. 1: every step ran.
+// logits into l[v] (2 · V floats); np: run 0's full pieces. ids [CHAIN_T + CHAIN_T2]: the prompts, written here.
+// *path is 1 again after. 1: every step ran.
 enum { CHAIN_T = 330, CHAIN_T2 = 100 };
-static int chain_runs(gpu_engine *g, int *path, const int32_t *ids, float *l[4], int *np, moet_err *e) {
+static int chain_runs(gpu_engine *g, int *path, int32_t *ids, float *l[4], int *np, moet_err *e) {
     const int V = g->m->cfg.vocab;
     int nr = 0, s0 = 0, s1 = 1, ok = 1;
+    for (int t = 0; t < CHAIN_T + CHAIN_T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
     for (int v = 0; v < 4; v++) {
         *path = v != 3;
         ok &= gpu_seq_start(g, 0, CHAIN_T) == 0 && gpu_seq_start(g, 1, CHAIN_T) == 0;
@@ -3601,7 +3603,6 @@ static void mmc_steps(void) {
     }
     const int V = m.cfg.vocab;
     int32_t ids[T + CHAIN_T2];
-    for (int t = 0; t < T + CHAIN_T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
     float *l[4], *ref = malloc(sizeof(float) * V);
     for (int v = 0; v < 4; v++) l[v] = malloc(sizeof(float) * 2 * V);
     int s0 = 0, np = 0, ok = chain_runs(&g, &g.mmc, ids, l, &np, &e);   // 3: without k_mm_c
@@ -3657,7 +3658,6 @@ static void moe_chain_steps(const char *planes) {
     }
     const int V = m.cfg.vocab;
     int32_t ids[T + CHAIN_T2];
-    for (int t = 0; t < T + CHAIN_T2; t++) ids[t] = (int32_t)((t * 131 + (t >> 3) * 17 + 7) % V);
     float *l[4];
     for (int v = 0; v < 4; v++) l[v] = malloc(sizeof(float) * 2 * V);
     const int ok = chain_runs(&g, &g.moe_chain, ids, l, NULL, &e);   // 3: every pair in the class order
