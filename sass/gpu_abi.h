@@ -272,10 +272,10 @@ GPU_ABI_ASSERT(GPU_MMG_BM == 16 * GPU_MM_WARPS && GPU_MMG_BN % 16 == 0 && GPU_MM
 #define GPU_MOE_SORT_PB 2048
 #define GPU_MOE_HIST_NT 256
 GPU_ABI_ASSERT(GPU_MOE_SORT_PB == GPU_MOE_HIST_NT * GPU_MOE_SORT_U && GPU_MOE_SORT_PB % GPU_MOE_SORT_NT == 0, "k_moe_hist / k_moe_place: a block's pairs");
-// k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared
-// expert's activation in one block (a warp per token's router).
 // k_moe_split: a pair a thread, GPU_MOE_SPLIT_NT threads a block.
 #define GPU_MOE_SPLIT_NT 256
+// k_route (sass/route.cu): steps of up to this many tokens route, group and take the shared
+// expert's activation in one block (a warp per token's router).
 #define GPU_ROUTE_T 32
 GPU_ABI_ASSERT(GPU_ROUTE_T <= GPU_MOE_SORT_NT / 32, "k_route: a warp per token");
 // ... and at most this many blocks past its first for the shared expert's SiLU · up.
