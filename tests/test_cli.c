@@ -13,37 +13,7 @@ static void tpath(char *out, size_t cap, const char *name) { snprintf(out, cap, 
 
 // ---- running a command in-process with its output captured ----------------------------------
 
-static char cap_out[65536], cap_err[65536];
-
-static int capture(int (*fn)(int, char **), int argc, char **argv) {
-    fflush(stdout);
-    fflush(stderr);
-    char po[96], pe[96];
-    tpath(po, sizeof po, "cap_out");
-    tpath(pe, sizeof pe, "cap_err");
-    int fo = open(po, O_RDWR | O_CREAT | O_TRUNC, 0600), fe = open(pe, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    MOET_ASSERT(fo >= 0 && fe >= 0, "capture files");
-    int so = dup(1), se = dup(2);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    int rc = fn(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    ssize_t n = pread(fo, cap_out, sizeof cap_out - 1, 0);
-    cap_out[n > 0 ? n : 0] = 0;
-    n = pread(fe, cap_err, sizeof cap_err - 1, 0);
-    cap_err[n > 0 ? n : 0] = 0;
-    close(fo);
-    close(fe);
-    unlink(po);
-    unlink(pe);
-    return rc;
-}
-#define CAPTURE(fn, argv) capture(fn, (int)(sizeof argv / sizeof argv[0]), argv)
+#include "capture.h"
 
 // Names in tdir that contain ".tmp" (a temporary output file left behind).
 static int tmp_files(const char *dir) {

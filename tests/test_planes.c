@@ -231,37 +231,7 @@ static void test_plan(void) {
 
 // ---- capture the output of a command ------------------------------------------------------
 
-static char cap_out[16384], cap_err[16384];
-
-static int capture(int (*fn)(int, char **), int argc, char **argv) {
-    fflush(stdout);
-    fflush(stderr);
-    char po[80], pe[80];
-    tpath(po, sizeof po, "cap_out");
-    tpath(pe, sizeof pe, "cap_err");
-    int fo = open(po, O_RDWR | O_CREAT | O_TRUNC, 0600), fe = open(pe, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    int so = dup(1), se = dup(2);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    int rc = fn(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    ssize_t n = pread(fo, cap_out, sizeof cap_out - 1, 0);
-    cap_out[n > 0 ? n : 0] = 0;
-    n = pread(fe, cap_err, sizeof cap_err - 1, 0);
-    cap_err[n > 0 ? n : 0] = 0;
-    close(fo);
-    close(fe);
-    unlink(po);
-    unlink(pe);
-    return rc;
-}
-
-#define CAPTURE(fn, argv) capture(fn, (int)(sizeof argv / sizeof argv[0]), argv)
+#include "capture.h"
 
 // ---- the fixture: slots bit for bit -------------------------------------------------------
 
