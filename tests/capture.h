@@ -1,6 +1,6 @@
 // tests/capture.h — running a command's entry point in-process with its stdout and stderr captured: capture(fn, argc,
 // argv) returns fn's exit code and leaves what it wrote in cap_out and cap_err (NUL-terminated, cut at 64 KiB each).
-// The includer defines tpath(out, cap, name) (a path in its scratch directory) and check.h's CHECK before this file.
+// The includer has moet.c (MOET_ASSERT) and defines tpath(out, cap, name), a path in its scratch directory, before this file.
 #ifndef MOET_CAPTURE_H
 #define MOET_CAPTURE_H
 #include <fcntl.h>
