@@ -59,19 +59,21 @@ __device__ __forceinline__ void moec_produce(Src src, int nt, const __nv_bfloat1
     };
     for (int j = 0; j < A; j++) issue(j), mm_cp_commit();
     const int g = (l >> 1) & 7, h = l >> 4;
+    // Step j is announced before step j + A's copies are issued: the token warpgroup's issue waits for stage (j + A) % S
+    // to be released (the consumers past step j + A − S + 1), which the announcement of step j must not wait on.
     for (int j = 0; j < steps; j++) {
         const int s = j % S;
-        __syncwarp();   // every lane's widening of the step before has read the raw slot about to be copied into
-        issue(j + A);
-        mm_cp_commit();
-        mm_cp_wait<A>();   // step j's copies (this lane's own) landed
-        __syncwarp();      // and the other lanes'
+        mm_cp_wait<A - 1>();   // step j's copies (this lane's own) landed
+        __syncwarp();          // and the other lanes'
         if (!tokens && j >= S) mmw_wait(&empty[s], (j / S - 1) & 1);
         const uint8_t *slot = raw + s * GPU_MOEC_SLOT;
         mmw_pl_widen(slot + v * MMW_PL_BUF, st[s].a + moec_arow(16 * v + 8 * h + g, PAIRED) * 128, lut);
         mmw_pl_widen(slot + (v + 8) * MMW_PL_BUF, st[s].a + moec_arow(16 * (v + 8) + 8 * h + g, PAIRED) * 128, lut);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the stores and the direct copies seen by the wgmma
         mmw_arrive(&full[s]);
+        __syncwarp();   // (raw slot (j + A) % S was step j + A − S's, widened before; the copies' shuffles converged)
+        issue(j + A);
+        mm_cp_commit();
     }
     mm_cp_wait<0>();
 }
