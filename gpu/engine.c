@@ -134,8 +134,8 @@ typedef struct {
     // [GPU_MM_SPLITS][T][K ≤ mm_width], of the experts' SiLU·up [GPU_MM_SPLITS][T·topk][I], and the
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;
-    // the experts' chain path (moe_chain: sass/moe_c.cu, where k_mm_c runs and the experts are 2-bit planes of widths
-    // its tiles take): a step's pairs apart by their token's side (sel_c: the full pieces', sel_n: the others' — int
+    // the experts' chain path (moe_chain: sass/moe_r.cu; sass/moe_c.cu says why the bits hold; where k_mm_c runs and
+    // the experts are 2-bit planes of widths its tiles take): a step's pairs apart by their token's side (sel_c: the full pieces', sel_n: the others' — int
     // [Tm·topk] each, k_moe_split) and the pieces' pairs grouped by expert (moe_map_c, gpu_moe_map_ints)
     int moe_chain;
     CUdeviceptr sel_c, sel_n, moe_map_c;
@@ -431,7 +431,7 @@ static void gpu_carve_act(gpu_engine *g, arena *a) {
         g->hs = g->moe_map = 0;
     }
     g->moe_chain = g->mmc && g->moe_mm && g->k.moe_w && g->k.moe_kind == GPU_W_PLANES && c->inter % 128 == 0 && c->hidden % GPU_MOEC_BM == 0 &&
-                   gpu_smem_exact(&g->k, K_MOE_UP_C, GPU_MOEC_SMEM) && gpu_smem_exact(&g->k, K_MOE_DN_C, GPU_MOEC_SMEM);
+                   gpu_smem_exact(&g->k, K_MOE_UP_R, GPU_MOER_SMEM) && gpu_smem_exact(&g->k, K_MOE_DN_R, GPU_MOER_SMEM);
     g->sel_c = g->moe_chain ? gpu_take_f32(a, Tm * K, "the pieces' routing") : 0;
     g->sel_n = g->moe_chain ? gpu_take_f32(a, Tm * K, "the other tokens' routing") : 0;
     g->moe_map_c = g->moe_chain ? (CUdeviceptr)(uintptr_t)arena_take(a, 4 * gpu_moe_map_ints((long long)Tm * K, c->n_experts), 256, "the pieces' experts' pairs") : 0;
@@ -1148,7 +1148,7 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         }
     }
     // the chain path: a step with full pieces, the main layers' plane experts (not the MTP head's: gpu_mtp_rows runs
-    // with moe_kind -1) — the pieces' pairs through k_moe_up_c / k_moe_dn_c, the others through the class order's
+    // with moe_kind -1) — the pieces' pairs through k_moe_up_r / k_moe_dn_r (k_moe_up_c / k_moe_dn_c's bits), the others through the class order's
     // shapes (hs and ye are a pair's rows: the two write apart). A pair's side is its token's position's alone.
     const int chain = g->moe_chain && g->mmc_live && g->mmc_np && g->k.moe_kind == GPU_W_PLANES;
     if (g->moe_mm && chain) {
@@ -1158,9 +1158,9 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         gpu_k_moe_sort(&g->k, g->compute, g->sel_n, P, E, g->moe_map);
         gpu_k_moe_sort_cap(&g->k, g->compute, g->sel_c, P, E, g->moe_map_c, GPU_MMW_BN);
         gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);
-        gpu_k_moe_up_c(&g->k, g->compute, G->experts, g->moe_map_c, bound, K, g->xs, g->hs, I);
+        gpu_k_moe_up_r(&g->k, g->compute, G->experts, g->moe_map_c, bound, K, g->xs, g->hs, I);
         gpu_k_moe_dn(&g->k, g->compute, G->experts, g->moe_map, E, g->hs, P, I, g->ye, H);
-        gpu_k_moe_dn_c(&g->k, g->compute, G->experts, g->moe_map_c, bound, g->hs, g->ye, H);
+        gpu_k_moe_dn_r(&g->k, g->compute, G->experts, g->moe_map_c, bound, g->hs, g->ye, H);
     } else if (g->moe_mm) {   // tensor cores over the pairs grouped by expert, from xn's parts (gpu_norm's)
         if (!routed) gpu_k_moe_sort(&g->k, g->compute, g->sel, T * K, E, g->moe_map);
         gpu_k_moe_up(&g->k, g->compute, G->experts, g->moe_map, E, K, g->xs, T, H, g->hs, I);

@@ -38,7 +38,7 @@ GPU_EMBED(gpu_img_bf_ptx90, "sass/moet_bf.compute_90.ptx")
     X(K_MOE_SORT, "k_moe_sort") X(K_MOE_SPLIT, "k_moe_split") X(K_MOE_HIST, "k_moe_hist") X(K_MOE_PLACE, "k_moe_place") X(K_MOE_UP_D, "k_moe_up_d") X(K_MOE_UP_D1, "k_moe_up_d1") X(K_MOE_UP_P, "k_moe_up_p")                      \
     X(K_MOE_DN_D, "k_moe_dn_d") X(K_MOE_DN_D1, "k_moe_dn_d1") X(K_MOE_DN_P, "k_moe_dn_p") X(K_MOE_UP_G, "k_moe_up_g") X(K_MOE_DN_G, "k_moe_dn_g") \
     X(K_MOE_UP_DG4, "k_moe_up_dg4") X(K_MOE_DN_DG4, "k_moe_dn_dg4") X(K_MOE_UP_DG1, "k_moe_up_dg1") X(K_MOE_DN_DG1, "k_moe_dn_dg1") \
-    X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128") X(K_MOE_UP_W, "k_moe_up_w") X(K_MOE_DN_W, "k_moe_dn_w") X(K_MOE_UP_C, "k_moe_up_c") X(K_MOE_DN_C, "k_moe_dn_c")
+    X(K_MOE_UP_G128, "k_moe_up_g128") X(K_MOE_DN_G128, "k_moe_dn_g128") X(K_MOE_UP_W, "k_moe_up_w") X(K_MOE_DN_W, "k_moe_dn_w") X(K_MOE_UP_C, "k_moe_up_c") X(K_MOE_DN_C, "k_moe_dn_c") X(K_MOE_UP_R, "k_moe_up_r") X(K_MOE_DN_R, "k_moe_dn_r")
 
 #define GPU_K_ENUM(id, name) id,
 enum { GPU_KERNELS(GPU_K_ENUM) K_COUNT };
@@ -49,7 +49,7 @@ static const char *const gpu_kernel_names[K_COUNT] = {GPU_KERNELS(GPU_K_NAME)};
 // same name.
 static const int gpu_parts_kernels[] = {K_FA, K_FA_W, K_MM_V, K_MM_V2, K_MM_V4, K_MM_T,      K_MM_D,      K_MM_B,      K_MM_P,     K_MM_G,     K_MM_G32,  K_MM_G128,  K_MM_W,  K_MM_C, K_MOE_UP_D,
                                         K_MOE_UP_D1, K_MOE_UP_P,  K_MOE_UP_G,  K_MOE_DN_D,  K_MOE_DN_D1, K_MOE_DN_P, K_MOE_DN_G,
-                                        K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_C, K_MOE_DN_C, K_MOE_UP_DG4, K_MOE_DN_DG4,
+                                        K_MOE_UP_G128, K_MOE_DN_G128, K_MOE_UP_W, K_MOE_DN_W, K_MOE_UP_C, K_MOE_DN_C, K_MOE_UP_R, K_MOE_DN_R, K_MOE_UP_DG4, K_MOE_DN_DG4,
                                         K_MOE_UP_DG1, K_MOE_DN_DG1,
                                         K_MM_SPLIT, K_ADD_RMSNORM, K_MOE_ADD_RMSNORM, K_SILU_MUL, K_ROUTE, K_GDN_RULE_NORM, K_GDN_RULE_NORM4, K_GATED_NORM, K_ATTENTION_F32, K_ATTN_MERGE};
 

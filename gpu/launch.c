@@ -544,6 +544,19 @@ static void gpu_k_moe_dn_c(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUde
     gpu_launch(k, K_MOE_DN_C, gpu_moe_w_grid(k, bound, H / GPU_MOEC_BM), GPU_MMW_NT, GPU_MOEC_SMEM, s, GPU_ARGS(&experts, &map, &bound, &hs, &ye, &H));
 }
 
+// k_moe_up_r / k_moe_dn_r (sass/moe_r.cu): k_moe_up_c / k_moe_dn_c's products (the same bits) with the weights' A
+// operand from registers; the same arguments and conditions (K: the routed experts a token), and the products'
+// depths (up's H, down's I: the experts' columns, read by the kernels) multiples of 128 (gpu_engine.moe_chain's condition).
+static void gpu_k_moe_up_r(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int bound, int K, CUdeviceptr xs, CUdeviceptr hs,
+                           int I) {
+    MOET_ASSERT(k->moe_w && k->parts == 1 && gpu_multiple(I, 128) && gpu_smem_exact(k, K_MOE_UP_R, GPU_MOER_SMEM), "k_moe_up_r: I = %d", I);
+    gpu_launch(k, K_MOE_UP_R, gpu_moe_w_grid(k, bound, I / 128), GPU_MOER_NT, GPU_MOER_SMEM, s, GPU_ARGS(&experts, &map, &bound, &K, &xs, &hs, &I));
+}
+static void gpu_k_moe_dn_r(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int bound, CUdeviceptr hs, CUdeviceptr ye, int H) {
+    MOET_ASSERT(k->moe_w && k->parts == 1 && gpu_multiple(H, GPU_MOEC_BM) && gpu_smem_exact(k, K_MOE_DN_R, GPU_MOER_SMEM), "k_moe_dn_r: H = %d", H);
+    gpu_launch(k, K_MOE_DN_R, gpu_moe_w_grid(k, bound, H / GPU_MOEC_BM), GPU_MOER_NT, GPU_MOER_SMEM, s, GPU_ARGS(&experts, &map, &bound, &hs, &ye, &H));
+}
+
 // hs [3][T·K][I] = the parts of SiLU(gate · xn) · (up · xn) for every pair of map (over E
 // experts), from xs (the parts of xn [T, H]).
 static void gpu_k_moe_up(gpu_kernels *k, CUstream s, CUdeviceptr experts, CUdeviceptr map, int E, int K, CUdeviceptr xs, int T, int H,

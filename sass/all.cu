@@ -12,6 +12,7 @@
 #include "rows.cu"
 #include "moe_w.cu"
 #include "moe_c.cu"   // (after moe_w.cu: its tiles)
+#include "moe_r.cu"   // (after moe_w.cu: its tiles)
 #include "silu_mul.cu"
 #include "route.cu"
 #include "gdn_conv.cu"

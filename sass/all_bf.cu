@@ -21,6 +21,7 @@
 #include "mm_c.cu"
 #include "moe_w.cu"
 #include "moe_c.cu"   // (after moe_w.cu: its tiles)
+#include "moe_r.cu"   // (after moe_w.cu: its tiles)
 #include "silu_mul.cu"
 #include "router.cu"
 #include "route.cu"

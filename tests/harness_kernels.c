@@ -754,7 +754,10 @@ static void hk_experts(int kind) {
     // items per expert in the _d shape), 64 and 256 tokens (a batch of decoding sequences, a short
     // prompt: 2 and 8 pairs per expert), a 512-token prefill chunk
     static const int Ts[] = {1, 16, 64, 256, 512};
-    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
+    // HK_PROMPT_ONLY=1: only the prompt steps below (no CPU twins: a short run while a chain kernel is changed)
+    const char *po = getenv("HK_PROMPT_ONLY");
+    const int nts = po && !strcmp(po, "1") ? 0 : (int)(sizeof Ts / sizeof Ts[0]);
+    for (int ti = 0; ti < nts; ti++) {
         int T = Ts[ti], skew = T == 16;
         int P = T * K, *rows = malloc(sizeof(int) * P);
         int32_t *sel = malloc(sizeof(int32_t) * P);
@@ -876,11 +879,11 @@ static void hk_experts(int kind) {
         CU_CHECK(cu.cuCtxSynchronize());
         hk.d.used = used;   // keep the experts, drop this shape's buffers
     }
-    // prompt steps of 2,048 and 8,192 tokens (64 and 256 pairs per expert: a long prompt's chunks):
+    // prompt steps of 64, 2,048 and 8,192 tokens (2, 64 and 256 pairs per expert: one piece, a long prompt's chunks):
     // no CPU twin at this size (the twins above hold the kernels' function); the _g shape's
     // outputs are the reference of the others' bits (_g128 where the products read one part), and
     // each shape's time and rate (2 · pairs · 3 · I · H multiply-adds' flops)
-    static const int Tp[] = {2048, 8192};
+    static const int Tp[] = {64, 2048, 8192};
     for (int ti = 0; ti < (int)(sizeof Tp / sizeof Tp[0]); ti++) {
         const int T = Tp[ti], P = T * K;
         int32_t *sel = malloc(sizeof(int32_t) * P);
@@ -927,7 +930,15 @@ static void hk_experts(int kind) {
             float *cy = hk_down(yd, sizeof(float) * (size_t)P * H);
             printf(" _c up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s), down's error vs _g %.2g;", tu, fl_up / tu * 1e-6, td,
                    fl_dn / td * 1e-6, check_nerr(cy, gy, (size_t)P * H));
-            free(cy);
+            // the same products with A from registers (k_moe_up_r / k_moe_dn_r): the same bits as _c's
+            HK_TIME(tu, gpu_k_moe_up_r(&hk.k, hk.s, ex, map, bound, K, xs, hs, I));
+            HK_TIME(td, gpu_k_moe_dn_r(&hk.k, hk.s, ex, map, bound, hs, yd, H));
+            float *ry = hk_down(yd, sizeof(float) * (size_t)P * H);
+            const int req = !memcmp(ry, cy, sizeof(float) * (size_t)P * H);
+            CHECK(req, "k_moe_up_r / k_moe_dn_r T=%d: not the bits of _c", T);
+            printf(" _r up %.1f µs (%.1f TFLOP/s), down %.1f µs (%.1f TFLOP/s)%s;", tu, fl_up / tu * 1e-6, td, fl_dn / td * 1e-6,
+                   req ? "" : " DIFFERENT bits from _c");
+            free(cy), free(ry);
         }
         printf("\n");
         hk.k.moe_d_ppe = d0, hk.k.moe_g_min = g0, hk.k.moe_g128_min = g1280, hk.k.moe_w = w0;
@@ -1446,7 +1457,8 @@ int main(void) {
     if (hk_want("linear")) hk_linear();
     if (hk_want("gemm")) hk_gemm();
     if (hk_want("router")) hk_router(), hk_route_fused();
-    if (hk_want("experts")) hk_experts(CK_W_PLANES), hk_experts(CK_W_NVFP4);
+    if (hk_want("experts")) hk_experts(CK_W_PLANES);
+    if (hk_want("experts") && !getenv("HK_PROMPT_ONLY")) hk_experts(CK_W_NVFP4);
     if (hk_want("combine")) hk_combine_silu();
     if (hk_want("argmax")) hk_argmax();
     if (hk_want("gdn")) {

@@ -10,7 +10,8 @@
 // in f32, bf16 and fp8. Every kernel against its CPU twin, alone or (attention, conv, experts)
 // within its layer's block, on Qwen3.6's shapes. MOET_GPU_TESTS=kernels runs only the kernels,
 // the blocks and one fixture end to end; =act the bf16 products and the fixtures with them; =spec
-// speculative decoding on the demo model alone; =full the full-size model's (MOET_GPU_FULL).
+// speculative decoding on the demo model alone; =full the full-size model's (MOET_GPU_FULL); =moe_c
+// the prompt experts' chain kernels alone.
 #ifndef MOET_TEST
 #define MOET_TEST
 #endif
@@ -3449,7 +3450,8 @@ static void kernel_moe_dg(gpu_engine *g) {
 // apart, but the orders' absolute difference can span more than one step of a small h (a sum that nearly cancels) —
 // on an H100 2 of 262,144 values were more than one step apart with every value within the reference's bound; the down
 // products, from the GPU's own h, against ref_linear within GPU_TOL_LINEAR_CHAIN (one f32 chain over K = I, as
-// k_mm_c's). Only where the image has the wgmma experts.
+// k_mm_c's); and the engine's form of the same products, k_moe_up_r / k_moe_dn_r (sass/moe_r.cu: A from registers),
+// bit for bit against them. Only where the image has the wgmma experts.
 static void kernel_moe_c(gpu_engine *g) {
     enum { E = 16, I = 256, H = 512, T = 256, K = 4, P = T * K };
     if (!g->k.moe_w || g->k.parts != 1) {
@@ -3476,6 +3478,12 @@ static void kernel_moe_c(gpu_engine *g) {
     gpu_k_moe_up_c(&g->k, g->compute, xp.ex, map, bound, K, xs, hs, I);
     gpu_k_moe_dn_c(&g->k, g->compute, xp.ex, map, bound, hs, ye, H);
     gpu_k_moe_up(&g->k, g->compute, xp.ex, map, E, K, xs, T, H, hw, I);   // (the class order's, for the comparison)
+    // k_moe_up_r / k_moe_dn_r (A from registers): the same products, the same bits (down from _c's h, as _c's down)
+    CUdeviceptr hsr = kt_dev(d, NULL, (size_t)P * I), yer = kt_dev(d, NULL, (size_t)P * H);
+    CU_CHECK(cu.cuMemsetD8Async(hsr, 0xff, 2 * (size_t)P * I, g->compute));
+    CU_CHECK(cu.cuMemsetD8Async(yer, 0xff, sizeof(float) * (size_t)P * H, g->compute));
+    gpu_k_moe_up_r(&g->k, g->compute, xp.ex, map, bound, K, xs, hsr, I);
+    gpu_k_moe_dn_r(&g->k, g->compute, xp.ex, map, bound, hs, yer, H);
     CU_CHECK(cu.cuStreamSynchronize(g->compute));
     g->k.moe_kind = kind0, g->k.moe_g_min = g0, g->k.moe_g128_min = g1280;
     uint16_t *hb = malloc(2 * (size_t)P * I), *hwb = malloc(2 * (size_t)P * I);
@@ -3485,6 +3493,18 @@ static void kernel_moe_c(gpu_engine *g) {
     CU_CHECK(cu.cuMemcpyDtoH(hb, hs, 2 * (size_t)P * I));
     CU_CHECK(cu.cuMemcpyDtoH(hwb, hw, 2 * (size_t)P * I));
     CU_CHECK(cu.cuMemcpyDtoH(yg, ye, sizeof(float) * (size_t)P * H));
+    {
+        uint16_t *hrb = malloc(2 * (size_t)P * I);
+        float *yrb = malloc(sizeof(float) * (size_t)P * H);
+        CU_CHECK(cu.cuMemcpyDtoH(hrb, hsr, 2 * (size_t)P * I));
+        CU_CHECK(cu.cuMemcpyDtoH(yrb, yer, sizeof(float) * (size_t)P * H));
+        const int same_h = !memcmp(hrb, hb, 2 * (size_t)P * I), same_y = !memcmp(yrb, yg, sizeof(float) * (size_t)P * H);
+        CHECK(same_h && same_y, "k_moe_up_r / k_moe_dn_r: h %s, the down products %s k_moe_up_c / k_moe_dn_c's bits", same_h ? "" : "NOT",
+              same_y ? "" : "NOT");
+        printf("k_moe_up_r / k_moe_dn_r (A from registers): h and the down products bit for bit k_moe_up_c / k_moe_dn_c's: %s\n",
+               same_h && same_y ? "yes" : "NO");
+        free(hrb), free(yrb);
+    }
     size_t apart = 0, differ = 0;
     double apart_h = 0;   // the largest |h| among the values more than one bf16 step from k_moe_up_w's (set below: / spread)
     for (size_t i = 0; i < (size_t)P * I; i++) {
@@ -3768,6 +3788,17 @@ int main(void) {
     }
     gpu_describe(&d, stdout);
     gpu_close(&d);
+    const char *only0 = getenv("MOET_GPU_TESTS");
+    // MOET_GPU_TESTS=moe_c: the chain experts' kernels alone (kernel_moe_c: k_moe_up_c / k_moe_dn_c against the
+    // reference, k_moe_up_r / k_moe_dn_r bit for bit against them), a short run while one of them is changed
+    if (only0 && !strcmp(only0, "moe_c")) {
+        ck_model m;
+        gpu_engine g;
+        gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32, .act_bf16 = 1};
+        if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
+        else kernel_moe_c(&g), gpu_free(&g), ck_close(&m);
+        return check_report("test_gpu");
+    }
     {   // the kernels alone, on an engine of the tiny model (its streams and kernel table)
         ck_model m;
         gpu_engine g;
