@@ -135,8 +135,9 @@ typedef struct {
     // step's pairs grouped by expert (int32, gpu_moe_map_ints)
     CUdeviceptr xs, hs, moe_map;
     // the experts' chain path (moe_chain: sass/moe_r.cu; sass/moe_c.cu says why the bits hold; where k_mm_c runs and
-    // the experts are 2-bit planes of widths its tiles take): a step's pairs apart by their token's side (sel_c: the full pieces', sel_n: the others' — int
-    // [Tm·topk] each, k_moe_split) and the pieces' pairs grouped by expert (moe_map_c, gpu_moe_map_ints)
+    // the experts are 2-bit planes of widths its tiles take): a step's pairs apart by their token's side (sel_c: the
+    // full pieces', sel_n: the others' — int [Tm·topk] each, k_moe_split) and the pieces' pairs grouped by expert
+    // (moe_map_c, gpu_moe_map_ints)
     int moe_chain;
     CUdeviceptr sel_c, sel_n, moe_map_c;
     CUdeviceptr shs;                 // the shared expert's SiLU·up as bf16 parts [GPU_MM_SPLITS][T][shared_inter]
@@ -1148,8 +1149,8 @@ static void gpu_moe_layer(gpu_engine *g, const gpu_layer *G, int T) {
         }
     }
     // the chain path: a step with full pieces, the main layers' plane experts (not the MTP head's: gpu_mtp_rows runs
-    // with moe_kind -1) — the pieces' pairs through k_moe_up_r / k_moe_dn_r (k_moe_up_c / k_moe_dn_c's bits), the others through the class order's
-    // shapes (hs and ye are a pair's rows: the two write apart). A pair's side is its token's position's alone.
+    // with moe_kind -1) — the pieces' pairs through k_moe_up_r / k_moe_dn_r (k_moe_up_c / k_moe_dn_c's bits), the
+    // others through the class order's shapes (hs and ye are a pair's rows: the two write apart). A pair's side is its token's position's alone.
     const int chain = g->moe_chain && g->mmc_live && g->mmc_np && g->k.moe_kind == GPU_W_PLANES;
     if (g->moe_mm && chain) {
         MOET_ASSERT(!routed, "the chain path: a step of %d tokens grouped by k_route", T);   // (GPU_ROUTE_T < GPU_MMC_PIECE)

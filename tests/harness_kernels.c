@@ -6,7 +6,8 @@
 //
 // `./build.sh harness` builds and runs it on a machine with an NVIDIA GPU; the exit status is 1
 // when an error is past its bound (or there is no GPU). HK_ONLY=linear,experts (a comma-separated
-// list of embed, norm, linear, router, experts, combine, argmax, gdn, attention) runs those sections only.
+// list of embed, norm, linear, router, experts, combine, argmax, gdn, attention) runs those sections only;
+// HK_PROMPT_ONLY=1 the experts' 2-bit planes' prompt steps alone (hk_prompt_only).
 // HK_ACT=bf16: the tensor-core products read one bf16 part of their inputs (`--act-dtype bf16`:
 // sass/all_bf.cu's images), against twins that round their inputs the same way (ref_linear with
 // act_bf16); the f32 CUDA-core products (k_linear, k_moe_gate_up, k_moe_down), whose twins do not,
@@ -734,6 +735,13 @@ static int hk_moe_same(CUdeviceptr ex, CUdeviceptr sd, CUdeviceptr map, int E, i
 // The routed experts of one stored kind: k_moe_gate_up against ref_moe_gate_up and k_moe_down
 // against ref_moe_down, each expert over the (token, choice) pairs that chose it, as ref_moe
 // groups them; k_moe_down reads the GPU's own h, so each kernel is measured alone.
+// HK_PROMPT_ONLY=1: of the experts, the 2-bit planes' prompt steps alone (no CPU twins: a short run while a chain
+// kernel is changed).
+static int hk_prompt_only(void) {
+    const char *po = getenv("HK_PROMPT_ONLY");
+    return po && !strcmp(po, "1");
+}
+
 static void hk_experts(int kind) {
     const ck_config *c = &hk.m.cfg;
     hk.k.moe_kind = kind;   // (the launch shapes follow it, as the engine's)
@@ -754,9 +762,7 @@ static void hk_experts(int kind) {
     // items per expert in the _d shape), 64 and 256 tokens (a batch of decoding sequences, a short
     // prompt: 2 and 8 pairs per expert), a 512-token prefill chunk
     static const int Ts[] = {1, 16, 64, 256, 512};
-    // HK_PROMPT_ONLY=1: only the prompt steps below (no CPU twins: a short run while a chain kernel is changed)
-    const char *po = getenv("HK_PROMPT_ONLY");
-    const int nts = po && !strcmp(po, "1") ? 0 : (int)(sizeof Ts / sizeof Ts[0]);
+    const int nts = hk_prompt_only() ? 0 : (int)(sizeof Ts / sizeof Ts[0]);
     for (int ti = 0; ti < nts; ti++) {
         int T = Ts[ti], skew = T == 16;
         int P = T * K, *rows = malloc(sizeof(int) * P);
@@ -1458,7 +1464,7 @@ int main(void) {
     if (hk_want("gemm")) hk_gemm();
     if (hk_want("router")) hk_router(), hk_route_fused();
     if (hk_want("experts")) hk_experts(CK_W_PLANES);
-    if (hk_want("experts") && !getenv("HK_PROMPT_ONLY")) hk_experts(CK_W_NVFP4);
+    if (hk_want("experts") && !hk_prompt_only()) hk_experts(CK_W_NVFP4);
     if (hk_want("combine")) hk_combine_silu();
     if (hk_want("argmax")) hk_argmax();
     if (hk_want("gdn")) {

@@ -3543,7 +3543,9 @@ static void kernel_moe_c(gpu_engine *g) {
     kt_experts_free(&xp);
 }
 
-static void kernels_act(void) {
+// The kernels of --act-dtype bf16 on an engine of the tiny model with it; moe_c_only: kernel_moe_c alone
+// (MOET_GPU_TESTS=moe_c).
+static void kernels_act(int moe_c_only) {
     ck_model m;
     gpu_engine g;
     moet_err e = {{0}};
@@ -3553,14 +3555,17 @@ static void kernels_act(void) {
         return;
     }
     CHECK(g.k.parts == 1, "act bf16: the products read %d parts", g.k.parts);
-    kernel_mm_stream(&g);
-    kernel_widen_codes(&g);
-    kernel_mm_g128(&g);
-    kernel_mm_c(&g);
-    kernel_moe_g128(&g);
-    kernel_moe_c(&g);
-    kernel_moe_dg(&g);
-    kernel_fa_w(&g);
+    if (moe_c_only) kernel_moe_c(&g);
+    else {
+        kernel_mm_stream(&g);
+        kernel_widen_codes(&g);
+        kernel_mm_g128(&g);
+        kernel_mm_c(&g);
+        kernel_moe_g128(&g);
+        kernel_moe_c(&g);
+        kernel_moe_dg(&g);
+        kernel_fa_w(&g);
+    }
     gpu_free(&g);
     ck_close(&m);
 }
@@ -3788,15 +3793,11 @@ int main(void) {
     }
     gpu_describe(&d, stdout);
     gpu_close(&d);
-    const char *only0 = getenv("MOET_GPU_TESTS");
+    const char *only = getenv("MOET_GPU_TESTS");
     // MOET_GPU_TESTS=moe_c: the chain experts' kernels alone (kernel_moe_c: k_moe_up_c / k_moe_dn_c against the
     // reference, k_moe_up_r / k_moe_dn_r bit for bit against them), a short run while one of them is changed
-    if (only0 && !strcmp(only0, "moe_c")) {
-        ck_model m;
-        gpu_engine g;
-        gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32, .act_bf16 = 1};
-        if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
-        else kernel_moe_c(&g), gpu_free(&g), ck_close(&m);
+    if (only && !strcmp(only, "moe_c")) {
+        kernels_act(1);
         return check_report("test_gpu");
     }
     {   // the kernels alone, on an engine of the tiny model (its streams and kernel table)
@@ -3820,10 +3821,9 @@ int main(void) {
             ck_close(&m);
         }
     }
-    kernels_act();
+    kernels_act(0);
     // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
     // a kernel is being changed), then the tiny fixture end to end once
-    const char *only = getenv("MOET_GPU_TESTS");
     // MOET_GPU_FULL=DIR: a full-size model (moet synth --mtp of the real config) with its plane
     // file DIR.planes: a quarter of its slots on the device gives the resident pool's tokens and
     // logits, and greedy speculation its tokens without drafts (with MOET_GPU_TESTS=full, only those)
@@ -3843,7 +3843,7 @@ int main(void) {
     // MOET_GPU_TESTS=act: the products of --act-dtype bf16 and the fixtures with them, alone
     if (only && !strcmp(only, "act")) {
         char tp0[512], cp0[512];
-        kernels_act();
+        kernels_act(0);
         const char *tpl = planes_of("tests/fixtures/tiny/nvfp4", "tiny", tp0, sizeof tp0), *cpl = planes_of("tests/fixtures/check/nvfp4", "check", cp0, sizeof cp0);
         variants_act(tpl, cpl);
         mmc_steps();
