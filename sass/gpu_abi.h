@@ -242,10 +242,9 @@ GPU_ABI_ASSERT(GPU_MM_TOK == 32 && GPU_MM_SPLITS == 3 && (GPU_MM_PARTS == 3 || G
 #define GPU_MOEC_SLOT 4608
 #define GPU_MOEC_SMEM (GPU_MOEC_STAGES * ((GPU_MOEC_BM + GPU_MMW_BN) * 128 + GPU_MOEC_SLOT) + 1024)
 // k_moe_up_r / k_moe_dn_r (sass/moe_r.cu; the engine's chain path): k_moe_up_c / k_moe_dn_c's tiles with the
-// weights' A operand from registers:
-// GPU_MOER_NT threads (a copying warpgroup, two consumer warpgroups), GPU_MOER_STAGES stages of the tokens' 64-block
-// and the sixteen 16-row blocks' raw codes and scales (GPU_MOER_STAGE bytes, 1,024-aligned), GPU_MOER_SMEM of dynamic
-// shared memory (1 KiB of it to align the stages).
+// weights' A operand from registers: GPU_MOER_NT threads (a copying warpgroup, two consumer warpgroups),
+// GPU_MOER_STAGES stages of the tokens' 64-block and the sixteen 16-row blocks' raw codes and scales (GPU_MOER_STAGE
+// bytes, 1,024-aligned), GPU_MOER_SMEM of dynamic shared memory (1 KiB of it to align the stages).
 #define GPU_MOER_NT 384
 #define GPU_MOER_STAGES 10
 #define GPU_MOER_STAGE 21504

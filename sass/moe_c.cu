@@ -1,7 +1,7 @@
 // sass/moe_c.cu — the routed experts' chain products for the pairs of prompts' full pieces: k_moe_up_c and k_moe_dn_c,
-// (the engine takes their form with A from registers, k_moe_up_r / k_moe_dn_r in sass/moe_r.cu, the same bits; these
-// stay as its check: test_gpu kernel_moe_c holds them against the reference and _r against them bit for bit)
-// 2-bit plane experts, one bf16 part, the sm_90a cubin. Chain order as k_mm_c (sass/mm_c.cu: one f32 accumulator over
+// 2-bit plane experts, one bf16 part, the sm_90a cubin. (The engine takes their form with A from registers, k_moe_up_r
+// / k_moe_dn_r in sass/moe_r.cu, the same bits; these stay as its check: test_gpu kernel_moe_c holds them against the
+// reference and _r against them bit for bit.) Chain order as k_mm_c (sass/mm_c.cu: one f32 accumulator over
 // K, the 64-blocks ascending and in each the k16 steps q = 0..3 of k 64kb + 16q + 0..15), so a pair's outputs are bits
 // of their own — what keeps a sequence's bits whatever the step: a pair takes these kernels iff its token lies in a full
 // piece (gpu/engine.c: gpu_mmc_split), which depends on the sequence and the position alone. CPU twin: ref_moe (moet.c).
