@@ -3800,30 +3800,6 @@ int main(void) {
         kernels_act(1);
         return check_report("test_gpu");
     }
-    {   // the kernels alone, on an engine of the tiny model (its streams and kernel table)
-        ck_model m;
-        gpu_engine g;
-        gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32};
-        if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
-        else {
-            kernel_linear(&g);
-            kernel_linear_set(&g);
-            kernel_mm_stream(&g);
-            kernel_widen_codes(&g);
-            kernel_misc(&g);
-            kernel_moe_sort_grouped(&g);
-            kernel_moe_split(&g);
-            kernel_argmax(&g);
-            kernel_sample(&g);
-            kernel_gdn(&g);
-            kernel_moe_dg(&g);
-            gpu_free(&g);
-            ck_close(&m);
-        }
-    }
-    kernels_act(0);
-    // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
-    // a kernel is being changed), then the tiny fixture end to end once
     // MOET_GPU_FULL=DIR: a full-size model (moet synth --mtp of the real config) with its plane
     // file DIR.planes: a quarter of its slots on the device gives the resident pool's tokens and
     // logits, and greedy speculation its tokens without drafts (with MOET_GPU_TESTS=full, only those)
@@ -3851,6 +3827,30 @@ int main(void) {
         moe_chain_steps(planes_of("tests/fixtures/demo", "demo", dp0, sizeof dp0));
         return check_report("test_gpu");
     }
+    {   // the kernels alone, on an engine of the tiny model (its streams and kernel table)
+        ck_model m;
+        gpu_engine g;
+        gpu_opts o = {.max_seqs = 1, .max_len = 16, .max_tokens = 16, .kv_dtype = GPU_KV_F32};
+        if (ck_open(&m, "tests/fixtures/tiny/nvfp4", &e) || gpu_init(&g, &m, &o, NULL, &(pf_serve_opts){0}, &e)) CHECK(0, "%s", e.msg);
+        else {
+            kernel_linear(&g);
+            kernel_linear_set(&g);
+            kernel_mm_stream(&g);
+            kernel_widen_codes(&g);
+            kernel_misc(&g);
+            kernel_moe_sort_grouped(&g);
+            kernel_moe_split(&g);
+            kernel_argmax(&g);
+            kernel_sample(&g);
+            kernel_gdn(&g);
+            kernel_moe_dg(&g);
+            gpu_free(&g);
+            ck_close(&m);
+        }
+    }
+    kernels_act(0);
+    // MOET_GPU_TESTS=kernels: the kernels and the blocks on real shapes only (a short run while
+    // a kernel is being changed), then the tiny fixture end to end once
     if (only && !strcmp(only, "kernels")) {
         char pl[512];
         const char *dir = real4(pl, sizeof pl);
